@@ -1,0 +1,340 @@
+"""ServerConfig: defaults <- environment <- explicit arguments, validated at construction.
+
+Every key is declared once in ``OPTIONS`` / ``FLOW_OPTIONS`` (camelCase name, snake_case
+field, environment variable, type, default, bounds); the dataclasses, the env loader,
+the validation and the docs table all come from those declarations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .core.credits import CreditSettings
+from .core.session import SessionSettings
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str  # camelCase, as the spec writes it
+    attr: str  # snake_case field
+    env: str | None
+    kind: type  # int, float, bool, str, list
+    default: Any
+    doc: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] | None = None
+
+
+def _o(key, attr, env, kind, default, doc, low=None, high=None, choices=None) -> Option:
+    return Option(key, attr, env, kind, default, doc, low, high, choices)
+
+
+FLOW_OPTIONS: tuple[Option, ...] = (
+    _o("enabled", "enabled", "FLOW_CONTROL_ENABLED", bool, True, "credit-based flow control on"),
+    _o("initialCredits", "initial_credits", "FLOW_CONTROL_INITIAL_CREDITS", int, 1000,
+       "downstream credit assumed per channel; fixed grant size without adaptiveAdjustment", 1),
+    _o("minCredits", "min_credits", "FLOW_CONTROL_MIN_CREDITS", int, 100,
+       "smallest adaptive grant", 1),
+    _o("maxCredits", "max_credits", "FLOW_CONTROL_MAX_CREDITS", int, 10000,
+       "largest adaptive grant", 1),
+    _o("creditThreshold", "credit_threshold", "FLOW_CONTROL_CREDIT_THRESHOLD", int, 200,
+       "remaining message credit at which the server tops a channel up", 0),
+    _o("backPressureThreshold", "back_pressure_threshold",
+       "FLOW_CONTROL_BACK_PRESSURE_THRESHOLD", float, 0.8,
+       "fraction of the outbound buffer at which USER is paused", 0.0, 1.0),
+    _o("adaptiveAdjustment", "adaptive_adjustment", "FLOW_CONTROL_ADAPTIVE_ADJUSTMENT", bool,
+       True, "grow/shrink grants with load"),
+    _o("initialCreditMessages", "initial_credit_messages", "FLOW_CONTROL_INITIAL_CREDIT_MESSAGES",
+       int, 1000, "message credits granted to the client per channel", 1),
+    _o("initialCreditBytes", "initial_credit_bytes", "FLOW_CONTROL_INITIAL_CREDIT_BYTES", int,
+       1048576, "byte credits granted to the client per channel", 1),
+)
+
+OPTIONS: tuple[Option, ...] = (
+    _o("port", "port", "PORT", int, 8080, "TCP port (0 picks a free one)", 0, 65535),
+    _o("host", "host", "HOST", str, "0.0.0.0", "bind address"),
+    _o("jwtSecret", "jwt_secret", "JWT_SECRET", str, None, "HMAC secret for tokens (required)"),
+    _o("jwtExpiresIn", "jwt_expires_in", "JWT_EXPIRES_IN", str, "24h",
+       "lifetime of issued tokens: 30s, 15m, 24h, 7d or seconds"),
+    _o("jwtAlgorithms", "jwt_algorithms", "JWT_ALGORITHMS", list, ("HS256",),
+       "accepted JWT algorithms (comma-separated in the env)"),
+    _o("maxConnections", "max_connections", "MAX_CONNECTIONS", int, 1000,
+       "simultaneous live transports", 1),
+    _o("heartbeatInterval", "heartbeat_interval", "HEARTBEAT_INTERVAL", int, 30000,
+       "ms between server PINGs", 1),
+    _o("heartbeatTimeout", "heartbeat_timeout", "HEARTBEAT_TIMEOUT", int, 5000,
+       "ms to wait for the matching PONG", 1),
+    _o("maxConcurrentRuns", "max_concurrent_runs", "MAX_CONCURRENT_RUNS", int, 10,
+       "active runs and concurrent tool executions per session", 1),
+    _o("toolQueueSize", "tool_queue_size", "TOOL_QUEUE_SIZE", int, 100,
+       "tool calls waiting per session beyond maxConcurrentRuns", 0),
+    _o("toolTimeout", "tool_timeout", "TOOL_TIMEOUT", int, 60000,
+       "ms a tool may run before TOOL_EXECUTION_ERROR", 1),
+    _o("replayWindowSize", "replay_window_size", "REPLAY_WINDOW_SIZE", int, 1000,
+       "downstream messages kept per session for resume", 1),
+    _o("replayWindowTime", "replay_window_time", "REPLAY_WINDOW_TIME", int, 60000,
+       "ms messages stay replayable; also how long a disconnected session is kept", 1),
+    _o("maxMessageSize", "max_message_size", "MAX_MESSAGE_SIZE", int, 1048576,
+       "bytes per envelope", 64),
+    _o("outboundBufferSize", "outbound_buffer_size", "OUTBOUND_BUFFER_SIZE", int, 4194304,
+       "unsent bytes a session may hold for a slow client", 1024),
+    _o("echoMessages", "echo_messages", "ECHO_MESSAGES", bool, True,
+       "answer each completed text with the same text on AGENT"),
+    _o("enableCORS", "enable_cors", "ENABLE_CORS", bool, True, "CORS headers and preflight"),
+    _o("enableCompression", "enable_compression", "ENABLE_COMPRESSION", bool, True,
+       "gzip JSON responses, permessage-deflate on WebSocket"),
+    _o("enableLogging", "enable_logging", "ENABLE_LOGGING", bool, True,
+       "access and connection logs (never one line per message)"),
+    _o("nodeEnv", "node_env", "NODE_ENV", str, "production", "environment name",
+       choices=("development", "production", "test")),
+    _o("devMode", "dev_mode", "PROTOFLASK_DEV", bool, False,
+       "development mode: generate a secret when none is given and print a token"),
+)
+
+ALL_KEYS = {o.key for o in OPTIONS} | {"flowControl"}
+
+
+def _flow_defaults() -> "FlowControlConfig":
+    return FlowControlConfig()
+
+
+@dataclass(frozen=True)
+class FlowControlConfig:
+    enabled: bool = True
+    initial_credits: int = 1000
+    min_credits: int = 100
+    max_credits: int = 10000
+    credit_threshold: int = 200
+    back_pressure_threshold: float = 0.8
+    adaptive_adjustment: bool = True
+    initial_credit_messages: int = 1000
+    initial_credit_bytes: int = 1048576
+
+    def __post_init__(self) -> None:
+        for opt in FLOW_OPTIONS:
+            object.__setattr__(self, opt.attr, _coerce(opt, getattr(self, opt.attr),
+                                                       f"flowControl.{opt.key}"))
+        if self.back_pressure_threshold <= 0:
+            raise ConfigError("flowControl.backPressureThreshold must be > 0 and <= 1, got "
+                              f"{self.back_pressure_threshold}")
+        if self.min_credits > self.max_credits:
+            raise ConfigError(f"flowControl.minCredits ({self.min_credits}) must be <= "
+                              f"flowControl.maxCredits ({self.max_credits})")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    port: int = 8080
+    host: str = "0.0.0.0"
+    jwt_secret: str | None = None
+    jwt_expires_in: str = "24h"
+    jwt_algorithms: tuple[str, ...] = ("HS256",)
+    max_connections: int = 1000
+    heartbeat_interval: int = 30000
+    heartbeat_timeout: int = 5000
+    flow_control: FlowControlConfig = field(default_factory=_flow_defaults)
+    max_concurrent_runs: int = 10
+    tool_queue_size: int = 100
+    tool_timeout: int = 60000
+    replay_window_size: int = 1000
+    replay_window_time: int = 60000
+    max_message_size: int = 1048576
+    outbound_buffer_size: int = 4194304
+    echo_messages: bool = True
+    enable_cors: bool = True
+    enable_compression: bool = True
+    enable_logging: bool = True
+    node_env: str = "production"
+    dev_mode: bool = False
+
+    def __post_init__(self) -> None:
+        for opt in OPTIONS:
+            object.__setattr__(self, opt.attr, _coerce(opt, getattr(self, opt.attr), opt.key))
+        fc = self.flow_control
+        if isinstance(fc, Mapping):
+            fc = _flow_from_mapping(fc, {})
+        if not isinstance(fc, FlowControlConfig):
+            raise ConfigError(f"flowControl must be an object, got {fc!r}")
+        object.__setattr__(self, "flow_control", fc)
+        if "none" in (a.lower() for a in self.jwt_algorithms):
+            raise ConfigError("jwtAlgorithms must not contain 'none'")
+        from .auth import parse_duration  # late: auth imports nothing from here at load
+
+        try:
+            parse_duration(self.jwt_expires_in)
+        except ValueError as exc:
+            raise ConfigError(f"jwtExpiresIn: {exc}") from None
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, config: "ServerConfig | Mapping[str, Any] | None" = None,
+             environ: Mapping[str, str] | None = None) -> "ServerConfig":
+        """Defaults, overridden by the environment, overridden by ``config``.
+
+        ``config`` may be a partial camelCase dict (nested partial flowControl,
+        snake_case keys also accepted) or a ServerConfig (taken as is).
+        """
+        if isinstance(config, ServerConfig):
+            return config
+        env = os.environ if environ is None else environ
+        explicit = dict(config or {})
+        unknown = set(explicit) - ALL_KEYS - {o.attr for o in OPTIONS} - {"flow_control"}
+        if unknown:
+            raise ConfigError(f"unknown configuration key(s): {', '.join(sorted(unknown))}")
+        values: dict[str, Any] = {}
+        for opt in OPTIONS:
+            if opt.key in explicit or opt.attr in explicit:
+                values[opt.attr] = explicit.get(opt.key, explicit.get(opt.attr))
+            elif opt.env and opt.env in env:
+                values[opt.attr] = _from_env(opt, env[opt.env])
+        flow = explicit.get("flowControl", explicit.get("flow_control", {}))
+        if isinstance(flow, FlowControlConfig):
+            values["flow_control"] = flow
+        elif isinstance(flow, Mapping):
+            values["flow_control"] = _flow_from_mapping(flow, env)
+        else:
+            raise ConfigError(f"flowControl must be an object, got {flow!r}")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "ServerConfig":
+        return dataclasses.replace(self, **changes)
+
+    # -- derived settings for the core ---------------------------------------------------
+
+    def session_settings(self) -> SessionSettings:
+        fc = self.flow_control
+        return SessionSettings(
+            max_message_size=self.max_message_size,
+            echo_messages=self.echo_messages,
+            max_concurrent_runs=self.max_concurrent_runs,
+            replay_window_size=self.replay_window_size,
+            replay_window_time=self.replay_window_time,
+            heartbeat_interval=self.heartbeat_interval,
+            heartbeat_timeout=self.heartbeat_timeout,
+            credits=CreditSettings(
+                enabled=fc.enabled, initial_credits=fc.initial_credits,
+                min_credits=fc.min_credits, max_credits=fc.max_credits,
+                credit_threshold=fc.credit_threshold,
+                adaptive_adjustment=fc.adaptive_adjustment,
+                initial_credit_messages=fc.initial_credit_messages,
+                initial_credit_bytes=fc.initial_credit_bytes,
+            ),
+        )
+
+    def to_public_dict(self) -> dict[str, Any]:
+        """camelCase view with the secret masked (for logs and /stats consumers)."""
+        out = {o.key: getattr(self, o.attr) for o in OPTIONS}
+        out["jwtSecret"] = "***" if self.jwt_secret else None
+        out["jwtAlgorithms"] = list(self.jwt_algorithms)
+        out["flowControl"] = {o.key: getattr(self.flow_control, o.attr) for o in FLOW_OPTIONS}
+        return out
+
+
+def _flow_from_mapping(flow: Mapping[str, Any], env: Mapping[str, str]) -> FlowControlConfig:
+    by_key = {o.key: o for o in FLOW_OPTIONS} | {o.attr: o for o in FLOW_OPTIONS}
+    unknown = set(flow) - set(by_key)
+    if unknown:
+        raise ConfigError(f"unknown flowControl key(s): {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    for opt in FLOW_OPTIONS:
+        if opt.key in flow or opt.attr in flow:
+            values[opt.attr] = flow.get(opt.key, flow.get(opt.attr))
+        elif opt.env and opt.env in env:
+            values[opt.attr] = _from_env(opt, env[opt.env])
+    return FlowControlConfig(**values)
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _from_env(opt: Option, raw: str) -> Any:
+    """Environment strings become typed values (errors name the variable)."""
+    raw = raw.strip()
+    try:
+        if opt.kind is bool:
+            if raw.lower() in _TRUE:
+                return True
+            if raw.lower() in _FALSE:
+                return False
+            raise ValueError(f"expected true/false, got {raw!r}")
+        if opt.kind is int:
+            return int(raw)
+        if opt.kind is float:
+            return float(raw)
+        if opt.kind is list:
+            return tuple(p.strip() for p in raw.split(",") if p.strip())
+    except ValueError as exc:
+        raise ConfigError(f"{opt.key} (env {opt.env}): {exc}") from None
+    return raw
+
+
+def _coerce(opt: Option, value: Any, name: str) -> Any:
+    """Check a value's type and bounds; the error names the key."""
+    if value is None:
+        if opt.default is None:
+            return None
+        raise ConfigError(f"{name} must not be null")
+    kind = opt.kind
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be a boolean, got {value!r}")
+    elif kind is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+        try:
+            number = int(value) if not isinstance(value, float) else value
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+        if isinstance(number, float):
+            if not number.is_integer():
+                raise ConfigError(f"{name} must be an integer, got {value!r}")
+            number = int(number)
+        value = number
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{name} must be a number, got {value!r}")
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(f"{name} must be a number, got {value!r}") from None
+    elif kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name} must be a string, got {value!r}")
+        if opt.key == "jwtExpiresIn" or isinstance(value, (int, float)):
+            value = str(value)
+    elif kind is list:
+        if isinstance(value, str):
+            value = tuple(p.strip() for p in value.split(",") if p.strip())
+        if not isinstance(value, (list, tuple)) or not value or \
+                not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"{name} must be a non-empty list of strings, got {value!r}")
+        value = tuple(value)
+    if opt.low is not None and value < opt.low:
+        raise ConfigError(f"{name} must be >= {opt.low:g}, got {value!r}")
+    if opt.high is not None and value > opt.high:
+        raise ConfigError(f"{name} must be <= {opt.high:g}, got {value!r}")
+    if opt.choices is not None and value not in opt.choices:
+        raise ConfigError(f"{name} must be one of {', '.join(opt.choices)}, got {value!r}")
+    return value
+
+
+def options_table() -> str:
+    """A Markdown table of every key (for docs; generated so it cannot drift)."""
+    rows = ["| Key | Env | Type | Default | Meaning |", "|---|---|---|---|---|"]
+    for prefix, opts in (("", OPTIONS), ("flowControl.", FLOW_OPTIONS)):
+        for o in opts:
+            default = ",".join(o.default) if isinstance(o.default, tuple) else o.default
+            rows.append(f"| {prefix}{o.key} | {o.env or ''} | {o.kind.__name__} | "
+                        f"{'none' if default is None else default} | {o.doc} |")
+    return "\n".join(rows)
+

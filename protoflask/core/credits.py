@@ -1,0 +1,153 @@
+"""Flow-control ledger for one session: message and byte credits, per channel, both ways.
+
+Rules (CONTRACT 5; docs/PROTOCOL.md "Flow control" says the same for clients):
+
+- Upstream, the server is the receiver. Each channel starts with
+  ``initial_credit_messages`` / ``initial_credit_bytes``. A message costs 1 message
+  credit and its encoded length in byte credits; without enough it is rejected
+  (INSUFFICIENT_CREDITS) and costs nothing.
+- After the server processed a message it tops the channel up with one FLOW_UPDATE
+  when the remaining message credit is ``<= credit_threshold`` or the remaining byte
+  credit is ``<= byte_threshold`` (the same fraction of the byte grant). The top-up
+  adds ``grant`` messages and gives back every byte spent since the previous top-up.
+- ``grant`` starts at ``initial_credits`` (clamped to min..max when adaptive). With
+  adaptive adjustment it doubles toward ``max_credits`` when the session keeps up and
+  halves toward ``min_credits`` when it is under load; without it, it stays put at
+  exactly ``initial_credits``.
+- Downstream, the client is the receiver: each channel starts with the credit the
+  client announced in HELLO (else ``initial_credits`` messages and unlimited bytes);
+  FLOW_UPDATE from the client adds to it.
+- Control types never spend credit; with ``enabled=False`` nothing is counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import InsufficientCredits
+
+
+@dataclass(frozen=True, slots=True)
+class CreditSettings:
+    enabled: bool = True
+    initial_credits: int = 1000
+    min_credits: int = 100
+    max_credits: int = 10000
+    credit_threshold: int = 200
+    adaptive_adjustment: bool = True
+    initial_credit_messages: int = 1000
+    initial_credit_bytes: int = 1048576
+
+
+class _Account:
+    __slots__ = ("messages", "bytes", "spent_bytes")
+
+    def __init__(self, messages: int, nbytes: int | None) -> None:
+        self.messages = messages
+        self.bytes = nbytes  # None: unlimited
+        self.spent_bytes = 0
+
+
+class CreditLedger:
+    def __init__(self, settings: CreditSettings) -> None:
+        self.settings = settings
+        self._up: dict[str, _Account] = {}
+        self._down: dict[str, _Account] = {}
+        # Without adaptive adjustment the grant is exactly initial_credits (CONTRACT 5: no
+        # relation to min/max is required); min..max only bound adaptive grant sizes.
+        self.grant = (max(settings.min_credits, min(settings.max_credits, settings.initial_credits))
+                      if settings.adaptive_adjustment else settings.initial_credits)
+        self._byte_threshold = (settings.initial_credit_bytes * settings.credit_threshold
+                                // max(1, settings.initial_credit_messages))
+        self._down_messages = settings.initial_credits
+        self._down_bytes: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.enabled
+
+    # -- upstream: the client spends what the server granted ------------------------------
+
+    def _up_account(self, channel: str) -> _Account:
+        acct = self._up.get(channel)
+        if acct is None:
+            s = self.settings
+            acct = self._up[channel] = _Account(s.initial_credit_messages, s.initial_credit_bytes)
+        return acct
+
+    def charge(self, channel: str, nbytes: int) -> None:
+        """Spend credit for one received message, or raise InsufficientCredits."""
+        if not self.settings.enabled:
+            return
+        acct = self._up_account(channel)
+        if acct.messages < 1 or (acct.bytes is not None and acct.bytes < nbytes):
+            raise InsufficientCredits(
+                f"channel {channel} has {acct.messages} message and {acct.bytes} byte credits;"
+                f" the message needs 1 and {nbytes}",
+                detail={"channel": channel, "messages": acct.messages, "bytes": acct.bytes,
+                        "needed_bytes": nbytes})
+        acct.messages -= 1
+        acct.bytes -= nbytes  # type: ignore[operator]
+        acct.spent_bytes += nbytes
+
+    def replenish(self, channel: str, *, under_load: bool = False) -> tuple[int, int] | None:
+        """After processing: (add_messages, add_bytes) to announce, or None."""
+        if not self.settings.enabled:
+            return None
+        acct = self._up_account(channel)
+        assert acct.bytes is not None
+        if acct.messages > self.settings.credit_threshold and acct.bytes > self._byte_threshold:
+            return None
+        if self.settings.adaptive_adjustment:
+            s = self.settings
+            self.grant = (max(s.min_credits, self.grant // 2) if under_load
+                          else min(s.max_credits, self.grant * 2))
+        add_messages, add_bytes = self.grant, acct.spent_bytes
+        acct.messages += add_messages
+        acct.bytes += add_bytes
+        acct.spent_bytes = 0
+        return add_messages, add_bytes
+
+    def upstream(self) -> dict[str, tuple[int, int]]:
+        """Remaining upstream credit per channel that has been used: (messages, bytes)."""
+        return {ch: (a.messages, a.bytes or 0) for ch, a in self._up.items()}
+
+    # -- downstream: the server spends what the client granted ---------------------------
+
+    def announce_client_credit(self, messages: int | None, nbytes: int | None) -> None:
+        """The client's HELLO capabilities.flow_control: the per-channel starting credit."""
+        if messages is not None:
+            self._down_messages = messages
+        if nbytes is not None:
+            self._down_bytes = nbytes
+        for acct in self._down.values():  # channels used before HELLO start over
+            acct.messages, acct.bytes = self._down_messages, self._down_bytes
+
+    def _down_account(self, channel: str) -> _Account:
+        acct = self._down.get(channel)
+        if acct is None:
+            acct = self._down[channel] = _Account(self._down_messages, self._down_bytes)
+        return acct
+
+    def can_send(self, channel: str, nbytes: int) -> bool:
+        if not self.settings.enabled:
+            return True
+        acct = self._down_account(channel)
+        return acct.messages >= 1 and (acct.bytes is None or acct.bytes >= nbytes)
+
+    def spend(self, channel: str, nbytes: int) -> None:
+        if not self.settings.enabled:
+            return
+        acct = self._down_account(channel)
+        acct.messages -= 1
+        if acct.bytes is not None:
+            acct.bytes -= nbytes
+
+    def add_client_credit(self, channel: str, add_messages: int, add_bytes: int) -> None:
+        acct = self._down_account(channel)
+        acct.messages += add_messages
+        if acct.bytes is not None:
+            acct.bytes += add_bytes
+
+    def downstream(self) -> dict[str, tuple[int, int | None]]:
+        return {ch: (a.messages, a.bytes) for ch, a in self._down.items()}

@@ -1,0 +1,325 @@
+"""Envelope parsing and encoding: bytes/str -> Message, Message -> bytes.
+
+The envelope (CONTRACT 1) and every client payload (CONTRACT 4) are validated
+with marshmallow schemas built once at import. Extra envelope fields are
+ignored and extra payload fields are kept, so newer clients stay compatible.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import orjson
+from marshmallow import EXCLUDE, INCLUDE, Schema, ValidationError, fields, validate
+
+from .errors import InvalidMessage, MessageTooLarge, MissingRunId, UnsupportedType
+
+CHANNELS = ("SYSTEM", "USER", "AGENT", "AUDIO_IN", "AUDIO_OUT")
+
+#: Types that never need or spend credit and are allowed on any channel (CONTRACT 5).
+CONTROL_TYPES = frozenset({
+    "HELLO", "PING", "PONG", "ACK", "FLOW_UPDATE", "PAUSE_CHANNEL", "RESUME_CHANNEL",
+    "REPLAY_REQUEST", "ERROR",
+})
+
+#: Every type name a client may send.
+CLIENT_TYPES = frozenset({
+    "HELLO", "PING", "PONG", "MESSAGE_START", "MESSAGE_PART", "MESSAGE_END", "TOOL_CALL",
+    "TOOL_CANCEL", "TOOL_LIST", "RUN_STARTED", "RUN_FINISHED", "RUN_CANCEL", "ACK",
+    "FLOW_UPDATE", "PAUSE_CHANNEL", "RESUME_CHANNEL", "REPLAY_REQUEST", "AUDIO_CHUNK",
+})
+
+#: Every type name the server sends.
+SERVER_TYPES = frozenset({
+    "HELLO", "PING", "PONG", "MESSAGE_START", "MESSAGE_PART", "MESSAGE_END", "TOOL_UPDATE",
+    "TOOL_DONE", "TOOL_LIST", "RUN_STARTED", "RUN_FINISHED", "FLOW_UPDATE", "PAUSE_CHANNEL",
+    "RESUME_CHANNEL", "ERROR", "AUDIO_CHUNK",
+})
+
+_POSITIVE_INT = re.compile(r"[1-9][0-9]*\Z")
+_NON_NEGATIVE_INT = re.compile(r"(0|[1-9][0-9]*)\Z")
+_DECIMAL = re.compile(r"[0-9]+\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One validated envelope. ``seq`` and ``ts`` are ints here, strings on the wire."""
+
+    id: str
+    session: str
+    seq: int
+    ts: int
+    type: str
+    channel: str
+    payload: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "session": self.session,
+            "seq": str(self.seq),
+            "ts": str(self.ts),
+            "type": self.type,
+            "channel": self.channel,
+            "payload": self.payload,
+        }
+
+
+def encode(wire: Mapping[str, Any]) -> bytes:
+    """A wire dict as compact JSON bytes."""
+    return orjson.dumps(wire)
+
+
+def decode_json(raw: bytes | bytearray | memoryview | str) -> Any:
+    """Bytes or text as JSON, or InvalidMessage."""
+    try:
+        return orjson.loads(raw)
+    except (orjson.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
+        raise InvalidMessage(f"not valid JSON: {exc}") from None
+
+
+# -- field types ---------------------------------------------------------------------------
+
+
+class SeqField(fields.Field):
+    """A seq number in a payload: a decimal string or a JSON integer (CONTRACT 1) -> int."""
+
+    def __init__(self, *, allow_zero: bool = True, **kwargs: Any) -> None:
+        self.allow_zero = allow_zero
+        super().__init__(**kwargs)
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> int:
+        if isinstance(value, bool):
+            raise ValidationError("must be a decimal string or an integer")
+        if isinstance(value, int):
+            number = value
+        elif isinstance(value, str) and _NON_NEGATIVE_INT.match(value):
+            number = int(value)
+        else:
+            raise ValidationError("must be a decimal string or an integer")
+        if number < 0 or (number == 0 and not self.allow_zero):
+            raise ValidationError("must be a positive number")
+        return number
+
+
+class StrictInt(fields.Integer):
+    """An integer that refuses booleans and strings."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(strict=True, **kwargs)
+
+    def _validated(self, value: Any) -> int:
+        if isinstance(value, bool):
+            raise self.make_error("invalid")
+        return super()._validated(value)
+
+
+class AnyObject(fields.Dict):
+    """A JSON object (dict) of anything."""
+
+
+def _required_str(**kwargs: Any) -> fields.String:
+    return fields.String(required=True, validate=validate.Length(min=1), **kwargs)
+
+
+def _channel(**kwargs: Any) -> fields.String:
+    return fields.String(validate=validate.OneOf(CHANNELS), **kwargs)
+
+
+class _Payload(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+
+# -- envelope --------------------------------------------------------------------------------
+
+
+class EnvelopeSchema(Schema):
+    class Meta:
+        unknown = EXCLUDE
+
+    id = _required_str()
+    session = fields.String(required=True)
+    seq = fields.String(required=True, validate=validate.Regexp(_POSITIVE_INT,
+                                                                  error="must be a positive decimal string"))
+    ts = fields.String(required=True, validate=validate.Regexp(_DECIMAL,
+                                                                 error="must be a decimal string"))
+    type = fields.String(required=True)
+    channel = fields.String(required=True, validate=validate.OneOf(CHANNELS))
+    payload = fields.Dict(required=True)
+
+
+# -- payloads (client to server, CONTRACT 4) ------------------------------------------------
+
+
+class HelloPayload(_Payload):
+    proto_version = fields.String(required=True, validate=validate.Regexp(
+        r"\d+\.\d+\.\d+\Z", error="must look like major.minor.patch"))
+    accept_major = fields.List(StrictInt(), required=True)
+    accept_events = fields.List(fields.String(), load_default=list)
+    capabilities = fields.Dict(load_default=dict)
+
+
+class NoncePayload(_Payload):
+    nonce = fields.String(required=True)
+
+
+class MessageStartPayload(_Payload):
+    message_id = _required_str()
+    content_type = fields.String(required=True)
+
+
+class MessagePartPayload(_Payload):
+    message_id = _required_str()
+    content = fields.String(required=True)
+
+
+class MessageEndPayload(_Payload):
+    message_id = _required_str()
+
+
+class ToolCallPayload(_Payload):
+    call_id = _required_str()
+    tool = _required_str()
+    params = fields.Dict(required=True)
+    run_id = fields.String(load_default=None, allow_none=True)
+
+
+class CallIdPayload(_Payload):
+    call_id = _required_str()
+
+
+class EmptyPayload(_Payload):
+    pass
+
+
+class RunStartedPayload(_Payload):
+    run_id = fields.String(load_default=None, allow_none=True, validate=validate.Length(min=1))
+    thread_id = fields.String(load_default=None, allow_none=True)
+    metadata = fields.Raw(load_default=None, allow_none=True)
+
+
+class RunFinishedPayload(_Payload):
+    run_id = _required_str()
+    summary = fields.Raw(load_default=None, allow_none=True)
+
+
+class RunCancelPayload(_Payload):
+    run_id = _required_str()
+
+
+class AckPayload(_Payload):
+    seq = SeqField(required=True)
+
+
+class FlowUpdatePayload(_Payload):
+    channel = _channel(required=True)
+    add_messages = StrictInt(load_default=0, validate=validate.Range(min=0))
+    add_bytes = StrictInt(load_default=0, validate=validate.Range(min=0))
+
+
+class ChannelPayload(_Payload):
+    channel = _channel(required=True)
+
+
+class ReplayRequestPayload(_Payload):
+    from_seq = SeqField(required=True, allow_zero=False)
+    to_seq = SeqField(load_default=None, allow_none=True, allow_zero=False)
+
+
+class AudioChunkPayload(_Payload):
+    message_id = _required_str()
+    mime = fields.String(required=True)
+    data = fields.String(required=True)
+    final = fields.Boolean(load_default=False)
+
+
+PAYLOAD_SCHEMAS: dict[str, Schema] = {
+    "HELLO": HelloPayload(),
+    "PING": NoncePayload(),
+    "PONG": NoncePayload(),
+    "MESSAGE_START": MessageStartPayload(),
+    "MESSAGE_PART": MessagePartPayload(),
+    "MESSAGE_END": MessageEndPayload(),
+    "TOOL_CALL": ToolCallPayload(),
+    "TOOL_CANCEL": CallIdPayload(),
+    "TOOL_LIST": EmptyPayload(),
+    "RUN_STARTED": RunStartedPayload(),
+    "RUN_FINISHED": RunFinishedPayload(),
+    "RUN_CANCEL": RunCancelPayload(),
+    "ACK": AckPayload(),
+    "FLOW_UPDATE": FlowUpdatePayload(),
+    "PAUSE_CHANNEL": ChannelPayload(),
+    "RESUME_CHANNEL": ChannelPayload(),
+    "REPLAY_REQUEST": ReplayRequestPayload(),
+    "AUDIO_CHUNK": AudioChunkPayload(),
+}
+assert set(PAYLOAD_SCHEMAS) == CLIENT_TYPES
+
+_ENVELOPE = EnvelopeSchema()
+
+
+def parse(raw: bytes | bytearray | memoryview | str, *, max_size: int | None = None) -> Message:
+    """Validate one client envelope and its payload (CONTRACT 1 and 4) into a Message."""
+    return validate_payload(parse_envelope(raw, max_size=max_size))
+
+
+def parse_envelope(raw: bytes | bytearray | memoryview | str, *,
+                   max_size: int | None = None) -> Message:
+    """Validate the envelope only; the payload stays the raw dict.
+
+    Raises MessageTooLarge or InvalidMessage (marshmallow's errors in ``detail``,
+    ``related_id`` set whenever the envelope had a usable ``id``).
+    """
+    if max_size is not None:
+        size = byte_length(raw)
+        if size > max_size:
+            raise MessageTooLarge(f"message of {size} bytes exceeds {max_size}")
+    return validate_envelope(decode_json(raw))
+
+
+def byte_length(raw: bytes | bytearray | memoryview | str) -> int:
+    """The size of a frame in bytes; text counts as its UTF-8 encoding (CONTRACT 1, 5)."""
+    if isinstance(raw, str):
+        return len(raw.encode("utf-8", "surrogatepass"))
+    if isinstance(raw, memoryview):
+        return raw.nbytes
+    return len(raw)
+
+
+def validate_envelope(obj: Any) -> Message:
+    """An already decoded JSON value as an envelope (payload not yet validated)."""
+    if not isinstance(obj, dict):
+        raise InvalidMessage("an envelope must be a JSON object")
+    try:
+        env = _ENVELOPE.load(obj)
+    except ValidationError as exc:
+        raw_id = obj.get("id")
+        raise InvalidMessage("invalid envelope", detail=exc.messages,
+                             related_id=raw_id if isinstance(raw_id, str) and raw_id else None
+                             ) from None
+    return Message(
+        id=env["id"], session=env["session"], seq=int(env["seq"]), ts=int(env["ts"]),
+        type=env["type"], channel=env["channel"], payload=env["payload"],
+    )
+
+
+def validate_payload(msg: Message) -> Message:
+    """The message with its payload validated for its type.
+
+    Raises UnsupportedType, MissingRunId or InvalidMessage.
+    """
+    schema = PAYLOAD_SCHEMAS.get(msg.type)
+    if schema is None:
+        raise UnsupportedType(f"unsupported message type {msg.type!r}", related_id=msg.id)
+    try:
+        payload = schema.load(msg.payload)
+    except ValidationError as exc:
+        errors = exc.messages
+        if msg.type in ("RUN_FINISHED", "RUN_CANCEL") and "run_id" not in msg.payload:
+            raise MissingRunId(f"{msg.type} needs run_id", related_id=msg.id) from None
+        raise InvalidMessage(f"invalid {msg.type} payload", detail=errors,
+                             related_id=msg.id) from None
+    return Message(msg.id, msg.session, msg.seq, msg.ts, msg.type, msg.channel, payload)

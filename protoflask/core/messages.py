@@ -1,0 +1,160 @@
+"""Builders for server-to-client messages.
+
+A builder returns an ``Outbound``: type, channel and payload only. The session
+stamps ``id``, ``session``, ``seq`` and ``ts`` when the message leaves its pending
+queue (CONTRACT 1), so a builder's result can be sent to any session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from .errors import InvalidMessage, ProtoError
+
+PROTO_VERSION = "1.1.2"
+SUPPORTED_MAJORS = (1,)
+
+
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """A server message before the session stamps it."""
+
+    type: str
+    channel: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"type": self.type, "channel": self.channel, "payload": self.payload}
+        if self.id is not None:
+            out["id"] = self.id
+        return out
+
+
+def from_dict(message: Mapping[str, Any]) -> Outbound:
+    """An application's message dict (at least type, channel, payload) as an Outbound."""
+    if not isinstance(message, Mapping):
+        raise InvalidMessage("a message must be a dict")
+    mtype, channel = message.get("type"), message.get("channel")
+    payload = message.get("payload", {})
+    if not isinstance(mtype, str) or not mtype:
+        raise InvalidMessage("message needs a string 'type'")
+    if not isinstance(channel, str) or not channel:
+        raise InvalidMessage("message needs a string 'channel'")
+    if not isinstance(payload, Mapping):
+        raise InvalidMessage("message 'payload' must be a dict")
+    mid = message.get("id")
+    return Outbound(mtype, channel, dict(payload), mid if isinstance(mid, str) and mid else None)
+
+
+def create(type: str, payload: Mapping[str, Any] | None = None,
+           channel: str = "AGENT") -> Outbound:
+    """Any message; ``channel`` defaults to AGENT, where the server answers."""
+    return Outbound(type, channel, dict(payload or {}))
+
+
+# -- control (SYSTEM) --------------------------------------------------------------------------
+
+
+def hello(*, session_id: str, accept_events: Iterable[str], capabilities: dict[str, Any],
+          last_client_seq: int) -> Outbound:
+    return Outbound("HELLO", "SYSTEM", {
+        "proto_version": PROTO_VERSION,
+        "accept_major": list(SUPPORTED_MAJORS),
+        "accept_events": sorted(accept_events),
+        "session": session_id,
+        "capabilities": capabilities,
+        "last_client_seq": str(last_client_seq),
+    })
+
+
+def ping(nonce: str) -> Outbound:
+    return Outbound("PING", "SYSTEM", {"nonce": nonce})
+
+
+def pong(nonce: str) -> Outbound:
+    return Outbound("PONG", "SYSTEM", {"nonce": nonce})
+
+
+def error(exc: ProtoError) -> Outbound:
+    return Outbound("ERROR", "SYSTEM", exc.to_payload())
+
+
+def flow_update(channel: str, add_messages: int, add_bytes: int) -> Outbound:
+    return Outbound("FLOW_UPDATE", "SYSTEM",
+                    {"channel": channel, "add_messages": add_messages, "add_bytes": add_bytes})
+
+
+def pause_channel(channel: str) -> Outbound:
+    return Outbound("PAUSE_CHANNEL", "SYSTEM", {"channel": channel})
+
+
+def resume_channel(channel: str) -> Outbound:
+    return Outbound("RESUME_CHANNEL", "SYSTEM", {"channel": channel})
+
+
+def tool_list(tools: Iterable[Mapping[str, Any]]) -> Outbound:
+    return Outbound("TOOL_LIST", "SYSTEM", {"tools": list(tools)})
+
+
+# -- text (AGENT) --------------------------------------------------------------------------------
+
+
+def text_start(message_id: str, content_type: str = "text/plain") -> Outbound:
+    return Outbound("MESSAGE_START", "AGENT",
+                    {"message_id": message_id, "content_type": content_type})
+
+
+def text_part(message_id: str, content: str) -> Outbound:
+    return Outbound("MESSAGE_PART", "AGENT", {"message_id": message_id, "content": content})
+
+
+def text_end(message_id: str) -> Outbound:
+    return Outbound("MESSAGE_END", "AGENT", {"message_id": message_id})
+
+
+# -- tools and runs (AGENT) ----------------------------------------------------------------------
+
+TOOL_UPDATE_STATUSES = ("QUEUED", "RUNNING")
+TOOL_DONE_STATUSES = ("OK", "ERROR", "CANCELLED")
+
+
+def tool_update(call_id: str, status: str, progress: float | None = None,
+                partial: Any = None) -> Outbound:
+    if status not in TOOL_UPDATE_STATUSES:
+        raise ValueError(f"TOOL_UPDATE status must be one of {TOOL_UPDATE_STATUSES}")
+    payload: dict[str, Any] = {"call_id": call_id, "status": status}
+    if progress is not None:
+        payload["progress"] = max(0, min(100, progress))
+    if partial is not None:
+        payload["partial"] = partial
+    return Outbound("TOOL_UPDATE", "AGENT", payload)
+
+
+def tool_done(call_id: str, status: str, result: Any = None,
+              error: ProtoError | None = None) -> Outbound:
+    if status not in TOOL_DONE_STATUSES:
+        raise ValueError(f"TOOL_DONE status must be one of {TOOL_DONE_STATUSES}")
+    payload: dict[str, Any] = {"call_id": call_id, "status": status}
+    if result is not None:
+        payload["result"] = result
+    if error is not None:
+        payload["error"] = {"code": error.code, "message": error.message}
+    return Outbound("TOOL_DONE", "AGENT", payload)
+
+
+def run_started(run_id: str, thread_id: str | None = None) -> Outbound:
+    payload: dict[str, Any] = {"run_id": run_id}
+    if thread_id is not None:
+        payload["thread_id"] = thread_id
+    return Outbound("RUN_STARTED", "AGENT", payload)
+
+
+def run_finished(run_id: str, status: str, summary: Any = None, error: Any = None) -> Outbound:
+    payload: dict[str, Any] = {"run_id": run_id, "status": status}
+    if summary is not None:
+        payload["summary"] = summary
+    if error is not None:
+        payload["error"] = error
+    return Outbound("RUN_FINISHED", "AGENT", payload)

@@ -1,0 +1,679 @@
+"""One session's protocol state machine: bytes in, events out, bytes to send.
+
+No I/O and no clock: the caller passes ``now`` (ms) and pumps:
+
+    session.receive(raw, now)        -> list of events for the application
+    session.send(outbound)           -> queue a server message
+    session.take_writable(now)       -> [(seq, bytes)] ready for the transport
+    session.tick(now)                -> heartbeat / expiry events
+
+Rules, in the order a received message meets them (CONTRACT 1, 4, 5, 6):
+
+1. Envelope invalid                      -> ERROR INVALID_MESSAGE (or MESSAGE_TOO_LARGE)
+2. seq <= last seen upstream seq         -> dropped silently (a resend); else seq is recorded
+3. Unknown type                          -> ERROR UNSUPPORTED_TYPE
+4. Not HELLO/PING before the handshake   -> ERROR HANDSHAKE_REQUIRED
+5. Payload invalid                       -> ERROR INVALID_MESSAGE / MISSING_RUN_ID
+6. Not a control type and no credit      -> ERROR INSUFFICIENT_CREDITS (nothing spent)
+7. USER message while back-pressured     -> ERROR CHANNEL_PAUSED
+8. Processed; the channel's credit is topped up with FLOW_UPDATE when it runs low.
+
+Downstream, a message is filtered by the client's accept_events when queued, then
+waits in the pending queue until its channel has credit and is not paused; only
+then does it get the next downstream seq and enter the replay window, so wire
+order is seq order. Control messages never wait for credit or a pause.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import messages
+from .credits import CreditLedger, CreditSettings
+from .envelope import (
+    CLIENT_TYPES, CONTROL_TYPES, SERVER_TYPES, Message, byte_length, encode, parse_envelope,
+    validate_envelope, validate_payload,
+)
+from .errors import (
+    ChannelPaused, DuplicateCallId, HandshakeRequired, InvalidMessage, MaxRunsExceeded,
+    MessageTooLarge, ProtoError, ReplayUnavailable, RunNotFound, UnsupportedType,
+    UnsupportedVersion,
+)
+from .replay import ReplayWindow
+
+# WebSocket-style close codes the core asks transports to use (CONTRACT 2).
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_TOO_LARGE = 1009
+CLOSE_HEARTBEAT = 4000
+CLOSE_UNSUPPORTED_VERSION = 4001
+CLOSE_SUPERSEDED = 4002
+
+PRE_HANDSHAKE_TYPES = frozenset({"HELLO", "PING"})
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSettings:
+    max_message_size: int = 1048576
+    echo_messages: bool = True
+    max_concurrent_runs: int = 10
+    replay_window_size: int = 1000
+    replay_window_time: int = 60000
+    heartbeat_interval: int = 30000
+    heartbeat_timeout: int = 5000
+    credits: CreditSettings = field(default_factory=CreditSettings)
+    max_pending_messages: int = 10000
+    max_open_texts: int = 64
+    max_text_bytes: int = 16 * 1048576
+
+
+# -- events handed to the application layer ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Handshake:
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TextReceived:
+    message: dict[str, Any]  # wire form; END carries ``text`` and ``content_type`` too
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallReceived:
+    call_id: str
+    tool: str
+    params: dict[str, Any]
+    run_id: str | None
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCancelRequested:
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolListRequested:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RunChanged:
+    kind: str  # "started" | "finished" | "cancelled"
+    run: "Run"
+    cancelled_calls: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AudioReceived:
+    message: dict[str, Any]
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSent:
+    error: ProtoError
+
+
+@dataclass(frozen=True, slots=True)
+class CloseRequested:
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatTimedOut:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    pass
+
+
+Event = (Handshake | TextReceived | ToolCallReceived | ToolCancelRequested | ToolListRequested
+         | RunChanged | AudioReceived | ErrorSent | CloseRequested | HeartbeatTimedOut | Expired)
+
+
+# -- records ------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Run:
+    """SPEC 2.7."""
+
+    run_id: str
+    start_time: int
+    thread_id: str | None = None
+    status: str = "active"
+    end_time: int | None = None
+    metadata: Any = None
+    summary: Any = None
+    error: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"runId": self.run_id, "status": self.status,
+                               "startTime": self.start_time}
+        for key, value in (("threadId", self.thread_id), ("endTime", self.end_time),
+                           ("metadata", self.metadata), ("summary", self.summary),
+                           ("error", self.error)):
+            if value is not None:
+                out[key] = value
+        return out
+
+
+@dataclass(slots=True)
+class _Call:
+    run_id: str | None
+    message_id: str
+
+
+@dataclass(slots=True)
+class _Text:
+    content_type: str
+    parts: list[str]
+    size: int = 0
+
+
+class ProtocolSession:
+    def __init__(self, session_id: str, user_id: str, settings: SessionSettings,
+                 now: int) -> None:
+        self.id = session_id
+        self.user_id = user_id
+        self.settings = settings
+        self.created_at = now
+        self.last_activity = now
+        self.connected = False
+        self.disconnected_at: int | None = now
+        self.handshake_completed = False
+        self.handshake_payload: dict[str, Any] | None = None
+        self.closed = False  # expired or closed for good: no more sends
+
+        self.upstream_seq = 0
+        self.downstream_seq = 0
+        self.last_ack = 0
+        self.accept_events: frozenset[str] | None = None
+
+        self.replay = ReplayWindow(settings.replay_window_size, settings.replay_window_time)
+        self.credits = CreditLedger(settings.credits)
+        self.paused_by_client: set[str] = set()
+        self.paused_by_server: set[str] = set()
+        self.pending: deque[messages.Outbound] = deque()
+        self._resend: deque[tuple[int, bytes]] = deque()
+
+        self.texts: dict[str, _Text] = {}
+        self.calls: dict[str, _Call] = {}
+        self.runs: dict[str, Run] = {}
+
+        self._counter = 0
+        self._ping_nonce: str | None = None
+        self._ping_sent_at = 0
+        self._next_ping_at = now + settings.heartbeat_interval
+
+        self._events: list[Event] = []
+
+    # -- connection lifecycle ------------------------------------------------------------
+
+    def attach(self, now: int, last_seq: int | None = None) -> None:
+        """A transport is (re)attached. With ``last_seq``, replay everything after it."""
+        self.connected = True
+        self.disconnected_at = None
+        self.last_activity = now
+        self._ping_nonce = None
+        self._next_ping_at = now + self.settings.heartbeat_interval
+        self._resend.clear()
+        if last_seq is not None:
+            self._queue_replay(last_seq + 1, None, now)
+
+    def detach(self, now: int) -> None:
+        self.connected = False
+        self.disconnected_at = now
+        self._ping_nonce = None
+
+    # -- upstream ------------------------------------------------------------------------
+
+    def receive(self, raw: bytes | str, now: int) -> list[Event]:
+        """One client frame / line / body element. Returns the events it caused."""
+        try:
+            msg = parse_envelope(raw, max_size=self.settings.max_message_size)
+        except MessageTooLarge as exc:
+            self._fail(exc)
+            self._events.append(CloseRequested(CLOSE_TOO_LARGE, "message too large"))
+            return self._take_events()
+        except ProtoError as exc:
+            self._fail(exc)
+            return self._take_events()
+        return self.receive_message(msg, byte_length(raw), now)
+
+    def receive_decoded(self, obj: Any, nbytes: int, now: int) -> list[Event]:
+        """An element already decoded from a JSON array body."""
+        try:
+            msg = validate_envelope(obj)
+        except ProtoError as exc:
+            self._fail(exc)
+            return self._take_events()
+        return self.receive_message(msg, nbytes, now)
+
+    def receive_message(self, msg: Message, nbytes: int, now: int) -> list[Event]:
+        self.last_activity = now
+        if msg.seq <= self.upstream_seq:
+            return self._take_events()  # a retransmission: already seen
+        seen_before = self.upstream_seq
+        self.upstream_seq = msg.seq
+        charged = False
+        try:
+            if msg.type not in CLIENT_TYPES:
+                raise UnsupportedType(f"unsupported message type {msg.type!r}")
+            if not self.handshake_completed and msg.type not in PRE_HANDSHAKE_TYPES:
+                raise HandshakeRequired()
+            msg = validate_payload(msg)
+            if msg.type not in CONTROL_TYPES:
+                self.credits.charge(msg.channel, nbytes)
+                charged = True
+                if msg.channel in self.paused_by_server:
+                    raise ChannelPaused(f"channel {msg.channel} is paused", related_id=msg.id)
+            self._process(msg, seen_before, now)
+        except ProtoError as exc:
+            if exc.related_id is None:
+                exc.related_id = msg.id
+            self._fail(exc)
+        if charged:
+            # A message that spent credit is handled even when its handling ends in an
+            # ERROR, so the channel is topped up either way (else a client whose last
+            # credits went to rejected messages would wait for a FLOW_UPDATE forever).
+            grant = self.credits.replenish(msg.channel, under_load=self._under_load())
+            if grant is not None:
+                self.send(messages.flow_update(msg.channel, *grant))
+        return self._take_events()
+
+    def _process(self, msg: Message, seen_before: int, now: int) -> None:
+        handler = _HANDLERS[msg.type]
+        handler(self, msg, seen_before, now)
+
+    def _on_hello(self, msg: Message, seen_before: int, now: int) -> None:
+        p = msg.payload
+        if not set(p["accept_major"]) & set(messages.SUPPORTED_MAJORS):
+            self._fail(UnsupportedVersion(
+                f"server speaks major {list(messages.SUPPORTED_MAJORS)},"
+                f" client accepts {p['accept_major']}", related_id=msg.id))
+            self._events.append(CloseRequested(CLOSE_UNSUPPORTED_VERSION, "unsupported version"))
+            return
+        wanted = frozenset(p["accept_events"]) & SERVER_TYPES
+        self.accept_events = wanted | {"HELLO", "ERROR", "PING"} if wanted else None
+        fc = p["capabilities"].get("flow_control") if isinstance(p["capabilities"], dict) else None
+        if isinstance(fc, dict):
+            self.credits.announce_client_credit(_positive_int(fc.get("initial_credit_messages")),
+                                                _positive_int(fc.get("initial_credit_bytes")))
+        first = not self.handshake_completed
+        self.handshake_completed = True
+        self.handshake_payload = p
+        self.send(messages.hello(
+            session_id=self.id,
+            accept_events=self.accept_events or SERVER_TYPES,
+            capabilities=self._capabilities(),
+            last_client_seq=seen_before,
+        ))
+        if first:
+            self._events.append(Handshake(p))
+
+    def _capabilities(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "flow_control": {
+                "enabled": s.credits.enabled,
+                "initial_credit_messages": s.credits.initial_credit_messages,
+                "initial_credit_bytes": s.credits.initial_credit_bytes,
+            },
+            "max_concurrent_runs": s.max_concurrent_runs,
+            "replay_window": {"size": s.replay_window_size, "time_ms": s.replay_window_time},
+            "heartbeat_interval_ms": s.heartbeat_interval,
+            "max_message_size": s.max_message_size,
+        }
+
+    def _on_ping(self, msg: Message, seen_before: int, now: int) -> None:
+        self.send(messages.pong(msg.payload["nonce"]))
+
+    def _on_pong(self, msg: Message, seen_before: int, now: int) -> None:
+        if self._ping_nonce is not None and msg.payload["nonce"] == self._ping_nonce:
+            self._ping_nonce = None
+
+    def _on_text(self, msg: Message, seen_before: int, now: int) -> None:
+        p = msg.payload
+        mid = p["message_id"]
+        wire = msg.to_wire()
+        wire["payload"] = dict(p)
+        if msg.type == "MESSAGE_START":
+            if mid in self.texts:
+                raise InvalidMessage(f"message_id {mid!r} is already open")
+            if len(self.texts) >= self.settings.max_open_texts:
+                raise InvalidMessage(f"too many open text messages (max "
+                                     f"{self.settings.max_open_texts})")
+            self.texts[mid] = _Text(p["content_type"], [])
+            self._events.append(TextReceived(wire))
+            return
+        text = self.texts.get(mid)
+        if text is None:
+            raise InvalidMessage(f"unknown message_id {mid!r}")
+        if msg.type == "MESSAGE_PART":
+            text.size += len(p["content"])
+            if text.size > self.settings.max_text_bytes:
+                del self.texts[mid]
+                raise MessageTooLarge(f"text {mid!r} exceeds {self.settings.max_text_bytes}"
+                                      " characters; it was dropped")
+            text.parts.append(p["content"])
+            self._events.append(TextReceived(wire))
+            return
+        del self.texts[mid]
+        assembled = "".join(text.parts)
+        wire["payload"]["text"] = assembled
+        wire["payload"]["content_type"] = text.content_type
+        self._events.append(TextReceived(wire))
+        if self.settings.echo_messages:
+            self.send_text(assembled, text.content_type)
+
+    def _on_tool_call(self, msg: Message, seen_before: int, now: int) -> None:
+        p = msg.payload
+        call_id = p["call_id"]
+        if call_id in self.calls:
+            raise DuplicateCallId(f"call_id {call_id!r} is already running")
+        run_id = p.get("run_id")
+        self.calls[call_id] = _Call(run_id, msg.id)
+        if run_id is not None and run_id not in self.runs:
+            self.fail_call(call_id, RunNotFound(f"run {run_id!r} is not active in this session"))
+            return
+        self._events.append(ToolCallReceived(call_id, p["tool"], p["params"], run_id,
+                                             msg.to_wire()))
+
+    def _on_tool_cancel(self, msg: Message, seen_before: int, now: int) -> None:
+        if msg.payload["call_id"] in self.calls:
+            self._events.append(ToolCancelRequested(msg.payload["call_id"]))
+
+    def _on_tool_list(self, msg: Message, seen_before: int, now: int) -> None:
+        self._events.append(ToolListRequested())
+
+    def _on_run_started(self, msg: Message, seen_before: int, now: int) -> None:
+        p = msg.payload
+        self.start_run(now, run_id=p.get("run_id"), thread_id=p.get("thread_id"),
+                       metadata=p.get("metadata"))
+
+    def _on_run_finished(self, msg: Message, seen_before: int, now: int) -> None:
+        self.finish_run(msg.payload["run_id"], now, summary=msg.payload.get("summary"))
+
+    def _on_run_cancel(self, msg: Message, seen_before: int, now: int) -> None:
+        self.cancel_run(msg.payload["run_id"], now)
+
+    def _on_ack(self, msg: Message, seen_before: int, now: int) -> None:
+        seq = min(msg.payload["seq"], self.downstream_seq)
+        if seq > self.last_ack:
+            self.last_ack = seq
+        self.replay.ack(seq)
+
+    def _on_flow_update(self, msg: Message, seen_before: int, now: int) -> None:
+        p = msg.payload
+        self.credits.add_client_credit(p["channel"], p["add_messages"], p["add_bytes"])
+
+    def _on_pause(self, msg: Message, seen_before: int, now: int) -> None:
+        self.paused_by_client.add(msg.payload["channel"])
+
+    def _on_resume(self, msg: Message, seen_before: int, now: int) -> None:
+        self.paused_by_client.discard(msg.payload["channel"])
+
+    def _on_replay_request(self, msg: Message, seen_before: int, now: int) -> None:
+        p = msg.payload
+        self._queue_replay(p["from_seq"], p["to_seq"], now)
+
+    def _on_audio(self, msg: Message, seen_before: int, now: int) -> None:
+        try:
+            data = base64.b64decode(msg.payload["data"], validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidMessage("AUDIO_CHUNK data is not valid base64") from None
+        self._events.append(AudioReceived(msg.to_wire(), data))
+
+    # -- runs (also the application's API) -----------------------------------------------
+
+    def start_run(self, now: int, run_id: str | None = None, thread_id: str | None = None,
+                  metadata: Any = None) -> Run:
+        if len(self.runs) >= self.settings.max_concurrent_runs:
+            raise MaxRunsExceeded(f"{len(self.runs)} runs are active"
+                                  f" (max {self.settings.max_concurrent_runs})")
+        if run_id is None:
+            run_id = f"{self.id}-run{self._next()}"
+        elif run_id in self.runs:
+            raise InvalidMessage(f"run {run_id!r} is already active")
+        run = Run(run_id, now, thread_id=thread_id, metadata=metadata)
+        self.runs[run_id] = run
+        self.send(messages.run_started(run_id, thread_id))
+        self._events.append(RunChanged("started", run))
+        return run
+
+    def finish_run(self, run_id: str, now: int, summary: Any = None, error: Any = None) -> Run:
+        run = self._pop_run(run_id, now)
+        run.status = "error" if error is not None else "finished"
+        run.summary, run.error = summary, error
+        self.send(messages.run_finished(run_id, run.status, summary, error))
+        self._events.append(RunChanged("finished", run))
+        return run
+
+    def cancel_run(self, run_id: str, now: int) -> Run:
+        run = self._pop_run(run_id, now)
+        run.status = "cancelled"
+        calls = tuple(cid for cid, call in self.calls.items() if call.run_id == run_id)
+        self.send(messages.run_finished(run_id, "cancelled"))
+        self._events.append(RunChanged("cancelled", run, calls))
+        return run
+
+    def _pop_run(self, run_id: str, now: int) -> Run:
+        run = self.runs.pop(run_id, None)
+        if run is None:
+            raise RunNotFound(f"run {run_id!r} is not active in this session")
+        run.end_time = now
+        return run
+
+    # -- tool calls (the application's side) ---------------------------------------------
+
+    def tool_update(self, call_id: str, status: str, progress: float | None = None,
+                    partial: Any = None) -> bool:
+        if call_id not in self.calls:
+            return False
+        return self.send(messages.tool_update(call_id, status, progress, partial))
+
+    def tool_done(self, call_id: str, status: str, result: Any = None,
+                  error: ProtoError | None = None) -> bool:
+        """Finish a call with its single TOOL_DONE; False if it had already finished."""
+        if self.calls.pop(call_id, None) is None:
+            return False
+        self.send(messages.tool_done(call_id, status, result, error))
+        return True
+
+    def fail_call(self, call_id: str, exc: ProtoError) -> bool:
+        """TOOL_DONE ERROR with the error, plus the ERROR message (CONTRACT 4 Tools)."""
+        call = self.calls.get(call_id)
+        if call is None:
+            return False
+        if exc.related_id is None:
+            exc.related_id = call.message_id
+        self.tool_done(call_id, "ERROR", error=exc)
+        self._fail(exc)
+        return True
+
+    # -- downstream ----------------------------------------------------------------------
+
+    def send(self, out: messages.Outbound) -> bool:
+        """Queue a server message. False when filtered out, closed, or the queue is full."""
+        if self.closed:
+            return False
+        if self.accept_events is not None and out.type not in self.accept_events:
+            return False
+        if len(self.pending) >= self.settings.max_pending_messages \
+                and out.type not in CONTROL_TYPES:
+            return False
+        self.pending.append(out)
+        return True
+
+    def send_text(self, text: str, content_type: str = "text/plain") -> str:
+        """START, one PART, END on AGENT with a fresh message_id; returns the id."""
+        mid = f"{self.id}-m{self._next()}"
+        self.send(messages.text_start(mid, content_type))
+        self.send(messages.text_part(mid, text))
+        self.send(messages.text_end(mid))
+        return mid
+
+    def has_writable(self) -> bool:
+        return bool(self._resend or self.pending)
+
+    def take_writable(self, now: int) -> list[tuple[int, bytes]]:
+        """Messages ready for the wire, in seq order: replays first, then pending
+        messages whose channel has credit and is not paused (those get their seq now)."""
+        out: list[tuple[int, bytes]] = []
+        resend = self._resend
+        while resend:
+            out.append(resend.popleft())
+        pending = self.pending
+        if not pending:
+            return out
+        credits = self.credits
+        held: deque[messages.Outbound] = deque()
+        blocked: set[str] = set()
+        paused = self.paused_by_client
+        sid, ts = self.id, str(now)
+        while pending:
+            ob = pending.popleft()
+            channel = ob.channel
+            control = ob.type in CONTROL_TYPES
+            if not control and (channel in blocked or channel in paused):
+                blocked.add(channel)
+                held.append(ob)
+                continue
+            seq = self.downstream_seq + 1
+            data = encode({"id": ob.id or f"{sid}:{seq}", "session": sid, "seq": str(seq),
+                           "ts": ts, "type": ob.type, "channel": channel,
+                           "payload": ob.payload})
+            if not control:
+                if not credits.can_send(channel, len(data)):
+                    blocked.add(channel)
+                    held.append(ob)
+                    continue
+                credits.spend(channel, len(data))
+            self.downstream_seq = seq
+            self.replay.add(seq, data, now)
+            out.append((seq, data))
+        self.pending = held
+        return out
+
+    def _queue_replay(self, from_seq: int, to_seq: int | None, now: int) -> None:
+        if to_seq is not None:
+            to_seq = min(to_seq, self.downstream_seq)
+        elif from_seq > self.downstream_seq:
+            return  # nothing was sent after it
+        self.replay.prune(now)
+        stored, complete = self.replay.range(from_seq, to_seq)
+        self._resend.extend((e.seq, e.data) for e in stored)
+        if not complete and (to_seq is None or from_seq <= to_seq):
+            first = self.replay.first_seq
+            self._fail(ReplayUnavailable(
+                f"messages from seq {from_seq} are no longer available",
+                detail={"first_available": str(first if first is not None
+                                                else self.downstream_seq + 1)}))
+
+    # -- time ----------------------------------------------------------------------------
+
+    def tick(self, now: int) -> list[Event]:
+        """Heartbeat and expiry; call about once a second."""
+        s = self.settings
+        if self.connected:
+            if self._ping_nonce is not None:
+                if now - self._ping_sent_at >= s.heartbeat_timeout:
+                    self._ping_nonce = None
+                    self._events.append(HeartbeatTimedOut())
+            elif now >= self._next_ping_at:
+                self._ping_nonce = f"hb-{self._next()}"
+                self._ping_sent_at = now
+                self._next_ping_at = now + s.heartbeat_interval
+                self.send(messages.ping(self._ping_nonce))
+        elif self.disconnected_at is not None and now - self.disconnected_at >= \
+                s.replay_window_time:
+            self.closed = True
+            self._events.append(Expired())
+        self.replay.prune(now)
+        return self._take_events()
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _fail(self, exc: ProtoError) -> None:
+        self.send(messages.error(exc))
+        self._events.append(ErrorSent(exc))
+
+    def _under_load(self) -> bool:
+        return bool(self.paused_by_server) or \
+            len(self.pending) > self.settings.max_pending_messages // 2
+
+    def _next(self) -> int:
+        self._counter += 1
+        return self._counter
+
+    def _take_events(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+    def take_events(self) -> list[Event]:
+        """Events caused outside ``receive`` / ``tick`` (tool results, app calls)."""
+        return self._take_events()
+
+    def reject(self, exc: ProtoError) -> None:
+        """Report a problem found outside the core (by a transport) as an ERROR."""
+        self._fail(exc)
+
+    def snapshot(self) -> dict[str, Any]:
+        """SPEC 2.5's fields, with live values (plain data, camelCase)."""
+        up = self.credits.upstream()
+        return {
+            "id": self.id,
+            "userId": self.user_id,
+            "connected": self.connected,
+            "handshakeCompleted": self.handshake_completed,
+            "lastActivity": self.last_activity,
+            "credits": {ch: m for ch, (m, _) in up.items()},
+            "byteCredits": {ch: b for ch, (_, b) in up.items()},
+            "downstreamCredits": {ch: m for ch, (m, _) in self.credits.downstream().items()},
+            "pausedChannels": set(self.paused_by_client | self.paused_by_server),
+            "lastAck": str(self.last_ack),
+            "lastDeliveredSeq": str(self.downstream_seq),
+            "lastClientSeq": str(self.upstream_seq),
+            "replayWindow": {str(e.seq): e.data for e in self.replay},
+            "activeRuns": set(self.runs),
+            "pendingMessages": {str(i): ob.to_dict() for i, ob in enumerate(self.pending)},
+        }
+
+
+_HANDLERS = {
+    "HELLO": ProtocolSession._on_hello,
+    "PING": ProtocolSession._on_ping,
+    "PONG": ProtocolSession._on_pong,
+    "MESSAGE_START": ProtocolSession._on_text,
+    "MESSAGE_PART": ProtocolSession._on_text,
+    "MESSAGE_END": ProtocolSession._on_text,
+    "TOOL_CALL": ProtocolSession._on_tool_call,
+    "TOOL_CANCEL": ProtocolSession._on_tool_cancel,
+    "TOOL_LIST": ProtocolSession._on_tool_list,
+    "RUN_STARTED": ProtocolSession._on_run_started,
+    "RUN_FINISHED": ProtocolSession._on_run_finished,
+    "RUN_CANCEL": ProtocolSession._on_run_cancel,
+    "ACK": ProtocolSession._on_ack,
+    "FLOW_UPDATE": ProtocolSession._on_flow_update,
+    "PAUSE_CHANNEL": ProtocolSession._on_pause,
+    "RESUME_CHANNEL": ProtocolSession._on_resume,
+    "REPLAY_REQUEST": ProtocolSession._on_replay_request,
+    "AUDIO_CHUNK": ProtocolSession._on_audio,
+}
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value

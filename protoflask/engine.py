@@ -1,0 +1,290 @@
+"""The transport-neutral session layer: what every transport calls, and the one place
+where core events become signals, tool runs and transport actions.
+
+Transports only frame bytes; they call ``open_connection`` / ``new_session`` or
+``find_session`` / ``attach`` / ``receive`` / ``detach`` and write what
+``session.core.take_writable`` gives them.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import gevent
+
+from .auth import TokenAuthority
+from .config import ServerConfig
+from .core import messages
+from .core.errors import MaxConnections, ProtoError, SessionNotFound, ShuttingDown
+from .core.session import (
+    CLOSE_HEARTBEAT, CLOSE_SUPERSEDED, AudioReceived, CloseRequested, ErrorSent, Expired,
+    Handshake, HeartbeatTimedOut, ProtocolSession, RunChanged, TextReceived, ToolCallReceived,
+    ToolCancelRequested, ToolListRequested,
+)
+from .hub import Hub, LiveSession, Transport, now_ms
+from .tools import SessionToolRunner, ToolExecution, ToolRegistry, check_call
+from . import signals
+
+if TYPE_CHECKING:
+    from .server import ProtoServer
+
+log = logging.getLogger("protoflask")
+
+STATS_WINDOW_MS = 10_000
+
+
+class Stats:
+    """SPEC 2.6 counters with CONTRACT 7's definitions."""
+
+    def __init__(self, now: int) -> None:
+        self.started_at = now
+        self.total_connections = 0
+        self.active_connections = 0
+        self.total_messages = 0
+        self.errors_sent = 0
+        # (second, messages, latency sum ms, latency samples) for the last 10 s
+        self._buckets: deque[list[float]] = deque()
+
+    def record(self, now: int, latency_ms: float) -> None:
+        self.total_messages += 1
+        second = now // 1000
+        buckets = self._buckets
+        if not buckets or buckets[-1][0] != second:
+            buckets.append([second, 0, 0.0, 0])
+            self._trim(now)
+        bucket = buckets[-1]
+        bucket[1] += 1
+        bucket[2] += latency_ms
+        bucket[3] += 1
+
+    def _trim(self, now: int) -> None:
+        horizon = (now - STATS_WINDOW_MS) // 1000
+        while self._buckets and self._buckets[0][0] <= horizon:
+            self._buckets.popleft()
+
+    def snapshot(self, now: int) -> dict[str, Any]:
+        self._trim(now)
+        uptime = max(1, now - self.started_at)
+        window_s = min(STATS_WINDOW_MS, uptime) / 1000.0
+        recent = sum(b[1] for b in self._buckets)
+        samples = sum(b[3] for b in self._buckets)
+        return {
+            "totalConnections": self.total_connections,
+            "activeConnections": self.active_connections,
+            "totalMessages": self.total_messages,
+            "messagesPerSecond": round(recent / window_s, 3),
+            "averageLatency": round(sum(b[2] for b in self._buckets) / samples, 4)
+            if samples else 0.0,
+            "errorRate": round(self.errors_sent / self.total_messages, 6)
+            if self.total_messages else 0.0,
+            "uptime": uptime,
+        }
+
+
+class Engine:
+    def __init__(self, server: "ProtoServer", config: ServerConfig, hub: Hub,
+                 tools: ToolRegistry, authority: TokenAuthority) -> None:
+        self.server = server
+        self.config = config
+        self.hub = hub
+        self.tools = tools
+        self.authority = authority
+        self.settings = config.session_settings()
+        self.stats = Stats(now_ms())
+        self.shutting_down = False
+        self._ticker: gevent.Greenlet | None = None
+
+    # -- connections -----------------------------------------------------------------
+
+    def authenticate(self, token: str | None) -> str:
+        return self.authority.verify(token)
+
+    def open_connection(self) -> None:
+        """Count a live transport, or refuse it (503 MAX_CONNECTIONS / SHUTTING_DOWN)."""
+        if self.shutting_down:
+            raise ShuttingDown()
+        if self.stats.active_connections >= self.config.max_connections:
+            raise MaxConnections(f"{self.config.max_connections} connections are open")
+        self.ensure_running()
+        self.stats.active_connections += 1
+        self.stats.total_connections += 1
+
+    def close_connection(self) -> None:
+        self.stats.active_connections -= 1
+
+    def new_session(self, user_id: str) -> LiveSession:
+        core = ProtocolSession(uuid.uuid4().hex, user_id, self.settings, now_ms())
+        live = LiveSession(core)
+        live.runner = SessionToolRunner(live, self.server, self.config.max_concurrent_runs,
+                                        self.config.tool_queue_size, self.config.tool_timeout)
+        self.hub.add(live)
+        return live
+
+    def find_session(self, session_id: str | None, user_id: str) -> LiveSession:
+        """The user's own session, or SESSION_NOT_FOUND (also for another user's id)."""
+        live = self.hub.get(session_id) if session_id else None
+        if live is None or live.user_id != user_id or live.core.closed:
+            raise SessionNotFound(f"no session {session_id!r} for this user")
+        return live
+
+    def attach(self, live: LiveSession, transport: Transport,
+               last_seq: int | None = None) -> None:
+        """Give the session a live transport; an older one is closed (4002)."""
+        old = live.transport
+        if old is not None and old is not transport:
+            live.transport = None
+            old.close(CLOSE_SUPERSEDED, "superseded by a resumed connection")
+        live.core.attach(now_ms(), last_seq)
+        live.transport = transport
+        self._emit(signals.connect, session_id=live.id)
+        self._drain_events(live)
+        live.notify()
+
+    def detach(self, live: LiveSession, transport: Transport) -> None:
+        """The transport is gone; the session is kept for resume (replayWindowTime)."""
+        if live.transport is not transport:
+            return
+        live.transport = None
+        live.core.detach(now_ms())
+        self._emit(signals.disconnect, session_id=live.id)
+
+    # -- upstream --------------------------------------------------------------------
+
+    def receive(self, live: LiveSession, raw: bytes | str) -> None:
+        started = now_ms()
+        events = live.core.receive(raw, started)
+        self._dispatch(live, events)
+        live.notify()
+        self.stats.record(now_ms(), now_ms() - started)
+
+    def receive_decoded(self, live: LiveSession, obj: Any, nbytes: int) -> None:
+        started = now_ms()
+        events = live.core.receive_decoded(obj, nbytes, started)
+        self._dispatch(live, events)
+        live.notify()
+        self.stats.record(now_ms(), now_ms() - started)
+
+    def receive_binary(self, live: LiveSession, data: bytes) -> None:
+        self._emit(signals.binary, session_id=live.id, data=data)
+
+    def reject(self, live: LiveSession, exc: ProtoError) -> None:
+        """A transport-level problem reported in-protocol (an ERROR message)."""
+        live.core.reject(exc)
+        self._drain_events(live)
+        live.notify()
+
+    # -- dispatch: core events -> signals, tools, transports -------------------------
+
+    def _drain_events(self, live: LiveSession) -> None:
+        self._dispatch(live, live.core.take_events())
+
+    def _dispatch(self, live: LiveSession, events: list[Any]) -> None:
+        while events:
+            for event in events:
+                self._handle(live, event)
+            events = live.core.take_events()
+
+    def _handle(self, live: LiveSession, event: Any) -> None:
+        sid = live.id
+        if isinstance(event, TextReceived):
+            self._emit(signals.text_message, session_id=sid, message=event.message)
+        elif isinstance(event, ToolCallReceived):
+            self._start_call(live, event)
+        elif isinstance(event, ErrorSent):
+            self.stats.errors_sent += 1
+            self._emit(signals.error, error=event.error, session_id=sid)
+        elif isinstance(event, Handshake):
+            self._emit(signals.handshake, session_id=sid, payload=event.payload)
+        elif isinstance(event, ToolCancelRequested):
+            assert live.runner is not None
+            live.runner.cancel(event.call_id)
+        elif isinstance(event, ToolListRequested):
+            live.core.send(messages.tool_list(t.to_dict() for t in self.tools))
+        elif isinstance(event, RunChanged):
+            signal = {"started": signals.run_started, "finished": signals.run_finished,
+                      "cancelled": signals.run_cancelled}[event.kind]
+            for call_id in event.cancelled_calls:
+                assert live.runner is not None
+                live.runner.cancel(call_id)
+            self._emit(signal, session_id=sid, run=event.run)
+        elif isinstance(event, AudioReceived):
+            self._emit(signals.audio_chunk, session_id=sid, message=event.message,
+                       data=event.data)
+        elif isinstance(event, CloseRequested):
+            self._close_transport(live, event.code, event.reason)
+        elif isinstance(event, HeartbeatTimedOut):
+            log.info("session %s: no PONG within %d ms; disconnecting", sid,
+                     self.config.heartbeat_timeout)
+            self._close_transport(live, CLOSE_HEARTBEAT, "heartbeat timeout")
+        elif isinstance(event, Expired):
+            self._expire(live)
+
+    def _start_call(self, live: LiveSession, event: ToolCallReceived) -> None:
+        tool = self.tools.get(event.tool)
+        try:
+            check_call(tool, event.tool, event.params)
+        except ProtoError as exc:
+            live.core.fail_call(event.call_id, exc)
+            return
+        assert tool is not None and live.runner is not None
+        execution = ToolExecution(event.call_id, tool.name, event.params, run_id=event.run_id)
+        self._emit(signals.tool_call, session_id=live.id, execution=execution)
+        if tool.execute is not None:
+            live.runner.submit(execution, tool)
+
+    def _close_transport(self, live: LiveSession, code: int, reason: str) -> None:
+        transport = live.transport
+        if transport is not None:
+            live.notify()
+            transport.close(code, reason)
+            self.detach(live, transport)
+
+    def _expire(self, live: LiveSession) -> None:
+        self.hub.remove(live.id)
+        if live.runner is not None:
+            live.runner.cancel_all()
+
+    # -- timers ----------------------------------------------------------------------
+
+    def ensure_running(self) -> None:
+        """Start the heartbeat / expiry ticker in the serving hub, once."""
+        if self._ticker is None or self._ticker.dead:
+            self._ticker = gevent.spawn(self._tick_forever)
+
+    def tick_period(self) -> float:
+        c = self.config
+        return max(0.02, min(1.0, min(c.heartbeat_interval, c.heartbeat_timeout) / 4000.0))
+
+    def _tick_forever(self) -> None:
+        period = self.tick_period()
+        while True:
+            gevent.sleep(period)
+            try:
+                self.tick()
+            except Exception as exc:  # never let one bad session stop the heartbeat
+                log.exception("heartbeat tick failed")
+                self._emit_error(exc)
+
+    def tick(self) -> None:
+        now = now_ms()
+        for live in self.hub.sessions():
+            events = live.core.tick(now)
+            if events:
+                self._dispatch(live, events)
+            live.notify()
+
+    def stop_timers(self) -> None:
+        if self._ticker is not None:
+            self._ticker.kill(block=False)
+            self._ticker = None
+
+    # -- signals ---------------------------------------------------------------------
+
+    def _emit(self, signal: Any, **kwargs: Any) -> None:
+        self.server._emit(signal, **kwargs)
+
+    def _emit_error(self, exc: BaseException, **kwargs: Any) -> None:
+        self.server._emit_error(exc, **kwargs)

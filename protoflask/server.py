@@ -1,0 +1,366 @@
+"""ProtoServer: the public Python API (SPEC 4.6, CONTRACT 8), start/stop, and the Flask
+extension contract (``ProtoServer(app=None)`` + ``init_app``).
+
+Threads: everything protocol-related runs in one gevent hub. Under gunicorn's gevent
+worker that is the worker's hub. ``start()`` in a program that has not monkey-patched
+runs the server in a background thread with its own hub; public methods called from
+other threads are then handed to that hub and wait for the result, so a plain script
+or test can call them safely.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import secrets
+import threading
+from typing import Any, Callable, Mapping
+
+import gevent
+import gevent.event
+from blinker import Signal
+from flask import Flask
+from gevent.pywsgi import WSGIHandler, WSGIServer
+
+from . import signals
+from .auth import TokenAuthority
+from .config import ConfigError, ServerConfig
+from .core import messages
+from .core.errors import InvalidMessage, SessionNotFound
+from .core.session import CLOSE_GOING_AWAY
+from .engine import Engine
+from .hub import Hub, LiveSession, LocalHub, now_ms
+from .tools import Tool, ToolRegistry, builtin_tools
+from .web import ConnectionTakenOver, create_blueprint
+
+log = logging.getLogger("protoflask")
+
+STOP_TIMEOUT = 3.0
+
+
+class _Handler(WSGIHandler):
+    """gevent's handler, exposing the client socket to the WebSocket route."""
+
+    def get_environ(self) -> dict[str, Any]:
+        environ = super().get_environ()
+        environ["protoflask.socket"] = self.socket
+        return environ
+
+    def run_application(self) -> None:
+        try:
+            super().run_application()
+        except ConnectionTakenOver:
+            self.close_connection = True
+
+
+class ProtoServer:
+    def __init__(self, config: ServerConfig | Mapping[str, Any] | None = None,
+                 app: Flask | None = None, *, hub: Hub | None = None) -> None:
+        self.config = ServerConfig.load(config)
+        self.dev_token: str | None = None
+        if not self.config.jwt_secret:
+            if not self.config.dev_mode:
+                raise ConfigError(
+                    "jwtSecret is required: set JWT_SECRET (or pass jwtSecret), or run in "
+                    "development mode (protoflask serve --dev, or PROTOFLASK_DEV=1) to get a "
+                    "random secret and a ready token")
+            self.config = self.config.replace(jwt_secret=secrets.token_urlsafe(32))
+        assert self.config.jwt_secret is not None
+        self.authority = TokenAuthority(self.config.jwt_secret, self.config.jwt_algorithms,
+                                        self.config.jwt_expires_in)
+        if self.config.dev_mode:
+            self.dev_token = self.authority.issue("dev")
+        self.tools = ToolRegistry()
+        for tool in builtin_tools():
+            self.tools.register(tool)
+        self.hub = hub or LocalHub()
+        self.engine = Engine(self, self.config, self.hub, self.tools, self.authority)
+        self._app: Flask | None = None
+        self._listeners: list[Callable[..., Any]] = []
+        self._wsgi: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        self._hub_loop: Any = None
+        self._stop_event: gevent.event.Event | None = None
+        self._port: int | None = None
+        if app is not None:
+            self.init_app(app)
+
+    # -- Flask integration -----------------------------------------------------------
+
+    def init_app(self, app: Flask) -> None:
+        """Mount /health, /stats and /proto/* on an existing Flask app."""
+        if "protoflask" in app.extensions:
+            raise RuntimeError("this Flask app already has a ProtoServer")
+        app.extensions["protoflask"] = self
+        app.register_blueprint(create_blueprint(self))
+        if self._app is None:
+            self._app = app
+
+    @property
+    def app(self) -> Flask:
+        """The Flask app serving this server (created on first use if none was given)."""
+        if self._app is None:
+            self.init_app(Flask("protoflask"))
+        assert self._app is not None
+        return self._app
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    @property
+    def port(self) -> int | None:
+        """The port actually listened on (useful with port 0)."""
+        return self._port
+
+    def start(self) -> None:
+        """Listen on host:port and return once listening; emits ``started``."""
+        if self._wsgi is not None:
+            raise RuntimeError("server already started")
+        import gevent.monkey
+
+        if gevent.monkey.is_module_patched("socket"):
+            self._listen()
+        else:
+            ready = threading.Event()
+            failure: list[BaseException] = []
+            self._thread = threading.Thread(target=self._serve_in_thread,
+                                            args=(ready, failure), name="protoflask",
+                                            daemon=True)
+            self._thread.start()
+            ready.wait()
+            if failure:
+                self._thread.join()
+                self._thread = None
+                raise failure[0]
+        self.engine.shutting_down = False
+        if self.dev_token:
+            log.warning("development mode: a random jwtSecret was generated; token for user "
+                        "'dev': %s", self.dev_token)
+        self._emit(signals.started)
+
+    def _listen(self) -> None:
+        self._wsgi = WSGIServer((self.config.host, self.config.port), self.app,
+                                handler_class=_Handler, log=None, error_log=log)
+        self._wsgi.start()
+        self._port = self._wsgi.server_port
+        self.engine.ensure_running()
+
+    def _serve_in_thread(self, ready: threading.Event, failure: list[BaseException]) -> None:
+        try:
+            self._hub_loop = gevent.get_hub().loop
+            self._stop_event = gevent.event.Event()
+            self._listen()
+        except BaseException as exc:
+            failure.append(exc)
+            self._hub_loop = None
+            ready.set()
+            return
+        ready.set()
+        self._stop_event.wait()
+
+    def stop(self) -> None:
+        """Close every connection (1001), cancel running tools, stop listening; emits
+        ``stopped``."""
+        if self._wsgi is None:
+            self.serving_stopped()
+            return
+        self._call(self._stop_in_hub)
+        if self._thread is not None:
+            self._thread.join(STOP_TIMEOUT + 2)
+            self._thread = None
+        self._hub_loop = None
+        self._wsgi = None
+        self._emit(signals.stopped)
+
+    def _stop_in_hub(self) -> None:
+        self._shutdown_sessions()
+        assert self._wsgi is not None
+        self._wsgi.stop(timeout=STOP_TIMEOUT)
+        self.engine.stop_timers()
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    def serving_started(self) -> None:
+        """For hosting servers that are not ``start()`` (gunicorn's post_worker_init)."""
+        self.engine.ensure_running()
+        self._emit(signals.started)
+
+    def serving_stopped(self) -> None:
+        """For hosting servers that are not ``start()`` (gunicorn's worker shutdown)."""
+        self._shutdown_sessions()
+        self.engine.stop_timers()
+        self._emit(signals.stopped)
+
+    def _shutdown_sessions(self) -> None:
+        self.engine.shutting_down = True
+        for live in self.hub.sessions():
+            if live.runner is not None:
+                live.runner.cancel_all()
+            transport = live.transport
+            if transport is not None:
+                transport.close(CLOSE_GOING_AWAY, "server stopping")
+            self.hub.remove(live.id)
+
+    def close_all_connections(self) -> None:
+        """Close every live transport (1001); sessions stay for resume."""
+        def close_all() -> None:
+            for live in self.hub.sessions():
+                if live.transport is not None:
+                    self.engine._close_transport(live, CLOSE_GOING_AWAY, "closed by server")
+        self._call(close_all)
+
+    # -- threads -----------------------------------------------------------------------
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn`` in the server's hub and return its result (or raise its error)."""
+        loop = self._hub_loop
+        if loop is None or self._thread is None or threading.current_thread() is self._thread:
+            return fn(*args)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        loop.run_callback_threadsafe(lambda: gevent.spawn(run))
+        return future.result()
+
+    # -- tools -------------------------------------------------------------------------
+
+    def register_tool(self, tool: Tool) -> None:
+        self.tools.register(tool)
+
+    def unregister_tool(self, name: str) -> bool:
+        return self.tools.unregister(name)
+
+    def get_tools(self) -> list[Tool]:
+        return list(self.tools)
+
+    def tool(self, name: str | None = None, *, description: str | None = None,
+             input_schema: dict[str, Any] | None = None,
+             output_schema: dict[str, Any] | None = None,
+             timeout: float | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: register a function as a tool (its docstring is the description)."""
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.register_tool(Tool(
+                name=name or fn.__name__,
+                description=description or (fn.__doc__ or "").strip() or fn.__name__,
+                input_schema=input_schema or {"type": "object"},
+                output_schema=output_schema or {},
+                execute=fn, timeout=timeout))
+            return fn
+        return decorate
+
+    # -- sessions and messages ---------------------------------------------------------
+
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        """SPEC 2.5 fields with live values, or None."""
+        def read() -> dict[str, Any] | None:
+            live = self.hub.get(session_id)
+            if live is None:
+                return None
+            snap = live.core.snapshot()
+            transport = live.transport
+            for kind, key in (("websocket", "ws"), ("sse", "sseResponse"),
+                              ("stream", "httpResponse")):
+                if transport is not None and transport.kind == kind:
+                    snap[key] = transport
+            return snap
+        return self._call(read)
+
+    def get_stats(self) -> dict[str, Any]:
+        return self._call(lambda: self.engine.stats.snapshot(now_ms()))
+
+    def send_message(self, session_id: str, message: Mapping[str, Any]) -> None:
+        """Send a message (dict with type, channel, payload) to one session."""
+        out = messages.from_dict(message)
+        if not self._call(self.hub.deliver, session_id, out):
+            raise SessionNotFound(f"no session {session_id!r}")
+
+    def broadcast(self, message: Mapping[str, Any]) -> int:
+        """Send a message to every connected session; returns how many it reached."""
+        out = messages.from_dict(message)
+        return self._call(self.hub.broadcast, out)
+
+    def send_tool_update(self, session_id: str, call_id: str, status: str = "RUNNING",
+                         progress: float | None = None, partial: Any = None) -> bool:
+        return self._call(lambda: self._live(session_id).tool_update(
+            call_id, status, progress, partial))
+
+    def send_tool_done(self, session_id: str, call_id: str, status: str,
+                       result: Any = None) -> bool:
+        """Finish a call (OK, ERROR or CANCELLED); False if it had already finished."""
+        if status not in messages.TOOL_DONE_STATUSES:
+            raise InvalidMessage(f"status must be one of {messages.TOOL_DONE_STATUSES}")
+        return self._call(lambda: self._live(session_id).tool_done(call_id, status, result))
+
+    def start_run(self, session_id: str, run_id: str | None = None,
+                  thread_id: str | None = None, metadata: Any = None) -> dict[str, Any]:
+        """Start a run for the application's agent; returns the run (SPEC 2.7)."""
+        return self._run_op(session_id, lambda live, now: live.core.start_run(
+            now, run_id=run_id, thread_id=thread_id, metadata=metadata))
+
+    def finish_run(self, session_id: str, run_id: str, summary: Any = None,
+                   error: Any = None) -> dict[str, Any]:
+        return self._run_op(session_id, lambda live, now: live.core.finish_run(
+            run_id, now, summary=summary, error=error))
+
+    def cancel_run(self, session_id: str, run_id: str) -> dict[str, Any]:
+        return self._run_op(session_id, lambda live, now: live.core.cancel_run(run_id, now))
+
+    def _run_op(self, session_id: str, op: Callable[[LiveSession, int], Any]) -> dict[str, Any]:
+        def run() -> dict[str, Any]:
+            live = self._live(session_id)
+            result = op(live, now_ms())
+            self.engine._drain_events(live)
+            live.notify()
+            return result.to_dict()
+        return self._call(run)
+
+    def _live(self, session_id: str) -> LiveSession:
+        live = self.hub.get(session_id)
+        if live is None:
+            raise SessionNotFound(f"no session {session_id!r}")
+        return live
+
+    def issue_token(self, user_id: str, expires_in: str | int | None = None) -> str:
+        return self.authority.issue(user_id, expires_in)
+
+    # -- events --------------------------------------------------------------------------
+
+    def on(self, event: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Listen to a spec event by its name; ``fn`` gets the spec's positional args."""
+        try:
+            signal, arg_names = signals.BY_EVENT_NAME[event]
+        except KeyError:
+            raise ValueError(f"unknown event {event!r}; known: "
+                             f"{', '.join(signals.BY_EVENT_NAME)}") from None
+
+        def receiver(sender: Any, **kwargs: Any) -> None:
+            fn(*(kwargs.get(name) for name in arg_names))
+
+        self._listeners.append(receiver)  # blinker holds receivers weakly
+        signal.connect(receiver, sender=self, weak=False)
+        return fn
+
+    def _emit(self, signal: Signal, **kwargs: Any) -> None:
+        """Send a signal; a listener that raises goes to ``error`` and the log."""
+        if not signal.receivers:
+            return
+        for receiver in signal.receivers_for(self):
+            try:
+                receiver(self, **kwargs)
+            except Exception as exc:
+                log.exception("a %r listener raised", signal.name)
+                if signal is not signals.error:
+                    self._emit_error(exc)
+
+    def _emit_error(self, exc: BaseException, **kwargs: Any) -> None:
+        kwargs.setdefault("session_id", None)
+        self._emit(signals.error, error=exc, **kwargs)
+
+
+def create_app(config: ServerConfig | Mapping[str, Any] | None = None) -> Flask:
+    """A Flask app with a ProtoServer configured from ``config`` and the environment."""
+    return ProtoServer(config).app

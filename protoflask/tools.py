@@ -1,0 +1,258 @@
+"""Tools: definitions with compiled JSON Schema validators, the registry, the built-ins,
+and the per-session executor (a gevent pool bounded by maxConcurrentRuns plus a queue).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import gevent
+from gevent import Greenlet
+from jsonschema import validators
+from jsonschema.exceptions import SchemaError
+
+from .core.errors import (
+    InvalidMessage, MaxRunsExceeded, ProtoError, ToolExecutionError, ToolNotFound,
+)
+
+if TYPE_CHECKING:
+    from .hub import LiveSession
+
+log = logging.getLogger("protoflask.tools")
+
+Execute = Callable[..., Any]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Tool:
+    """SPEC 2.9. ``execute(params, session_id, call_id, server)`` returns the result or
+    raises; without ``execute`` the application finishes calls via ``send_tool_done``."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
+    execute: Execute | None = None
+    timeout: float | None = None  # ms; None uses the server's toolTimeout
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("a tool needs a non-empty name")
+        self._input = _compile(self.input_schema, f"tool {self.name!r} inputSchema")
+        self._output = _compile(self.output_schema, f"tool {self.name!r} outputSchema")
+
+    def param_errors(self, params: Any) -> list[dict[str, Any]]:
+        return _errors(self._input, params)
+
+    def result_errors(self, result: Any) -> list[dict[str, Any]]:
+        return _errors(self._output, result)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire / SPEC 2.9 view (no execute)."""
+        return {"name": self.name, "description": self.description,
+                "inputSchema": self.input_schema, "outputSchema": self.output_schema}
+
+
+def _compile(schema: Any, what: str) -> Any:
+    if not isinstance(schema, dict):
+        raise ValueError(f"{what} must be a JSON Schema object")
+    cls = validators.validator_for(schema)
+    try:
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        raise ValueError(f"{what} is not a valid JSON Schema: {exc.message}") from None
+    return cls(schema)
+
+
+def _errors(validator: Any, value: Any) -> list[dict[str, Any]]:
+    return [{"path": "/".join(str(p) for p in e.absolute_path), "message": e.message}
+            for e in validator.iter_errors(value)]
+
+
+def _echo(params: dict[str, Any], *_: Any) -> dict[str, Any]:
+    return {"echoed": params["message"]}
+
+
+def _add(params: dict[str, Any], *_: Any) -> dict[str, Any]:
+    return {"result": params["a"] + params["b"]}
+
+
+def builtin_tools() -> list[Tool]:
+    return [
+        Tool("echo", "Returns the message it is given.",
+             {"type": "object", "properties": {"message": {"type": "string"}},
+              "required": ["message"], "additionalProperties": False},
+             {"type": "object", "properties": {"echoed": {"type": "string"}},
+              "required": ["echoed"]},
+             _echo),
+        Tool("add", "Adds two numbers.",
+             {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+              "required": ["a", "b"], "additionalProperties": False},
+             {"type": "object", "properties": {"result": {"type": "number"}},
+              "required": ["result"]},
+             _add),
+    ]
+
+
+class ToolRegistry:
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def register(self, tool: Tool) -> None:
+        if not isinstance(tool, Tool):
+            raise TypeError("register_tool takes a protoflask.Tool")
+        self._tools[tool.name] = tool
+
+    def unregister(self, name: str) -> bool:
+        return self._tools.pop(name, None) is not None
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(list(self._tools.values()))
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+
+@dataclass
+class ToolExecution:
+    """SPEC 2.8: one call's record, handed to ``toolCall`` listeners."""
+
+    call_id: str
+    tool_name: str
+    arguments: Any
+    status: str = "pending"
+    start_time: int = field(default_factory=_now_ms)
+    end_time: int | None = None
+    result: Any = None
+    progress: float | None = None
+    partial: Any = None
+    run_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"callId": self.call_id, "toolName": self.tool_name, "arguments": self.arguments,
+               "status": self.status, "startTime": self.start_time}
+        for key, value in (("endTime", self.end_time), ("result", self.result),
+                           ("progress", self.progress), ("partial", self.partial)):
+            if value is not None:
+                out[key] = value
+        return out
+
+
+class SessionToolRunner:
+    """Runs one session's tool calls: at most ``limit`` at once, ``queue_size`` waiting.
+
+    Every call it accepts ends in exactly one TOOL_DONE, sent through the session.
+    """
+
+    def __init__(self, live: "LiveSession", server: Any, limit: int, queue_size: int,
+                 default_timeout_ms: int) -> None:
+        self.live = live
+        self.server = server
+        self.limit = limit
+        self.queue_size = queue_size
+        self.default_timeout_ms = default_timeout_ms
+        self.running: dict[str, Greenlet] = {}
+        self.waiting: deque[tuple[ToolExecution, Tool]] = deque()
+        self.executions: dict[str, ToolExecution] = {}
+
+    def submit(self, execution: ToolExecution, tool: Tool) -> None:
+        self.executions[execution.call_id] = execution
+        if len(self.running) < self.limit:
+            self._spawn(execution, tool)
+        elif len(self.waiting) < self.queue_size:
+            self.waiting.append((execution, tool))
+            self.live.tool_update(execution.call_id, "QUEUED")
+        else:
+            self.finish(execution, "error", MaxRunsExceeded(
+                f"{len(self.running)} tool calls running and {len(self.waiting)} queued"))
+
+    def cancel(self, call_id: str) -> None:
+        """TOOL_DONE CANCELLED now; a running execution is killed."""
+        execution = self.executions.get(call_id)
+        if execution is not None:
+            execution.status = "cancelled"
+            execution.end_time = _now_ms()
+        self.live.tool_done(call_id, "CANCELLED")
+        self.executions.pop(call_id, None)
+        self.waiting = deque(w for w in self.waiting if w[0].call_id != call_id)
+        greenlet = self.running.pop(call_id, None)
+        if greenlet is not None:
+            greenlet.kill(block=False)
+            self._start_waiting()
+
+    def cancel_all(self) -> None:
+        for call_id in list(self.executions):
+            self.cancel(call_id)
+
+    def finish(self, execution: ToolExecution, status: str, error: ProtoError | None = None,
+               result: Any = None) -> None:
+        execution.status = status
+        execution.end_time = _now_ms()
+        execution.result = result
+        self.executions.pop(execution.call_id, None)
+        if error is not None:
+            self.live.fail_call(execution.call_id, error)
+        else:
+            self.live.tool_done(execution.call_id, "OK", result)
+
+    def _spawn(self, execution: ToolExecution, tool: Tool) -> None:
+        self.running[execution.call_id] = gevent.spawn(self._execute, execution, tool)
+
+    def _start_waiting(self) -> None:
+        while self.waiting and len(self.running) < self.limit:
+            self._spawn(*self.waiting.popleft())
+
+    def _execute(self, execution: ToolExecution, tool: Tool) -> None:
+        call_id = execution.call_id
+        execution.status = "running"
+        timeout_ms = tool.timeout if tool.timeout is not None else self.default_timeout_ms
+        timer = gevent.Timeout(timeout_ms / 1000.0)
+        timer.start()
+        try:
+            assert tool.execute is not None
+            result = tool.execute(execution.arguments, self.live.id, call_id, self.server)
+            problems = tool.result_errors(result)
+            if problems:
+                self.finish(execution, "error", ToolExecutionError(
+                    f"tool {tool.name!r} returned a result that fails its outputSchema",
+                    detail=problems))
+            else:
+                self.finish(execution, "completed", result=result)
+        except gevent.Timeout as exc:
+            if exc is not timer:
+                raise
+            self.finish(execution, "error", ToolExecutionError(
+                f"tool {tool.name!r} timed out after {timeout_ms:g} ms"))
+        except gevent.GreenletExit:
+            pass  # cancelled: cancel() already sent TOOL_DONE CANCELLED
+        except Exception as exc:  # a tool's own failure, reported to the client
+            log.warning("tool %r failed: %s", tool.name, exc, exc_info=True)
+            self.finish(execution, "error", ToolExecutionError(
+                f"tool {tool.name!r} failed: {exc}"))
+            self.server._emit_error(exc, session_id=self.live.id)
+        finally:
+            timer.close()
+            if self.running.get(call_id) is gevent.getcurrent():
+                del self.running[call_id]
+            self._start_waiting()
+
+
+def check_call(tool: Tool | None, name: str, params: Any) -> None:
+    """Raise the contract's error for a call that cannot start."""
+    if tool is None:
+        raise ToolNotFound(f"no tool named {name!r}")
+    problems = tool.param_errors(params)
+    if problems:
+        raise InvalidMessage(f"params do not match the inputSchema of {name!r}",
+                             detail=problems)

@@ -1,0 +1,232 @@
+"""WebSocket transport: frames bytes between a socket and the session layer.
+
+The Flask route (``websocket=True``, as flask-sock registers it) authenticates and
+refuses with an HTTP error before any upgrade; then the raw socket is taken from the
+WSGI environ and driven here, from one greenlet, by the ``websockets`` library's
+sans-I/O ``ServerProtocol`` (docs/PERFORMANCE.md explains why not simple-websocket's
+reader thread). This adapter adds what a sans-I/O protocol leaves to its caller:
+reassembly of fragmented messages, strict UTF-8 on text (close 1007), a message size
+limit reported in-protocol before close 1009, one writer at a time, and a bounded
+close handshake.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import TYPE_CHECKING, Any
+
+import gevent
+from websockets.exceptions import PayloadTooBig
+from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Request
+from websockets.datastructures import Headers
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+
+from ..core.errors import MessageTooLarge
+from ..hub import now_ms
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..hub import LiveSession
+
+log = logging.getLogger("protoflask.websocket")
+
+CLOSE_TIMEOUT = 2.0  # seconds to wait for the client's close frame
+RECV_SIZE = 65536
+
+
+def handshake_request(environ: dict[str, Any]) -> Request:
+    """The upgrade request as websockets sees it, rebuilt from the WSGI environ."""
+    headers = Headers()
+    for key, value in environ.items():
+        if key.startswith("HTTP_"):
+            headers[key[5:].replace("_", "-").title()] = value
+    path = environ.get("PATH_INFO", "/")
+    if environ.get("QUERY_STRING"):
+        path += "?" + environ["QUERY_STRING"]
+    return Request(path, headers)
+
+
+def raw_socket(environ: dict[str, Any]) -> socket.socket | None:
+    """The client socket under gunicorn or protoflask's own gevent server."""
+    return environ.get("gunicorn.socket") or environ.get("protoflask.socket")
+
+
+class WebSocketConnection:
+    """One client's WebSocket, attached to one session at a time."""
+
+    kind = "websocket"
+
+    def __init__(self, engine: "Engine", sock: socket.socket, compression: bool) -> None:
+        self.engine = engine
+        self.sock = sock
+        self.compression = compression
+        self.protocol = ServerProtocol(state=State.OPEN, max_size=engine.config.max_message_size)
+        self.live: "LiveSession | None" = None
+        self._fragments: list[bytes] = []
+        self._fragment_opcode: Opcode | None = None
+        self._writing = False
+        self._flush_scheduled = False
+        self._closing = False
+        self._reader: gevent.Greenlet | None = None
+
+    # -- opening ---------------------------------------------------------------------
+
+    def accept(self, environ: dict[str, Any]) -> bool:
+        """Answer the upgrade; False if websockets refused the request (already answered).
+
+        The HTTP request was parsed by the WSGI server, so a throwaway protocol object
+        negotiates the handshake and the frame protocol starts OPEN with its extensions."""
+        handshake = ServerProtocol(
+            extensions=[ServerPerMessageDeflateFactory()] if self.compression else None)
+        response = handshake.accept(handshake_request(environ))
+        handshake.send_response(response)
+        self._send(handshake.data_to_send())
+        self.protocol.extensions = handshake.extensions
+        return response.status_code == 101
+
+    def serve(self, live: "LiveSession", last_seq: int | None) -> None:
+        """Attach to the session and pump until the connection ends (in its own greenlet,
+        whose shallow stack makes every switch cheaper than the request greenlet's)."""
+        self._reader = gevent.spawn(self._run, live, last_seq)
+        self._reader.join()
+
+    def _run(self, live: "LiveSession", last_seq: int | None) -> None:
+        self.live = live
+        engine = self.engine
+        engine.attach(live, self, last_seq)
+        self.flush()
+        try:
+            self._read_loop()
+        except OSError:
+            pass  # the peer went away; the session stays for resume
+        finally:
+            engine.detach(live, self)
+            self._shutdown()
+
+    def _read_loop(self) -> None:
+        protocol = self.protocol
+        while protocol.state is not State.CLOSED:
+            data = self.sock.recv(RECV_SIZE)
+            if data:
+                protocol.receive_data(data)
+            else:
+                protocol.receive_eof()
+            for frame in protocol.events_received():
+                self._on_frame(frame)
+            if isinstance(protocol.parser_exc, PayloadTooBig):
+                self._report_too_large()
+            self.flush()
+            if not data or protocol.state is State.CLOSED:
+                return
+
+    # -- receiving -------------------------------------------------------------------
+
+    def _on_frame(self, frame: Frame) -> None:
+        opcode = frame.opcode
+        if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
+            if frame.fin:
+                self._on_message(opcode, frame.data)
+            else:
+                self._fragment_opcode = opcode
+                self._fragments = [frame.data]
+        elif opcode is Opcode.CONT and self._fragment_opcode is not None:
+            self._fragments.append(frame.data)
+            if frame.fin:
+                data = b"".join(self._fragments)
+                opcode, self._fragment_opcode, self._fragments = self._fragment_opcode, None, []
+                self._on_message(opcode, data)
+
+    def _on_message(self, opcode: Opcode, data: bytes) -> None:
+        assert self.live is not None
+        if self._closing:
+            return
+        if opcode is Opcode.BINARY:
+            self.engine.receive_binary(self.live, data)
+            return
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self.protocol.fail(1007, f"invalid UTF-8 at position {exc.start}")
+            return
+        self.engine.receive(self.live, data)
+
+    def _report_too_large(self) -> None:
+        """websockets already queued close 1009: put the ERROR frame in front of it."""
+        assert self.live is not None
+        self.protocol.parser_exc = None
+        closing = self.protocol.data_to_send()
+        self.live.core.reject(MessageTooLarge(
+            f"message exceeds maxMessageSize ({self.engine.config.max_message_size} bytes)"))
+        frames = [Frame(Opcode.TEXT, data).serialize(
+                      mask=False, extensions=self.protocol.extensions)
+                  for _, data in self.live.core.take_writable(now_ms())]
+        self._send(frames + closing)
+        self._closing = True
+
+    # -- sending (Transport) ---------------------------------------------------------
+
+    def wake(self) -> None:
+        """Called by whoever queued a message. The reader flushes after each read
+        anyway; from any other greenlet a flush is scheduled, so no sender blocks."""
+        if gevent.getcurrent() is self._reader or self._flush_scheduled:
+            return
+        self._flush_scheduled = True
+        gevent.spawn(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
+        try:
+            self.flush()
+        except OSError:
+            self._shutdown()
+
+    def flush(self) -> None:
+        """Write everything pending. One writer at a time: a flush that finds another in
+        progress returns at once, and the active one loops until nothing is left."""
+        if self._writing or self.live is None:
+            return
+        self._writing = True
+        try:
+            protocol = self.protocol
+            while True:
+                if protocol.state is State.OPEN and not self._closing \
+                        and self.live.transport is self:
+                    for _, data in self.live.core.take_writable(now_ms()):
+                        protocol.send_text(data)
+                chunks = protocol.data_to_send()
+                if not chunks:
+                    return
+                self._send(chunks)
+        finally:
+            self._writing = False
+
+    def close(self, code: int, reason: str) -> None:
+        """Flush, send the close frame, and give the client CLOSE_TIMEOUT to answer."""
+        if self._closing or self.protocol.state is not State.OPEN:
+            return
+        try:
+            self.flush()
+            self._closing = True
+            self.protocol.send_close(code, reason)
+            self.flush()
+        except OSError:
+            self._shutdown()
+            return
+        gevent.spawn_later(CLOSE_TIMEOUT, self._shutdown)
+
+    def _send(self, chunks: list[bytes]) -> None:
+        data = b"".join(chunks)
+        if data:
+            self.sock.sendall(data)
+        if chunks and chunks[-1] == b"":  # websockets' signal to half-close
+            self._shutdown(socket.SHUT_WR)
+
+    def _shutdown(self, how: int = socket.SHUT_RDWR) -> None:
+        try:
+            self.sock.shutdown(how)
+        except OSError:
+            pass

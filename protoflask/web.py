@@ -1,0 +1,157 @@
+"""The Flask blueprint: /health, /stats and the transport routes, plus CORS, gzip for
+JSON responses and connection-level access logs (never one line per message)."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from flask import Blueprint, Response, g, request
+
+from .auth import token_from_request
+from .core.errors import InvalidMessage, ProtoError
+from .transports.websocket import WebSocketConnection, raw_socket
+
+if TYPE_CHECKING:
+    from .server import ProtoServer
+
+access_log = logging.getLogger("protoflask.access")
+
+_TOKEN_IN_QUERY = re.compile(r"(token=)[^&]*")
+GZIP_MIN_BYTES = 100
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status=status, mimetype="application/json")
+
+
+def error_response(exc: ProtoError) -> Response:
+    return json_response(exc.to_http_body(), exc.http_status)
+
+
+def redacted_query(query: str) -> str:
+    """The query string with any token value hidden, for logs."""
+    return _TOKEN_IN_QUERY.sub(r"\1***", query)
+
+
+def parse_seq_arg(value: str | None, name: str) -> int | None:
+    if value is None or value == "":
+        return None
+    if not value.isdigit():
+        raise InvalidMessage(f"{name} must be a decimal number, got {value!r}")
+    return int(value)
+
+
+class ConnectionTakenOver(StopIteration):
+    """Ends the WSGI cycle of a request whose socket now belongs to a WebSocket.
+
+    Gunicorn's async workers close the connection on StopIteration (as flask-sock relies
+    on); protoflask's own gevent handler catches it too."""
+
+
+class _TakenOverResponse(Response):
+    def __call__(self, environ: Any, start_response: Any) -> Any:
+        raise ConnectionTakenOver()
+
+
+def create_blueprint(server: "ProtoServer") -> Blueprint:
+    bp = Blueprint("protoflask", __name__)
+    engine = server.engine
+    config = server.config
+
+    @bp.before_request
+    def _start_timer() -> None:
+        g.protoflask_started = time.perf_counter()
+
+    @bp.get("/health")
+    def health() -> Response:
+        stats = engine.stats.snapshot(int(time.time() * 1000))
+        return json_response({
+            "status": "draining" if engine.shutting_down else "ok",
+            "uptime": stats["uptime"],
+            "activeConnections": stats["activeConnections"],
+            "totalConnections": stats["totalConnections"],
+        }, 503 if engine.shutting_down else 200)
+
+    @bp.get("/stats")
+    def stats() -> Response:
+        return json_response(server.get_stats())
+
+    @bp.route("/proto/websocket", websocket=True)
+    def websocket() -> Response:
+        sock = raw_socket(request.environ)
+        if sock is None:
+            return json_response({"error": {
+                "code": "UNSUPPORTED_SERVER",
+                "message": "WebSocket needs gunicorn's gevent worker or ProtoServer.start()"}},
+                500)
+        try:
+            user_id = engine.authenticate(token_from_request(
+                request.args.get("token"), request.headers.get("Authorization")))
+            session_id = request.args.get("session")
+            last_seq = parse_seq_arg(request.args.get("last_seq"), "last_seq")
+            live = engine.find_session(session_id, user_id) if session_id else None
+            engine.open_connection()
+        except ProtoError as exc:
+            return error_response(exc)
+        g.protoflask_websocket = True  # logged as open/closed, not as a request
+        conn = WebSocketConnection(engine, sock, config.enable_compression)
+        try:
+            if conn.accept(request.environ):
+                if live is None:
+                    live = engine.new_session(user_id)
+                elif last_seq is None:
+                    last_seq = live.core.last_ack
+                if config.enable_logging:
+                    access_log.info("websocket open session=%s user=%s%s", live.id, user_id,
+                                    f" resume last_seq={last_seq}" if session_id else "")
+                conn.serve(live, last_seq)
+                if config.enable_logging:
+                    access_log.info("websocket closed session=%s", live.id)
+        except OSError:
+            pass
+        finally:
+            engine.close_connection()
+        return _TakenOverResponse()
+
+    @bp.after_request
+    def _finish(response: Response) -> Response:
+        if config.enable_cors:
+            _add_cors(response)
+        if config.enable_compression and not response.is_streamed:
+            _maybe_gzip(response)
+        if config.enable_logging and not g.get("protoflask_websocket"):
+            elapsed = (time.perf_counter() - g.get("protoflask_started", time.perf_counter()))
+            query = redacted_query(request.query_string.decode("latin-1"))
+            access_log.info("%s %s%s %s %.1fms", request.method, request.path,
+                            f"?{query}" if query else "", response.status_code, elapsed * 1000)
+        return response
+
+    return bp
+
+
+def _add_cors(response: Response) -> None:
+    headers = response.headers
+    headers["Access-Control-Allow-Origin"] = request.headers.get("Origin", "*")
+    headers.add("Vary", "Origin")
+    headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+    headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, Last-Event-ID"
+    headers["Access-Control-Expose-Headers"] = "Proto-Session"
+    headers["Access-Control-Max-Age"] = "600"
+
+
+def _maybe_gzip(response: Response) -> None:
+    if response.mimetype != "application/json" or "Content-Encoding" in response.headers:
+        return
+    if "gzip" not in request.headers.get("Accept-Encoding", "").lower():
+        return
+    body = response.get_data()
+    if len(body) < GZIP_MIN_BYTES:
+        return
+    response.set_data(gzip.compress(body, compresslevel=5))
+    response.headers["Content-Encoding"] = "gzip"
+    response.headers.add("Vary", "Accept-Encoding")
