@@ -172,7 +172,14 @@ class ProtoServer:
         self._emit(signals.stopped)
 
     def _stop_in_hub(self) -> None:
-        self._shutdown_sessions()
+        closing = self._shutdown_sessions()
+        # Let each closed transport finish its close handshake (its reader detaches it)
+        # before the hub's thread ends: the WSGI server has no pool, so its stop() does
+        # not wait for handlers, and a hub that is gone never completes them.
+        with gevent.Timeout(STOP_TIMEOUT, False):
+            while any(live.transport is not None for live in closing):
+                gevent.sleep(0.01)
+        gevent.sleep(0)
         assert self._wsgi is not None
         self._wsgi.stop(timeout=STOP_TIMEOUT)
         self.engine.stop_timers()
@@ -190,15 +197,19 @@ class ProtoServer:
         self.engine.stop_timers()
         self._emit(signals.stopped)
 
-    def _shutdown_sessions(self) -> None:
+    def _shutdown_sessions(self) -> list[LiveSession]:
+        """Cancel tools and close every transport; returns the sessions being closed."""
         self.engine.shutting_down = True
+        closing = []
         for live in self.hub.sessions():
             if live.runner is not None:
                 live.runner.cancel_all()
             transport = live.transport
             if transport is not None:
                 transport.close(CLOSE_GOING_AWAY, "server stopping")
+                closing.append(live)
             self.hub.remove(live.id)
+        return closing
 
     def close_all_connections(self) -> None:
         """Close every live transport (1001); sessions stay for resume."""
