@@ -1,20 +1,43 @@
 """protoflask: a real-time agent protocol server on Flask + gevent.
 
     from protoflask import ProtoServer, Tool
-    server = ProtoServer({"jwtSecret": "s", "port": 0})
+    server = ProtoServer({"jwtSecret": "...", "port": 0})
     server.start(); print(server.port); server.stop()
+
+Names are imported lazily, so ``protoflask serve`` can monkey-patch gevent before
+anything imports sockets, ssl or threading.
 """
 
-from . import signals
-from .config import ConfigError, FlowControlConfig, ServerConfig
-from .core import messages
-from .core.errors import ProtoError
-from .core.session import Run
-from .server import ProtoServer, create_app
-from .tools import Tool, ToolExecution
+from __future__ import annotations
 
-__all__ = [
-    "ConfigError", "FlowControlConfig", "ProtoError", "ProtoServer", "Run", "ServerConfig",
-    "Tool", "ToolExecution", "create_app", "messages", "signals",
-]
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "ConfigError": ".config",
+    "FlowControlConfig": ".config",
+    "ServerConfig": ".config",
+    "ProtoError": ".core.errors",
+    "Run": ".core.session",
+    "ProtoServer": ".server",
+    "create_app": ".server",
+    "Tool": ".tools",
+    "ToolExecution": ".tools",
+}
+_MODULES = {"messages": ".core.messages", "signals": ".signals", "errors": ".core.errors"}
+
+__all__ = sorted([*_EXPORTS, *_MODULES])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name], __name__)
+    raise AttributeError(f"module 'protoflask' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

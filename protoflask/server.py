@@ -133,8 +133,8 @@ class ProtoServer:
                 raise failure[0]
         self.engine.shutting_down = False
         if self.dev_token:
-            log.warning("development mode: a random jwtSecret was generated; token for user "
-                        "'dev': %s", self.dev_token)
+            log.warning("development mode: a random jwtSecret was generated (never use this "
+                        "in production); server.dev_token holds a token for user 'dev'")
         self._emit(signals.started)
 
     def _listen(self) -> None:
