@@ -68,8 +68,12 @@ class Message:
 
 
 def encode(wire: Mapping[str, Any]) -> bytes:
-    """A wire dict as compact JSON bytes."""
-    return orjson.dumps(wire)
+    """A wire dict as compact JSON bytes.
+
+    Non-string dict keys become strings (JSON has no others): marshmallow reports list
+    errors keyed by index, and those land in ERROR ``detail``.
+    """
+    return orjson.dumps(wire, option=orjson.OPT_NON_STR_KEYS)
 
 
 def decode_json(raw: bytes | bytearray | memoryview | str) -> Any:

@@ -426,7 +426,7 @@ class ProtocolSession:
 
     def _on_replay_request(self, msg: Message, seen_before: int, now: int) -> None:
         p = msg.payload
-        self._queue_replay(p["from_seq"], p["to_seq"], now)
+        self._queue_replay(p["from_seq"], p["to_seq"], now, related_id=msg.id)
 
     def _on_audio(self, msg: Message, seen_before: int, now: int) -> None:
         try:
@@ -566,7 +566,8 @@ class ProtocolSession:
         self.pending = held
         return out
 
-    def _queue_replay(self, from_seq: int, to_seq: int | None, now: int) -> None:
+    def _queue_replay(self, from_seq: int, to_seq: int | None, now: int,
+                      related_id: str | None = None) -> None:
         if to_seq is not None:
             to_seq = min(to_seq, self.downstream_seq)
         elif from_seq > self.downstream_seq:
@@ -579,7 +580,8 @@ class ProtocolSession:
             self._fail(ReplayUnavailable(
                 f"messages from seq {from_seq} are no longer available",
                 detail={"first_available": str(first if first is not None
-                                                else self.downstream_seq + 1)}))
+                                                else self.downstream_seq + 1)},
+                related_id=related_id))
 
     # -- time ----------------------------------------------------------------------------
 

@@ -1,0 +1,105 @@
+"""Helpers for driving a ProtocolSession with plain data (no sockets, no clock)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from protoflask.core.credits import CreditSettings
+from protoflask.core.envelope import CONTROL_TYPES
+from protoflask.core.session import ProtocolSession, SessionSettings
+
+SESSION_ID = "sess-1"
+
+
+def make_session(now: int = 0, attach: bool = True, credits: dict[str, Any] | None = None,
+                 **overrides: Any) -> ProtocolSession:
+    settings = SessionSettings(**overrides)
+    if credits:
+        settings = replace(settings, credits=CreditSettings(**credits))
+    s = ProtocolSession(SESSION_ID, "user-1", settings, now)
+    if attach:
+        s.attach(now)
+    return s
+
+
+def default_channel(mtype: str) -> str:
+    if mtype in CONTROL_TYPES or mtype == "TOOL_LIST":
+        return "SYSTEM"
+    if mtype == "AUDIO_CHUNK":
+        return "AUDIO_IN"
+    return "USER"
+
+
+def envelope(mtype: str, payload: Any, *, seq: Any = "1", channel: str | None = None,
+             id: Any = "c-1", session: str = SESSION_ID, ts: Any = "1700000000000",
+             **extra: Any) -> dict[str, Any]:
+    env = {"id": id, "session": session, "seq": seq, "ts": ts, "type": mtype,
+           "channel": default_channel(mtype) if channel is None else channel, "payload": payload}
+    env.update(extra)
+    return env
+
+
+def raw(mtype: str, payload: Any, **kw: Any) -> bytes:
+    return json.dumps(envelope(mtype, payload, **kw), ensure_ascii=False).encode()
+
+
+def hello_payload(**overrides: Any) -> dict[str, Any]:
+    p: dict[str, Any] = {"proto_version": "1.1.2", "accept_major": [1], "accept_events": []}
+    p.update(overrides)
+    return p
+
+
+class Client:
+    """Plays the client side: numbers upstream seqs, decodes what the session writes."""
+
+    def __init__(self, session: ProtocolSession, now: int = 0) -> None:
+        self.s = session
+        self.seq = 0
+        self.now = now
+        self.sent_ids: list[str] = []
+        self.last_raw = b""
+
+    def send(self, mtype: str, payload: Any = None, *, seq: int | None = None,
+             channel: str | None = None, now: int | None = None, id: str | None = None):
+        if seq is None:
+            self.seq += 1
+            seq = self.seq
+        else:
+            self.seq = max(self.seq, seq)
+        mid = id or f"c-{seq}"
+        self.sent_ids.append(mid)
+        self.last_raw = raw(mtype, {} if payload is None else payload, seq=str(seq),
+                            channel=channel, id=mid)
+        return self.s.receive(self.last_raw, self.now if now is None else now)
+
+    def handshake(self, **hello: Any):
+        events = self.send("HELLO", hello_payload(**hello))
+        out = self.take()
+        assert [m["type"] for m in out] == ["HELLO"], out
+        self.hello_reply = out[0]
+        return events
+
+    def take_raw(self, now: int | None = None) -> list[tuple[int, bytes]]:
+        return self.s.take_writable(self.now if now is None else now)
+
+    def take(self, now: int | None = None) -> list[dict[str, Any]]:
+        out = []
+        for seq, data in self.take_raw(now):
+            msg = json.loads(data)
+            assert msg["seq"] == str(seq), (seq, msg)
+            out.append(msg)
+        return out
+
+
+def types(messages: list[dict[str, Any]]) -> list[str]:
+    return [m["type"] for m in messages]
+
+
+def errors(messages: list[dict[str, Any]]) -> list[str]:
+    return [m["payload"]["code"] for m in messages if m["type"] == "ERROR"]
+
+
+def seqs(messages: list[dict[str, Any]]) -> list[int]:
+    return [int(m["seq"]) for m in messages]

@@ -1,0 +1,94 @@
+"""The replay window (CONTRACT 6): bounded by count and age, ACK drops a prefix,
+ranges come back in numeric seq order."""
+
+from __future__ import annotations
+
+from protoflask.core.replay import ReplayWindow
+
+
+def filled(size=100, time_ms=10_000, seqs=range(1, 6), now=0):
+    w = ReplayWindow(size, time_ms)
+    for seq in seqs:
+        w.add(seq, f"msg-{seq}".encode(), now)
+    return w
+
+
+def stored_seqs(w):
+    return [e.seq for e in w]
+
+
+def test_add_keeps_data_verbatim_in_seq_order():
+    w = filled()
+    assert stored_seqs(w) == [1, 2, 3, 4, 5]
+    assert [e.data for e in w] == [f"msg-{i}".encode() for i in range(1, 6)]
+    assert len(w) == 5
+    assert w.first_seq == 1
+
+
+def test_size_bound_drops_the_oldest():
+    w = filled(size=3)
+    assert stored_seqs(w) == [3, 4, 5]
+    assert w.first_seq == 3
+    assert w.nbytes == sum(len(f"msg-{i}".encode()) for i in (3, 4, 5))
+
+
+def test_time_bound_drops_entries_older_than_the_window():
+    w = ReplayWindow(100, 1000)
+    w.add(1, b"a", 0)
+    w.add(2, b"b", 900)
+    w.add(3, b"c", 1500)       # horizon 500: seq 1 (age 1500) goes, seq 2 (age 600) stays
+    assert stored_seqs(w) == [2, 3]
+    w.prune(1950)              # horizon 950: seq 2 (age 1050) goes
+    assert stored_seqs(w) == [3]
+    w.prune(2400)              # seq 3 is 900 ms old: still kept
+    assert stored_seqs(w) == [3]
+    w.prune(3000)
+    assert stored_seqs(w) == [] and w.first_seq is None and w.nbytes == 0
+
+
+def test_ack_drops_everything_up_to_and_including_seq():
+    w = filled()
+    w.ack(2)
+    assert stored_seqs(w) == [3, 4, 5]
+    w.ack(0)                   # below the window: nothing happens
+    assert stored_seqs(w) == [3, 4, 5]
+    w.ack(99)
+    assert stored_seqs(w) == [] and w.nbytes == 0
+
+
+def test_range_is_inclusive_and_numeric():
+    w = filled(seqs=range(1, 13))
+    got, complete = w.range(9, 11)
+    assert [e.seq for e in got] == [9, 10, 11]   # not "10", "11", "9"
+    assert complete is True
+    got, _ = w.range(2, 2)
+    assert [e.data for e in got] == [b"msg-2"]
+    got, complete = w.range(8)
+    assert [e.seq for e in got] == [8, 9, 10, 11, 12] and complete
+
+
+def test_range_reports_whether_the_start_is_still_held():
+    w = filled(size=3, seqs=range(1, 8))          # holds 5, 6, 7
+    got, complete = w.range(3)
+    assert [e.seq for e in got] == [5, 6, 7]
+    assert complete is False
+    got, complete = w.range(5)
+    assert [e.seq for e in got] == [5, 6, 7] and complete is True
+    got, complete = w.range(6, 6)
+    assert [e.seq for e in got] == [6] and complete is True
+
+
+def test_range_on_an_empty_window_is_incomplete():
+    w = ReplayWindow(10, 1000)
+    assert w.range(1) == ([], False)
+
+
+def test_nbytes_tracks_adds_and_drops():
+    w = ReplayWindow(2, 1000)
+    w.add(1, b"aaaa", 0)
+    w.add(2, b"bb", 0)
+    assert w.nbytes == 6
+    w.add(3, b"c", 0)
+    assert w.nbytes == 3
+    w.ack(2)
+    assert w.nbytes == 1
