@@ -8,8 +8,9 @@ Rules (CONTRACT 5; docs/PROTOCOL.md "Flow control" says the same for clients):
   (INSUFFICIENT_CREDITS) and costs nothing.
 - After the server processed a message it tops the channel up with one FLOW_UPDATE
   when the remaining message credit is ``<= credit_threshold`` or the remaining byte
-  credit is ``<= byte_threshold`` (the same fraction of the byte grant). The top-up
-  adds ``grant`` messages and gives back every byte spent since the previous top-up.
+  credit is ``<= initial_credit_bytes // 4``. The top-up brings the remaining message
+  credit to ``credit_threshold + grant`` and the remaining byte credit back to
+  ``initial_credit_bytes``, so what a client holds stays bounded whatever the settings.
 - ``grant`` starts at ``initial_credits`` (clamped to min..max when adaptive). With
   adaptive adjustment it doubles toward ``max_credits`` when the session keeps up and
   halves toward ``min_credits`` when it is under load; without it, it stays put at
@@ -40,12 +41,11 @@ class CreditSettings:
 
 
 class _Account:
-    __slots__ = ("messages", "bytes", "spent_bytes")
+    __slots__ = ("messages", "bytes")
 
     def __init__(self, messages: int, nbytes: int | None) -> None:
         self.messages = messages
         self.bytes = nbytes  # None: unlimited
-        self.spent_bytes = 0
 
 
 class CreditLedger:
@@ -57,8 +57,7 @@ class CreditLedger:
         # relation to min/max is required); min..max only bound adaptive grant sizes.
         self.grant = (max(settings.min_credits, min(settings.max_credits, settings.initial_credits))
                       if settings.adaptive_adjustment else settings.initial_credits)
-        self._byte_threshold = (settings.initial_credit_bytes * settings.credit_threshold
-                                // max(1, settings.initial_credit_messages))
+        self._byte_threshold = settings.initial_credit_bytes // 4
         self._down_messages = settings.initial_credits
         self._down_bytes: int | None = None
 
@@ -88,7 +87,6 @@ class CreditLedger:
                         "needed_bytes": nbytes})
         acct.messages -= 1
         acct.bytes -= nbytes  # type: ignore[operator]
-        acct.spent_bytes += nbytes
 
     def replenish(self, channel: str, *, under_load: bool = False) -> tuple[int, int] | None:
         """After processing: (add_messages, add_bytes) to announce, or None."""
@@ -102,10 +100,10 @@ class CreditLedger:
             s = self.settings
             self.grant = (max(s.min_credits, self.grant // 2) if under_load
                           else min(s.max_credits, self.grant * 2))
-        add_messages, add_bytes = self.grant, acct.spent_bytes
+        add_messages = max(0, self.settings.credit_threshold + self.grant - acct.messages)
+        add_bytes = max(0, self.settings.initial_credit_bytes - acct.bytes)
         acct.messages += add_messages
         acct.bytes += add_bytes
-        acct.spent_bytes = 0
         return add_messages, add_bytes
 
     def upstream(self) -> dict[str, tuple[int, int]]:

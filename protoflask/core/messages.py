@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+import orjson
+
 from .errors import InvalidMessage, ProtoError
 
 PROTO_VERSION = "1.1.2"
@@ -44,6 +46,10 @@ def from_dict(message: Mapping[str, Any]) -> Outbound:
         raise InvalidMessage("message needs a string 'channel'")
     if not isinstance(payload, Mapping):
         raise InvalidMessage("message 'payload' must be a dict")
+    try:
+        orjson.dumps(payload)
+    except TypeError as exc:
+        raise InvalidMessage(f"message payload is not JSON-serialisable: {exc}") from None
     mid = message.get("id")
     return Outbound(mtype, channel, dict(payload), mid if isinstance(mid, str) and mid else None)
 

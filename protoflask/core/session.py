@@ -598,8 +598,8 @@ class ProtocolSession:
                 self._ping_sent_at = now
                 self._next_ping_at = now + s.heartbeat_interval
                 self.send(messages.ping(self._ping_nonce))
-        elif self.disconnected_at is not None and now - self.disconnected_at >= \
-                s.replay_window_time:
+        elif not self.closed and self.disconnected_at is not None and \
+                now - self.disconnected_at >= s.replay_window_time:
             self.closed = True
             self._events.append(Expired())
         self.replay.prune(now)

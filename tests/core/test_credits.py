@@ -90,31 +90,64 @@ def test_replenish_gives_back_only_bytes_spent_since_the_previous_top_up():
 
 
 def test_low_byte_credit_also_triggers_a_top_up():
-    # byte threshold = 1000 * 10 // 100 = 100
+    # byte threshold = initial_credit_bytes // 4 = 250
     led = ledger(initial_credit_messages=100, credit_threshold=10, initial_credit_bytes=1000,
                  initial_credits=5, adaptive_adjustment=False)
-    led.charge("USER", 899)
-    assert led.replenish("USER") is None      # 101 bytes left
+    led.charge("USER", 749)
+    assert led.replenish("USER") is None      # 251 bytes left
     led.charge("USER", 1)
-    assert led.replenish("USER") == (5, 900)  # 100 bytes left
-    assert led.upstream() == {"USER": (103, 1000)}
+    # bytes go back to 1000; messages (98) are already above threshold + grant (15)
+    assert led.replenish("USER") == (0, 750)
+    assert led.upstream() == {"USER": (98, 1000)}
+
+
+def test_top_up_restores_threshold_plus_grant_and_full_bytes():
+    led = ledger(initial_credit_messages=100, credit_threshold=10, initial_credit_bytes=1000,
+                 initial_credits=50, adaptive_adjustment=False)
+    for _ in range(90):
+        led.charge("USER", 5)
+    assert led.upstream() == {"USER": (10, 550)}
+    assert led.replenish("USER") == (50, 450)
+    assert led.upstream() == {"USER": (60, 1000)}
+
+
+def test_credit_held_by_a_client_stays_bounded_when_threshold_exceeds_the_grant():
+    # CONTRACT 5: initialCreditMessages=5 with the default threshold of 200 is valid.
+    led = ledger(initial_credit_messages=5, credit_threshold=200, initial_credits=1000,
+                 adaptive_adjustment=False)
+    for _ in range(50):
+        led.charge("USER", 10)
+        led.replenish("USER")
+        messages_left, bytes_left = led.upstream()["USER"]
+        assert messages_left <= 200 + 1000
+        assert bytes_left <= 1048576
 
 
 def grants(led, n, under_load=False):
-    return [led.replenish("USER", under_load=under_load)[0] for _ in range(n)]
+    """The grant size after each of n top-ups (spending down to the threshold first)."""
+    out = []
+    threshold = led.settings.credit_threshold
+    for _ in range(n):
+        while led.upstream().get("USER", (10**9,))[0] > threshold:
+            led.charge("USER", 1)
+            if led.upstream()["USER"][0] > threshold:
+                assert led.replenish("USER", under_load=under_load) is None
+        assert led.replenish("USER", under_load=under_load) is not None
+        out.append(led.grant)
+    return out
 
 
 def test_adaptive_grant_doubles_toward_max_while_keeping_up():
     # A huge threshold makes every replenish call a top-up.
-    led = ledger(credit_threshold=10**9, initial_credits=1000, min_credits=100,
-                 max_credits=10000)
+    led = ledger(credit_threshold=10, initial_credits=1000, min_credits=100,
+                 max_credits=10000, initial_credit_bytes=10**9)
     assert led.grant == 1000
     assert grants(led, 5) == [2000, 4000, 8000, 10000, 10000]
 
 
 def test_adaptive_grant_halves_toward_min_under_load():
-    led = ledger(credit_threshold=10**9, initial_credits=1000, min_credits=100,
-                 max_credits=10000)
+    led = ledger(credit_threshold=10, initial_credits=1000, min_credits=100,
+                 max_credits=10000, initial_credit_bytes=10**9)
     assert grants(led, 5, under_load=True) == [500, 250, 125, 100, 100]
     assert grants(led, 2) == [200, 400]
 
@@ -126,7 +159,7 @@ def test_adaptive_grant_starts_clamped_to_min_max():
 
 def test_without_adaptive_adjustment_the_grant_is_exactly_initial_credits():
     # CONTRACT 5: "without it the grant is initialCredits"; min/max only bound adaptive grants
-    led = ledger(credit_threshold=10**9, initial_credits=50, min_credits=100, max_credits=1000,
+    led = ledger(credit_threshold=10, initial_credits=50, min_credits=100, max_credits=1000,
                  adaptive_adjustment=False)
     assert grants(led, 3) == [50, 50, 50]
     assert grants(led, 3, under_load=True) == [50, 50, 50]
@@ -308,13 +341,18 @@ def test_disabled_flow_control_processes_everything_and_sends_no_flow_update():
 
 
 def test_adaptive_grant_grows_while_keeping_up_and_shrinks_under_load():
-    s, c = flow_session(adaptive_adjustment=True, credit_threshold=10**6, initial_credits=100,
-                        min_credits=100, max_credits=400)
+    s, c = flow_session(adaptive_adjustment=True, credit_threshold=0, initial_credits=100,
+                        min_credits=100, max_credits=400, initial_credit_messages=1)
 
     def grant():
-        start(c, f"m{c.seq}")
-        (fu,) = [m for m in c.take() if m["type"] == "FLOW_UPDATE"]
-        return fu["payload"]["add_messages"]
+        """Send until the server tops USER up; the grant size it used."""
+        for _ in range(1000):
+            start(c, f"m{c.seq}")
+            updates = [m for m in c.take() if m["type"] == "FLOW_UPDATE"]
+            if updates:
+                assert updates[0]["payload"]["add_messages"] == s.credits.grant
+                return s.credits.grant
+        raise AssertionError("no FLOW_UPDATE")
 
     assert [grant() for _ in range(3)] == [200, 400, 400]
     # Under load: more than half of max_pending_messages (default 10000) waiting.

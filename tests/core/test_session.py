@@ -969,3 +969,19 @@ def test_payload_with_non_string_keys_from_the_application_is_sent(client):
                                                 "result": {1: "one"}}))
     (done,) = client.take()
     assert done["payload"]["result"] == {"1": "one"}
+
+
+def test_expired_is_reported_once():
+    from protoflask.core.session import Expired, ProtocolSession, SessionSettings
+    s = ProtocolSession("S", "u", SessionSettings(replay_window_time=100), now=0)
+    s.detach(0)
+    assert [type(e) for e in s.tick(150)] == [Expired]
+    assert s.tick(300) == [] and s.closed
+
+
+def test_application_payload_must_be_json():
+    import pytest
+    from protoflask.core import messages
+    from protoflask.core.errors import InvalidMessage
+    with pytest.raises(InvalidMessage):
+        messages.from_dict({"type": "X", "channel": "AGENT", "payload": {"when": {1, 2}}})
