@@ -134,7 +134,7 @@ class FlowControlConfig:
 class ServerConfig:
     port: int = 8080
     host: str = "0.0.0.0"
-    jwt_secret: str | None = None
+    jwt_secret: str | None = field(default=None, repr=False)  # never printed
     jwt_expires_in: str = "24h"
     jwt_algorithms: tuple[str, ...] = ("HS256",)
     max_connections: int = 1000
@@ -308,10 +308,14 @@ def _coerce(opt: Option, value: Any, name: str) -> Any:
         except ValueError:
             raise ConfigError(f"{name} must be a number, got {value!r}") from None
     elif kind is str:
+        if opt.key == "jwtExpiresIn" and isinstance(value, (int, float)) \
+                and not isinstance(value, bool):
+            # CONTRACT 3: a number of seconds may be given as a number
+            if isinstance(value, float) and not value.is_integer():
+                raise ConfigError(f"{name} must be a whole number of seconds, got {value!r}")
+            value = str(int(value))
         if not isinstance(value, str):
             raise ConfigError(f"{name} must be a string, got {value!r}")
-        if opt.key == "jwtExpiresIn" or isinstance(value, (int, float)):
-            value = str(value)
     elif kind is list:
         if isinstance(value, str):
             value = tuple(p.strip() for p in value.split(",") if p.strip())

@@ -78,7 +78,7 @@ class Stats:
             "messagesPerSecond": round(recent / window_s, 3),
             "averageLatency": round(sum(b[2] for b in self._buckets) / samples, 4)
             if samples else 0.0,
-            "errorRate": round(self.errors_sent / self.total_messages, 6)
+            "errorRate": round(min(1.0, self.errors_sent / self.total_messages), 6)
             if self.total_messages else 0.0,
             "uptime": uptime,
         }
