@@ -220,6 +220,8 @@ class ServerConfig:
             replay_window_time=self.replay_window_time,
             heartbeat_interval=self.heartbeat_interval,
             heartbeat_timeout=self.heartbeat_timeout,
+            outbound_buffer_size=self.outbound_buffer_size,
+            back_pressure_threshold=fc.back_pressure_threshold,
             credits=CreditSettings(
                 enabled=fc.enabled, initial_credits=fc.initial_credits,
                 min_credits=fc.min_credits, max_credits=fc.max_credits,

@@ -20,9 +20,10 @@ from .config import ServerConfig
 from .core import messages
 from .core.errors import MaxConnections, ProtoError, SessionNotFound, ShuttingDown
 from .core.session import (
-    CLOSE_HEARTBEAT, CLOSE_SUPERSEDED, AudioReceived, CloseRequested, ErrorSent, Expired,
+    CLOSE_HEARTBEAT, CLOSE_SLOW_CONSUMER, CLOSE_SUPERSEDED, AudioReceived, CloseRequested,
+    ErrorSent, Expired,
     Handshake, HeartbeatTimedOut, ProtocolSession, RunChanged, TextReceived, ToolCallReceived,
-    ToolCancelRequested, ToolListRequested,
+    SlowConsumer, ToolCancelRequested, ToolListRequested,
 )
 from .hub import Hub, LiveSession, Transport, now_ms
 from .tools import SessionToolRunner, ToolExecution, ToolRegistry, check_call
@@ -117,7 +118,7 @@ class Engine:
 
     def new_session(self, user_id: str) -> LiveSession:
         core = ProtocolSession(uuid.uuid4().hex, user_id, self.settings, now_ms())
-        live = LiveSession(core)
+        live = LiveSession(core, self._dispatch)
         live.runner = SessionToolRunner(live, self.server, self.config.max_concurrent_runs,
                                         self.config.tool_queue_size, self.config.tool_timeout)
         self.hub.add(live)
@@ -171,10 +172,13 @@ class Engine:
         self._emit(signals.binary, session_id=live.id, data=data)
 
     def reject(self, live: LiveSession, exc: ProtoError) -> None:
-        """A transport-level problem reported in-protocol (an ERROR message)."""
+        """A transport-level problem with one upstream message, reported in-protocol
+        (an ERROR message) and counted like any received message."""
+        started = now_ms()
         live.core.reject(exc)
         self._drain_events(live)
         live.notify()
+        self.stats.record(now_ms(), now_ms() - started)
 
     # -- dispatch: core events -> signals, tools, transports -------------------------
 
@@ -219,6 +223,10 @@ class Engine:
             log.info("session %s: no PONG within %d ms; disconnecting", sid,
                      self.config.heartbeat_timeout)
             self._close_transport(live, CLOSE_HEARTBEAT, "heartbeat timeout")
+        elif isinstance(event, SlowConsumer):
+            log.warning("session %s: client is not reading (%d bytes unsent); dropping its "
+                        "connection, the session stays for resume", sid, event.unsent_bytes)
+            self._close_transport(live, CLOSE_SLOW_CONSUMER, "outbound buffer full")
         elif isinstance(event, Expired):
             self._expire(live)
 

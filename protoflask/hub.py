@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 from .core import messages
 from .core.errors import ProtoError
@@ -39,10 +39,12 @@ class Transport(Protocol):
 class LiveSession:
     """A ProtocolSession plus its transport and tool runner; every send wakes the writer."""
 
-    def __init__(self, core: ProtocolSession) -> None:
+    def __init__(self, core: ProtocolSession,
+                 on_events: Callable[["LiveSession", list[Any]], None] | None = None) -> None:
         self.core = core
         self.transport: Transport | None = None
         self.runner: "SessionToolRunner | None" = None
+        self.on_events = on_events  # the engine's dispatcher for events sends cause
 
     @property
     def id(self) -> str:
@@ -60,6 +62,8 @@ class LiveSession:
             transport.wake()
         elif self.core.has_writable():
             self.core.take_writable(now_ms())
+        if self.on_events is not None and self.core.has_events():
+            self.on_events(self, self.core.take_events())
 
     def send(self, out: messages.Outbound) -> bool:
         queued = self.core.send(out)

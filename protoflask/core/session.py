@@ -35,7 +35,7 @@ from typing import Any
 from . import messages
 from .credits import CreditLedger, CreditSettings
 from .envelope import (
-    CLIENT_TYPES, CONTROL_TYPES, SERVER_TYPES, Message, byte_length, encode, parse_envelope,
+    CLIENT_TYPES, CONTROL_TYPES, SERVER_TYPES, Message, byte_length, decode_json, encode, parse_envelope,
     validate_envelope, validate_payload,
 )
 from .errors import (
@@ -52,6 +52,11 @@ CLOSE_TOO_LARGE = 1009
 CLOSE_HEARTBEAT = 4000
 CLOSE_UNSUPPORTED_VERSION = 4001
 CLOSE_SUPERSEDED = 4002
+CLOSE_SLOW_CONSUMER = 4003
+
+# Bytes a stamped envelope adds around its payload (id, session, seq, ts, type, channel):
+# the estimate the pending queue's byte count uses before the real encoding exists.
+ENVELOPE_OVERHEAD = 160
 
 PRE_HANDSHAKE_TYPES = frozenset({"HELLO", "PING"})
 
@@ -67,6 +72,8 @@ class SessionSettings:
     heartbeat_timeout: int = 5000
     credits: CreditSettings = field(default_factory=CreditSettings)
     max_pending_messages: int = 10000
+    outbound_buffer_size: int = 4194304  # unsent bytes before the client counts as stuck
+    back_pressure_threshold: float = 0.8  # fraction of it at which USER is paused
     max_open_texts: int = 64
     max_text_bytes: int = 16 * 1048576
 
@@ -137,8 +144,16 @@ class Expired:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class SlowConsumer:
+    """Unsent bytes passed outbound_buffer_size: the transport should be dropped."""
+
+    unsent_bytes: int
+
+
 Event = (Handshake | TextReceived | ToolCallReceived | ToolCancelRequested | ToolListRequested
-         | RunChanged | AudioReceived | ErrorSent | CloseRequested | HeartbeatTimedOut | Expired)
+         | RunChanged | AudioReceived | ErrorSent | CloseRequested | HeartbeatTimedOut | Expired
+         | SlowConsumer)
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -205,6 +220,11 @@ class ProtocolSession:
         self.paused_by_client: set[str] = set()
         self.paused_by_server: set[str] = set()
         self.pending: deque[messages.Outbound] = deque()
+        self._pending_sizes: deque[int] = deque()
+        self.pending_bytes = 0  # estimated encoded size of everything in ``pending``
+        self._pending_channel_bytes: dict[str, int] = {}
+        self.in_flight = 0  # bytes the transport is writing right now
+        self._overflowed = False
         self._resend: deque[tuple[int, bytes]] = deque()
 
         self.texts: dict[str, _Text] = {}
@@ -228,6 +248,8 @@ class ProtocolSession:
         self._ping_nonce = None
         self._next_ping_at = now + self.settings.heartbeat_interval
         self._resend.clear()
+        self.in_flight = 0
+        self._overflowed = False
         if last_seq is not None:
             self._queue_replay(last_seq + 1, None, now)
 
@@ -513,8 +535,53 @@ class ProtocolSession:
         if len(self.pending) >= self.settings.max_pending_messages \
                 and out.type not in CONTROL_TYPES:
             return False
-        self.pending.append(out)
+        self._enqueue(out)
+        self._check_pressure()
         return True
+
+    def _enqueue(self, out: messages.Outbound) -> None:
+        size = len(encode(out.payload)) + ENVELOPE_OVERHEAD
+        self.pending.append(out)
+        self._pending_sizes.append(size)
+        self.pending_bytes += size
+        by_channel = self._pending_channel_bytes
+        by_channel[out.channel] = by_channel.get(out.channel, 0) + size
+
+    @property
+    def unsent_bytes(self) -> int:
+        """What the session holds for its client: queued plus being written."""
+        return self.pending_bytes + self.in_flight
+
+    def set_in_flight(self, nbytes: int) -> None:
+        """The transport reports how many bytes it is writing (0 once written)."""
+        self.in_flight = nbytes
+        self._check_pressure(writer=True)
+
+    def _check_pressure(self, writer: bool = False) -> None:
+        """Back-pressure (CONTRACT 5): pause USER above backPressureThreshold of the
+        buffer, resume below half of that. A client is stuck when bytes the session could
+        send (not held back by the client's own credit or pause) pass the whole buffer
+        while a write is blocked: only another caller than the writer can see that."""
+        s = self.settings
+        unsent = self.pending_bytes + self.in_flight
+        high = s.outbound_buffer_size * s.back_pressure_threshold
+        if s.credits.enabled:
+            if "USER" not in self.paused_by_server:
+                if unsent > high:
+                    self.paused_by_server.add("USER")
+                    self._enqueue(messages.pause_channel("USER"))
+            elif unsent <= high / 2:
+                self.paused_by_server.discard("USER")
+                self._enqueue(messages.resume_channel("USER"))
+        if writer or not self.in_flight or self._overflowed or not self.connected:
+            return
+        sendable = self.in_flight + sum(
+            nbytes for channel, nbytes in self._pending_channel_bytes.items()
+            if nbytes and channel not in self.paused_by_client
+            and self.credits.can_send(channel, 0))
+        if sendable > s.outbound_buffer_size:
+            self._overflowed = True
+            self._events.append(SlowConsumer(sendable))
 
     def send_text(self, text: str, content_type: str = "text/plain") -> str:
         """START, one PART, END on AGENT with a fresh message_id; returns the id."""
@@ -538,17 +605,21 @@ class ProtocolSession:
         if not pending:
             return out
         credits = self.credits
+        sizes = self._pending_sizes
         held: deque[messages.Outbound] = deque()
+        held_sizes: deque[int] = deque()
         blocked: set[str] = set()
         paused = self.paused_by_client
         sid, ts = self.id, str(now)
         while pending:
             ob = pending.popleft()
+            size = sizes.popleft()
             channel = ob.channel
             control = ob.type in CONTROL_TYPES
             if not control and (channel in blocked or channel in paused):
                 blocked.add(channel)
                 held.append(ob)
+                held_sizes.append(size)
                 continue
             seq = self.downstream_seq + 1
             data = encode({"id": ob.id or f"{sid}:{seq}", "session": sid, "seq": str(seq),
@@ -558,12 +629,17 @@ class ProtocolSession:
                 if not credits.can_send(channel, len(data)):
                     blocked.add(channel)
                     held.append(ob)
+                    held_sizes.append(size)
                     continue
                 credits.spend(channel, len(data))
+            self.pending_bytes -= size
+            self._pending_channel_bytes[channel] -= size
             self.downstream_seq = seq
             self.replay.add(seq, data, now)
             out.append((seq, data))
         self.pending = held
+        self._pending_sizes = held_sizes
+        self._check_pressure()
         return out
 
     def _queue_replay(self, from_seq: int, to_seq: int | None, now: int,
@@ -623,6 +699,9 @@ class ProtocolSession:
         events, self._events = self._events, []
         return events
 
+    def has_events(self) -> bool:
+        return bool(self._events)
+
     def take_events(self) -> list[Event]:
         """Events caused outside ``receive`` / ``tick`` (tool results, app calls)."""
         return self._take_events()
@@ -647,9 +726,10 @@ class ProtocolSession:
             "lastAck": str(self.last_ack),
             "lastDeliveredSeq": str(self.downstream_seq),
             "lastClientSeq": str(self.upstream_seq),
-            "replayWindow": {str(e.seq): e.data for e in self.replay},
+            "replayWindow": {str(e.seq): decode_json(e.data) for e in self.replay},
             "activeRuns": set(self.runs),
             "pendingMessages": {str(i): ob.to_dict() for i, ob in enumerate(self.pending)},
+            "outboundBytes": self.unsent_bytes,
         }
 
 

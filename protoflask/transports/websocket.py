@@ -159,13 +159,13 @@ class WebSocketConnection:
         assert self.live is not None
         self.protocol.parser_exc = None
         closing = self.protocol.data_to_send()
-        self.live.core.reject(MessageTooLarge(
+        self._closing = True  # from here the reader writes; a scheduled flush must not
+        self.engine.reject(self.live, MessageTooLarge(
             f"message exceeds maxMessageSize ({self.engine.config.max_message_size} bytes)"))
         frames = [Frame(Opcode.TEXT, data).serialize(
                       mask=False, extensions=self.protocol.extensions)
                   for _, data in self.live.core.take_writable(now_ms())]
         self._send(frames + closing)
-        self._closing = True
 
     # -- sending (Transport) ---------------------------------------------------------
 
@@ -200,7 +200,10 @@ class WebSocketConnection:
                 chunks = protocol.data_to_send()
                 if not chunks:
                     return
+                core = self.live.core
+                core.set_in_flight(sum(map(len, chunks)))
                 self._send(chunks)
+                core.set_in_flight(0)
         finally:
             self._writing = False
 

@@ -800,7 +800,7 @@ def test_replay_window_keeps_control_messages_too(client):
     client.send("MESSAGE_END", {"message_id": "x"})
     client.take()
     window = client.s.snapshot()["replayWindow"]
-    assert [json.loads(window[k])["type"] for k in ("1", "2", "3")] == ["HELLO", "PONG", "ERROR"]
+    assert [window[k]["type"] for k in ("1", "2", "3")] == ["HELLO", "PONG", "ERROR"]
 
 
 # -- heartbeat ----------------------------------------------------------------------------------
