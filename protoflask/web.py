@@ -9,11 +9,12 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from flask import Blueprint, Response, g, request
 
 from .auth import token_from_request
-from .core.errors import InvalidMessage, ProtoError
+from .core.errors import ProtoError
+from .transports import sse, stream
+from .transports.http import error_response, json_response, parse_seq_arg
 from .transports.websocket import WebSocketConnection, raw_socket
 
 if TYPE_CHECKING:
@@ -25,25 +26,9 @@ _TOKEN_IN_QUERY = re.compile(r"(token=)[^&]*")
 GZIP_MIN_BYTES = 100
 
 
-def json_response(body: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status=status, mimetype="application/json")
-
-
-def error_response(exc: ProtoError) -> Response:
-    return json_response(exc.to_http_body(), exc.http_status)
-
-
 def redacted_query(query: str) -> str:
     """The query string with any token value hidden, for logs."""
     return _TOKEN_IN_QUERY.sub(r"\1***", query)
-
-
-def parse_seq_arg(value: str | None, name: str) -> int | None:
-    if value is None or value == "":
-        return None
-    if not value.isdigit():
-        raise InvalidMessage(f"{name} must be a decimal number, got {value!r}")
-    return int(value)
 
 
 class ConnectionTakenOver(StopIteration):
@@ -98,7 +83,7 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
             engine.open_connection()
         except ProtoError as exc:
             return error_response(exc)
-        g.protoflask_websocket = True  # logged as open/closed, not as a request
+        g.protoflask_live = True  # logged as open/closed, not as a request
         conn = WebSocketConnection(engine, sock, config.enable_compression)
         try:
             if conn.accept(request.environ):
@@ -118,13 +103,25 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
             engine.close_connection()
         return _TakenOverResponse()
 
+    @bp.get("/proto/sse")
+    def sse_stream() -> Response:
+        return _live(sse.open_stream(engine, request))
+
+    @bp.post("/proto/sse")
+    def sse_post() -> Response:
+        return sse.post_messages(engine, request)
+
+    @bp.post("/proto/stream")
+    def http_stream() -> Response:
+        return _live(stream.handle_post(engine, request))
+
     @bp.after_request
     def _finish(response: Response) -> Response:
         if config.enable_cors:
             _add_cors(response)
         if config.enable_compression and not response.is_streamed:
             _maybe_gzip(response)
-        if config.enable_logging and not g.get("protoflask_websocket"):
+        if config.enable_logging and not g.get("protoflask_live"):
             elapsed = (time.perf_counter() - g.get("protoflask_started", time.perf_counter()))
             query = redacted_query(request.query_string.decode("latin-1"))
             access_log.info("%s %s%s %s %.1fms", request.method, request.path,
@@ -132,6 +129,13 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
         return response
 
     return bp
+
+
+def _live(response: Response) -> Response:
+    """A streaming response is a live transport: its transport logs open and close."""
+    if response.is_streamed:
+        g.protoflask_live = True
+    return response
 
 
 def _add_cors(response: Response) -> None:

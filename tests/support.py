@@ -84,6 +84,10 @@ class BaseClient:
     def close(self) -> None:
         raise NotImplementedError
 
+    def drop(self) -> None:
+        """Lose the connection abruptly (no close handshake, no end of request)."""
+        raise NotImplementedError
+
     def send(self, type: str, channel: str = "USER", payload: dict | None = None,
              **fields: Any) -> dict[str, Any]:
         env = self.envelopes.make(type, channel, payload, **fields)
@@ -159,6 +163,15 @@ class WSClient(BaseClient):
     def close(self) -> None:
         self.ws.close()
 
+    def drop(self) -> None:
+        """Lose the connection abruptly: no close handshake, as a network failure would."""
+        import socket as _socket
+        try:
+            self.ws.socket.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.ws.close_socket()
+
     @property
     def close_code(self) -> int | None:
         return self.ws.close_code
@@ -214,3 +227,391 @@ class GunicornServer:
 
 #: transport name -> test client class; every flow test runs once per entry.
 CLIENTS: dict[str, type[BaseClient]] = {"websocket": WSClient}
+
+
+# -- HTTP transports: raw-socket clients, so the wire is exactly what the server wrote --------
+
+
+class HTTPRefused(Exception):
+    """The server answered a connection request with an HTTP error (like websockets'
+    InvalidStatus for the WebSocket client)."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+        super().__init__(f"HTTP {status}: {body[:200]!r}")
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+class StreamEnded(Exception):
+    """The server ended the streaming response."""
+
+
+_END = object()
+
+
+class HTTPResponseReader:
+    """One HTTP/1.1 response read from a socket: head, then body pieces as they arrive."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.interim: list[int] = []  # 1xx statuses seen before the final one
+        self.on_interim: Callable[[int], None] | None = None
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(65536)
+        self.buf += data
+        return bool(data)
+
+    def read_head(self) -> tuple[int, dict[str, str]]:
+        while True:
+            while b"\r\n\r\n" not in self.buf:
+                if not self._fill():
+                    raise StreamEnded("connection closed before the response head")
+            head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+            lines = head.decode("latin-1").split("\r\n")
+            status = int(lines[0].split()[1])
+            if 100 <= status < 200:
+                self.interim.append(status)
+                if self.on_interim is not None:
+                    self.on_interim(status)
+                continue
+            self.status = status
+            self.headers = {}
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                self.headers[name.strip().lower()] = value.strip()
+            return status, self.headers
+
+    def iter_body(self) -> Any:
+        """Body bytes as they arrive; returns at the end of the body (or the connection)."""
+        if self.headers.get("transfer-encoding", "").lower() == "chunked":
+            while True:
+                while b"\r\n" not in self.buf:
+                    if not self._fill():
+                        raise StreamEnded("connection closed inside a chunked body")
+                size_line, self.buf = self.buf.split(b"\r\n", 1)
+                size = int(size_line.split(b";")[0], 16)
+                while len(self.buf) < size + 2:
+                    if not self._fill():
+                        raise StreamEnded("connection closed inside a chunk")
+                data, self.buf = self.buf[:size], self.buf[size + 2:]
+                if size == 0:
+                    return
+                yield data
+        elif "content-length" in self.headers:
+            left = int(self.headers["content-length"])
+            while len(self.buf) < left:
+                if not self._fill():
+                    raise StreamEnded("connection closed inside the body")
+            data, self.buf = self.buf[:left], self.buf[left:]
+            if data:
+                yield data
+        else:
+            while True:
+                if self.buf:
+                    data, self.buf = self.buf, b""
+                    yield data
+                if not self._fill():
+                    return
+
+    def read_body(self) -> bytes:
+        return b"".join(self.iter_body())
+
+
+def _host_port(base_url: str) -> tuple[str, int]:
+    host, _, port = base_url.split("://", 1)[1].rstrip("/").partition(":")
+    return host, int(port or 80)
+
+
+def _query(params: dict[str, Any]) -> str:
+    from urllib.parse import urlencode
+
+    clean = {k: v for k, v in params.items() if v is not None}
+    return ("?" + urlencode(clean)) if clean else ""
+
+
+def open_http(base_url: str, method: str, path: str, headers: dict[str, str] | None = None,
+              body: bytes | None = None, rcvbuf: int | None = None) -> socket.socket:
+    """A socket with the request line and headers (and ``body``, if any) sent."""
+    host, port = _host_port(base_url)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf:  # before connecting, so the window stays small
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(timeout(5))
+    sock.connect((host, port))
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}"]
+    all_headers = dict(headers or {})
+    if body is not None:
+        all_headers.setdefault("Content-Length", str(len(body)))
+    lines += [f"{k}: {v}" for k, v in all_headers.items()]
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
+    return sock
+
+
+def chunk(data: bytes) -> bytes:
+    """One chunk of a chunked request body."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+class _StreamingClient(BaseClient):
+    """What the SSE and stream clients share: a reader thread feeding a queue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import queue
+        import threading
+
+        self._queue: "queue.Queue[Any]" = queue.Queue()
+        self.ended = threading.Event()
+        self.error: BaseException | None = None
+        self.close_code: int | None = None
+        self._thread: threading.Thread | None = None
+
+    def _start(self, target: Callable[[], None]) -> None:
+        import threading
+
+        def run() -> None:
+            try:
+                target()
+            except Exception as exc:  # kept for the test thread: recv raises it
+                self.error = self.error or exc
+            finally:
+                self.ended.set()
+                self._queue.put(_END)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def _recv_one(self, wait: float) -> dict[str, Any] | None:
+        import queue
+
+        try:
+            item = self._queue.get(timeout=max(wait, 0))
+        except queue.Empty:
+            return None
+        if item is _END:
+            self._queue.put(_END)
+            if isinstance(self.error, HTTPRefused):
+                raise self.error
+            raise StreamEnded(f"{self.transport}: the response ended ({self.error!r})")
+        return item
+
+    def wait_ended(self, within: float = 5.0) -> None:
+        if not self.ended.wait(timeout(within)):
+            raise AssertionError(f"{self.transport}: the response did not end")
+
+
+class SSEClient(_StreamingClient):
+    """GET /proto/sse read by a thread that parses the event stream; messages are POSTed."""
+
+    transport = "sse"
+
+    def __init__(self, base_url: str, token: str | None, *, compression: bool = True,
+                 headers: dict[str, str] | None = None, **query: Any) -> None:
+        super().__init__()
+        self.base_url = base_url
+        self.token = token
+        self.events: list[dict[str, Any]] = []  # every event as parsed: event, id, data
+        self.comments: list[str] = []
+        self.posts: list[tuple[int, bytes]] = []  # (status, body) of every POST
+        self._http = requests.Session()
+        path = "/proto/sse" + _query({"token": token, **query})
+        self.sock = open_http(base_url, "GET", path,
+                              {"Accept": "text/event-stream", **(headers or {})})
+        self.reader = HTTPResponseReader(self.sock)
+        try:
+            status, resp_headers = self.reader.read_head()
+            if status != 200:
+                raise HTTPRefused(status, resp_headers, self.reader.read_body())
+            self.headers = resp_headers
+            self._body = self.reader.iter_body()
+            self._text = ""
+            first = self._next_event()
+            if first is None or first["event"] != "session":
+                raise AssertionError(f"first SSE event is not the session event: {first}")
+            self.session_id = orjson.loads(first["data"])["session"]
+        except BaseException:
+            _shutdown(self.sock)
+            raise
+        self.sock.settimeout(None)
+        self._start(self._read_events)
+
+    def _next_event(self) -> dict[str, Any] | None:
+        """The next event (blank-line terminated) per the EventSource parsing rules."""
+        event: dict[str, Any] = {"event": "message", "id": None, "data": None, "lines": []}
+        while True:
+            while "\n" not in self._text:
+                try:
+                    piece = next(self._body)
+                except StopIteration:
+                    return None
+                self._text += piece.decode("utf-8")
+            line, self._text = self._text.split("\n", 1)
+            line = line.rstrip("\r")
+            if line == "":
+                if event["lines"]:
+                    self.events.append(event)
+                    return event
+                continue
+            event["lines"].append(line)
+            if line.startswith(":"):
+                self.comments.append(line[1:].strip())
+                event["lines"].pop()
+                continue
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "data":
+                event["data"] = value if event["data"] is None else event["data"] + "\n" + value
+            elif name in ("event", "id", "retry"):
+                event[name] = value
+
+    def _read_events(self) -> None:
+        while True:
+            event = self._next_event()
+            if event is None:
+                return
+            if event["event"] == "message":
+                self._queue.put(orjson.loads(event["data"]))
+            elif event["event"] == "close":
+                self.close_code = orjson.loads(event["data"])["code"]
+
+    @property
+    def last_event_id(self) -> str | None:
+        ids = [e["id"] for e in self.events if e["id"] is not None]
+        return ids[-1] if ids else None
+
+    def post(self, body: bytes | str, headers: dict[str, str] | None = None,
+             token: str | None = "default", session: str | None = "default") -> requests.Response:
+        """POST /proto/sse?session=... with the client's (or the given) token."""
+        token = self.token if token == "default" else token
+        session = self.session_id if session == "default" else session
+        all_headers = {"Content-Type": "application/json", **(headers or {})}
+        if token:
+            all_headers["Authorization"] = f"Bearer {token}"
+        resp = self._http.post(self.base_url + "/proto/sse" + _query({"session": session}),
+                               data=body, headers=all_headers, timeout=timeout(5))
+        self.posts.append((resp.status_code, resp.content))
+        return resp
+
+    def send_raw(self, data: str | bytes) -> None:
+        status = self.post(data).status_code
+        # 400 (not JSON) and 413 (too large) are also reported on the stream, as ERRORs
+        if status not in (202, 400, 413):
+            raise AssertionError(f"POST /proto/sse answered {status}: {self.posts[-1][1]!r}")
+
+    def close(self) -> None:
+        _shutdown(self.sock)
+        self._http.close()
+        if self._thread is not None:
+            self._thread.join(timeout(5))
+
+    def drop(self) -> None:
+        """Lose the event stream abruptly (the socket just goes)."""
+        self.close()
+
+
+class StreamClient(_StreamingClient):
+    """POST /proto/stream with a chunked request body: full duplex on one raw socket.
+
+    WSGI sends the response head with the first body bytes (for a new stream, the HELLO
+    reply), so the request carries ``Expect: 100-continue``, as curl's chunked uploads do:
+    the embedded server answers 100 as soon as the stream reads its body, and a refused
+    connection (401, 404, 503) gets its final status at once, which the constructor raises.
+    (gunicorn sends 100 before the application runs; there a refusal is raised by the first
+    ``recv`` instead.)"""
+
+    transport = "stream"
+
+    def __init__(self, base_url: str, token: str | None, *, compression: bool = True,
+                 headers: dict[str, str] | None = None, **query: Any) -> None:
+        super().__init__()
+        import threading
+
+        self.base_url = base_url
+        self.token = token
+        self.lines: list[bytes] = []  # every response line as received
+        self._head = threading.Event()
+        self._answered = threading.Event()  # 100 Continue or the final status
+        self._send_lock = threading.Lock()
+        all_headers = {"Content-Type": "application/x-ndjson", "Transfer-Encoding": "chunked",
+                       "Expect": "100-continue", **(headers or {})}
+        if token:
+            all_headers["Authorization"] = f"Bearer {token}"
+        self.sock = open_http(base_url, "POST", "/proto/stream" + _query(query), all_headers)
+        self.sock.settimeout(None)
+        self.reader = HTTPResponseReader(self.sock)
+        self.reader.on_interim = lambda status: self._answered.set()
+        self._start(self._read_lines)
+        if not self._answered.wait(timeout(5)):
+            self.close()
+            raise AssertionError("stream: neither 100 Continue nor a response")
+        if isinstance(self.error, HTTPRefused):
+            self.close()
+            raise self.error
+
+    def _read_lines(self) -> None:
+        try:
+            status, headers = self.reader.read_head()
+            if status != 200:
+                self.error = HTTPRefused(status, headers, self.reader.read_body())
+                return
+        finally:
+            self._head.set()
+            self._answered.set()
+        self.session_id = headers.get("proto-session")
+        pending = b""
+        for piece in self.reader.iter_body():
+            pending += piece
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                self.lines.append(line)
+                self._queue.put(orjson.loads(line))
+        assert not pending, f"response ended inside a line: {pending[:100]!r}"
+
+    def response_head(self, within: float = 5.0) -> tuple[int, dict[str, str]]:
+        if not self._head.wait(timeout(within)):
+            raise AssertionError("no response head")
+        if isinstance(self.error, HTTPRefused):
+            raise self.error
+        return self.reader.status, self.reader.headers
+
+    def send_chunk(self, data: bytes) -> None:
+        """Raw bytes as one chunk of the request body (need not be whole lines)."""
+        with self._send_lock:
+            self.sock.sendall(chunk(data))
+
+    def end_body(self) -> None:
+        with self._send_lock:
+            self.sock.sendall(b"0\r\n\r\n")
+
+    def send_raw(self, data: str | bytes) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        self.send_chunk(raw if raw.endswith(b"\n") else raw + b"\n")
+
+    def close(self) -> None:
+        _shutdown(self.sock)
+        if self._thread is not None:
+            self._thread.join(timeout(5))
+
+    def drop(self) -> None:
+        """Lose the connection abruptly: no end of the request body."""
+        self.close()
+
+
+CLIENTS["sse"] = SSEClient
+CLIENTS["stream"] = StreamClient

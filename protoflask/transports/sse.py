@@ -1,0 +1,82 @@
+"""Server-Sent Events transport (CONTRACT 7): frames a session's downstream as events.
+
+    GET  /proto/sse?token=...            -> text/event-stream, the session's downstream
+    POST /proto/sse?session=<id>         -> 202 {"accepted": n}, the upstream
+
+Framing only: the first event of every stream (new or resumed) is ``event: session`` with
+``data: {"session": "<id>"}`` and no ``id:`` line, so a browser's Last-Event-ID always
+names a protocol message; every protocol message is a default event with
+``id: <session>:<seq>`` and its envelope JSON on one ``data:`` line; an idle stream gets a
+``: keepalive`` comment; a stream the server ends (CloseRequested, heartbeat timeout,
+superseded by a resume, server stopping) ends with ``event: close`` carrying
+``{"code", "reason"}``, the WebSocket close code the other transport would use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import orjson
+from flask import Request, Response
+
+from ..auth import token_from_request
+from ..core.errors import InvalidMessage, ProtoError
+from .http import HTTPDownstream, error_response, parse_seq_arg
+from .http import post_messages as post_messages  # POST /proto/sse is the shared upstream
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+
+class SSEStream(HTTPDownstream):
+    kind = "sse"
+    mimetype = "text/event-stream"
+
+    def preamble(self) -> bytes:
+        return b"event: session\ndata: " + orjson.dumps({"session": self.live.id}) + b"\n\n"
+
+    def frame(self, seq: int, data: bytes) -> bytes:
+        return b"id: %s:%d\ndata: %s\n\n" % (self.live.id.encode(), seq, data)
+
+    def keepalive_frame(self) -> bytes:
+        return b": keepalive\n\n"
+
+    def closing_frame(self, code: int, reason: str) -> bytes:
+        return b"event: close\ndata: " + orjson.dumps({"code": code, "reason": reason}) + b"\n\n"
+
+
+def resume_point(request: Request) -> tuple[str | None, int | None]:
+    """(session, last_seq) from the query or from the Last-Event-ID header.
+
+    The header is what a browser sends on its own when it reconnects; for the session the
+    query names (or, without one, for the header's session) it wins over ``last_seq`` in
+    the query, being the newer of the two."""
+    session_id = request.args.get("session") or None
+    last_seq = parse_seq_arg(request.args.get("last_seq"), "last_seq")
+    header = request.headers.get("Last-Event-ID", "").strip()
+    if header:
+        sid, sep, seq = header.rpartition(":")
+        if not sep or not sid or not seq.isdigit():
+            raise InvalidMessage(f"Last-Event-ID must be <session>:<seq>, got {header!r}")
+        if session_id is None or session_id == sid:
+            session_id, last_seq = sid, int(seq)
+    return session_id, last_seq
+
+
+def open_stream(engine: "Engine", request: Request) -> Response:
+    """GET /proto/sse: a new session's stream, or a resumed one."""
+    try:
+        user_id = engine.authenticate(token_from_request(
+            request.args.get("token"), request.headers.get("Authorization")))
+        session_id, last_seq = resume_point(request)
+        live = engine.find_session(session_id, user_id) if session_id else None
+        engine.open_connection()
+    except ProtoError as exc:
+        return error_response(exc)
+    if live is None:
+        live = engine.new_session(user_id)
+    elif last_seq is None:
+        last_seq = live.core.last_ack
+    stream = SSEStream(engine, live, last_seq, request.environ,
+                       log_connections=engine.config.enable_logging)
+    return stream.response()

@@ -1,0 +1,116 @@
+"""HTTP streaming transport (CONTRACT 7): NDJSON both ways on one POST.
+
+    POST /proto/stream                        -> 200 application/x-ndjson, Proto-Session
+    POST /proto/stream?session=<id>           -> 202 {"accepted": n}  (follow-up messages)
+    POST /proto/stream?session=<id>&last_seq=n -> 200, a resumed stream
+
+The request body is read in its own greenlet, line by line as it arrives (full duplex
+while a chunked body keeps coming), and each line goes to the session; the response
+writes one envelope per line. The response outlives the request body: it stays open as
+the session's downstream until the client goes away or the server ends it. A line over
+maxMessageSize gets its ERROR line and ends the response (the session stays for resume).
+
+An NDJSON stream has no room for a keep-alive line (every line is an envelope), so an
+idle stream relies on the server's heartbeat PINGs, write failures and the end of the
+socket's read side to notice a client that went away.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import TYPE_CHECKING
+
+import gevent
+from flask import Request, Response
+
+from ..auth import token_from_request
+from ..core.errors import ProtoError
+from .http import (
+    LINGER_SECONDS, HTTPDownstream, body_pieces, error_response, iter_lines, parse_seq_arg,
+    post_messages,
+)
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+log = logging.getLogger("protoflask.stream")
+
+
+class NDJSONStream(HTTPDownstream):
+    kind = "stream"
+    mimetype = "application/x-ndjson"
+
+    _reader: gevent.Greenlet | None = None
+
+    def frame(self, seq: int, data: bytes) -> bytes:
+        return data + b"\n"
+
+    def started(self) -> None:
+        self._reader = gevent.spawn(self._read_body)
+        # Let the reader make its first read before anything is written: gevent.pywsgi
+        # answers ``Expect: 100-continue`` then, and that must precede the response.
+        gevent.sleep(0)
+
+    def _read_body(self) -> None:
+        """Upstream: each line of the request body, as it arrives, to the session. Once the
+        response has ended, the rest of the body is read and dropped."""
+        engine, live = self.engine, self.live
+        pieces = body_pieces(self.environ)
+        lines = iter_lines(pieces, engine.config.max_message_size)
+        try:
+            while self._closing is None and not self._finished:
+                try:
+                    line = next(lines)
+                except StopIteration:
+                    break
+                try:
+                    engine.receive(live, line)
+                except Exception:
+                    log.exception("stream %s: handling a line failed", live.id)
+                    self.gone()
+                    return
+            for _ in pieces:
+                pass
+        except Exception as exc:  # the client went away, or broke the chunked encoding
+            log.debug("stream %s: request body ended: %r", live.id, exc)
+            self.gone()
+            return
+        self.watch_peer()
+
+    def after_response(self) -> None:
+        """A response that ended before its request body did (too large, unsupported
+        version, closed by the server): let the reader drain that body for a moment so the
+        close does not reset the connection under the response's tail, then cut it."""
+        reader = self._reader
+        if reader is None or reader.dead:
+            return
+        reader.join(LINGER_SECONDS)
+        if not reader.dead:
+            if self.sock is not None:
+                try:
+                    self.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            reader.kill(block=True, timeout=1)
+
+
+def handle_post(engine: "Engine", request: Request) -> Response:
+    """POST /proto/stream: a new stream, a follow-up (202) or a resume (last_seq)."""
+    session_id = request.args.get("session") or None
+    if session_id is not None and not request.args.get("last_seq"):
+        return post_messages(engine, request)
+    try:
+        user_id = engine.authenticate(token_from_request(
+            request.args.get("token"), request.headers.get("Authorization")))
+        last_seq = parse_seq_arg(request.args.get("last_seq"), "last_seq")
+        live = engine.find_session(session_id, user_id) if session_id else None
+        engine.open_connection()
+    except ProtoError as exc:
+        return error_response(exc)
+    if live is None:
+        live = engine.new_session(user_id)
+        last_seq = None
+    stream = NDJSONStream(engine, live, last_seq, request.environ,
+                          log_connections=engine.config.enable_logging)
+    return stream.response()
