@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import gevent
@@ -85,6 +86,17 @@ class Stats:
         }
 
 
+@dataclass(frozen=True)
+class Admission:
+    """A connection request that passed auth, the owner check and the connection limit.
+
+    ``resume`` is the user's existing session when the request named one."""
+
+    user_id: str
+    resume: LiveSession | None
+    last_seq: int | None
+
+
 class Engine:
     def __init__(self, server: "ProtoServer", config: ServerConfig, hub: Hub,
                  tools: ToolRegistry, authority: TokenAuthority) -> None:
@@ -115,6 +127,25 @@ class Engine:
 
     def close_connection(self) -> None:
         self.stats.active_connections -= 1
+
+    def admit(self, token: str | None, session_id: str | None,
+              last_seq: int | None) -> Admission:
+        """Let a live transport in, or raise the contract's error (401, 404, 503).
+
+        Counts the connection: the caller owes one ``close_connection``."""
+        user_id = self.authenticate(token)
+        resume = self.find_session(session_id, user_id) if session_id else None
+        self.open_connection()
+        return Admission(user_id, resume, last_seq)
+
+    def session_for(self, admission: Admission) -> tuple[LiveSession, int | None]:
+        """The session an admitted transport attaches to, and the seq to replay after:
+        a new session (nothing to replay), or the resumed one from ``last_seq``, by
+        default from its last ACK."""
+        if admission.resume is None:
+            return self.new_session(admission.user_id), None
+        last_seq = admission.last_seq
+        return admission.resume, admission.resume.core.last_ack if last_seq is None else last_seq
 
     def new_session(self, user_id: str) -> LiveSession:
         core = ProtocolSession(uuid.uuid4().hex, user_id, self.settings, now_ms())

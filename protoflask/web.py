@@ -75,25 +75,22 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
                 "message": "WebSocket needs gunicorn's gevent worker or ProtoServer.start()"}},
                 500)
         try:
-            user_id = engine.authenticate(token_from_request(
-                request.args.get("token"), request.headers.get("Authorization")))
-            session_id = request.args.get("session")
-            last_seq = parse_seq_arg(request.args.get("last_seq"), "last_seq")
-            live = engine.find_session(session_id, user_id) if session_id else None
-            engine.open_connection()
+            admission = engine.admit(
+                token_from_request(request.args.get("token"),
+                                   request.headers.get("Authorization")),
+                request.args.get("session") or None,
+                parse_seq_arg(request.args.get("last_seq"), "last_seq"))
         except ProtoError as exc:
             return error_response(exc)
         g.protoflask_live = True  # logged as open/closed, not as a request
         conn = WebSocketConnection(engine, sock, config.enable_compression)
         try:
             if conn.accept(request.environ):
-                if live is None:
-                    live = engine.new_session(user_id)
-                elif last_seq is None:
-                    last_seq = live.core.last_ack
+                live, last_seq = engine.session_for(admission)
                 if config.enable_logging:
-                    access_log.info("websocket open session=%s user=%s%s", live.id, user_id,
-                                    f" resume last_seq={last_seq}" if session_id else "")
+                    access_log.info("websocket open session=%s user=%s%s", live.id,
+                                    admission.user_id, "" if admission.resume is None
+                                    else f" resume last_seq={last_seq}")
                 conn.serve(live, last_seq)
                 if config.enable_logging:
                     access_log.info("websocket closed session=%s", live.id)

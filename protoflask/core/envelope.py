@@ -146,10 +146,10 @@ class EnvelopeSchema(Schema):
 
     id = _required_str()
     session = fields.String(required=True)
-    seq = fields.String(required=True, validate=validate.Regexp(_POSITIVE_INT,
-                                                                  error="must be a positive decimal string"))
-    ts = fields.String(required=True, validate=validate.Regexp(_DECIMAL,
-                                                                 error="must be a decimal string"))
+    seq = fields.String(required=True, validate=validate.Regexp(
+        _POSITIVE_INT, error="must be a positive decimal string"))
+    ts = fields.String(required=True, validate=validate.Regexp(
+        _DECIMAL, error="must be a decimal string"))
     type = fields.String(required=True)
     channel = fields.String(required=True, validate=validate.OneOf(CHANNELS))
     payload = fields.Dict(required=True)

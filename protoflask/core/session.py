@@ -35,8 +35,8 @@ from typing import Any
 from . import messages
 from .credits import CreditLedger, CreditSettings
 from .envelope import (
-    CLIENT_TYPES, CONTROL_TYPES, SERVER_TYPES, Message, byte_length, decode_json, encode, parse_envelope,
-    validate_envelope, validate_payload,
+    CLIENT_TYPES, CONTROL_TYPES, SERVER_TYPES, Message, byte_length, decode_json, encode,
+    parse_envelope, validate_envelope, validate_payload,
 )
 from .errors import (
     ChannelPaused, DuplicateCallId, HandshakeRequired, InvalidMessage, MaxRunsExceeded,

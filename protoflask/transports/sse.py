@@ -66,17 +66,12 @@ def resume_point(request: Request) -> tuple[str | None, int | None]:
 def open_stream(engine: "Engine", request: Request) -> Response:
     """GET /proto/sse: a new session's stream, or a resumed one."""
     try:
-        user_id = engine.authenticate(token_from_request(
-            request.args.get("token"), request.headers.get("Authorization")))
-        session_id, last_seq = resume_point(request)
-        live = engine.find_session(session_id, user_id) if session_id else None
-        engine.open_connection()
+        admission = engine.admit(
+            token_from_request(request.args.get("token"), request.headers.get("Authorization")),
+            *resume_point(request))
     except ProtoError as exc:
         return error_response(exc)
-    if live is None:
-        live = engine.new_session(user_id)
-    elif last_seq is None:
-        last_seq = live.core.last_ack
+    live, last_seq = engine.session_for(admission)
     stream = SSEStream(engine, live, last_seq, request.environ,
                        log_connections=engine.config.enable_logging)
     return stream.response()

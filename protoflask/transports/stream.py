@@ -101,16 +101,12 @@ def handle_post(engine: "Engine", request: Request) -> Response:
     if session_id is not None and not request.args.get("last_seq"):
         return post_messages(engine, request)
     try:
-        user_id = engine.authenticate(token_from_request(
-            request.args.get("token"), request.headers.get("Authorization")))
-        last_seq = parse_seq_arg(request.args.get("last_seq"), "last_seq")
-        live = engine.find_session(session_id, user_id) if session_id else None
-        engine.open_connection()
+        admission = engine.admit(
+            token_from_request(request.args.get("token"), request.headers.get("Authorization")),
+            session_id, parse_seq_arg(request.args.get("last_seq"), "last_seq"))
     except ProtoError as exc:
         return error_response(exc)
-    if live is None:
-        live = engine.new_session(user_id)
-        last_seq = None
+    live, last_seq = engine.session_for(admission)
     stream = NDJSONStream(engine, live, last_seq, request.environ,
                           log_connections=engine.config.enable_logging)
     return stream.response()

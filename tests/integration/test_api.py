@@ -650,7 +650,7 @@ def test_every_event_as_blinker_signal_and_via_on(server: ProtoServer, ws) -> No
             assert sender is server
             assert set(arg_names) <= set(kwargs), (name, kwargs)
         assert len(positional[name].calls) == len(blinker[name].calls), name
-        for args, kwargs in zip(positional[name].calls, blinker[name].kwargs):
+        for args, kwargs in zip(positional[name].calls, blinker[name].kwargs, strict=True):
             assert args == tuple(kwargs[a] for a in arg_names), name
     assert elsewhere.calls == []
 
