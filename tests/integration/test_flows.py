@@ -312,3 +312,67 @@ def test_stats_count_messages_and_errors(server, token, make_client):
     assert stats["totalMessages"] == 2
     assert stats["errorRate"] == pytest.approx(0.5)
     assert stats["messagesPerSecond"] > 0
+
+
+# -- connection refusals and the remaining errors, on every transport -----------------------
+
+
+def refusal(exc: BaseException) -> tuple[int, dict]:
+    """(HTTP status, JSON body) of a refused connection, whichever client refused."""
+    from websockets.exceptions import InvalidStatus
+
+    from ..support import HTTPRefused
+
+    if isinstance(exc, InvalidStatus):
+        return exc.response.status_code, json.loads(exc.response.body)
+    assert isinstance(exc, HTTPRefused), exc
+    return exc.status, exc.json()
+
+
+@pytest.mark.parametrize("token_value,code", [(None, "MISSING_TOKEN"),
+                                              ("not.a.jwt", "INVALID_TOKEN")])
+def test_connection_refused_without_a_valid_token(server, make_client, token_value, code):
+    with pytest.raises(Exception) as info:
+        make_client(server, token_value)
+    status, body = refusal(info.value)
+    assert status == 401 and body["error"]["code"] == code and body["error"]["message"]
+
+
+def test_connection_refused_beyond_max_connections(make_server, make_client):
+    server = make_server(maxConnections=1)
+    token = server.issue_token("u")
+    first = make_client(server, token)
+    first.hello()
+    with pytest.raises(Exception) as info:
+        make_client(server, token)
+    status, body = refusal(info.value)
+    assert status == 503 and body["error"]["code"] == "MAX_CONNECTIONS"
+    first.close()
+    wait_for(lambda: server.get_stats()["activeConnections"] == 0, what="slot freed")
+    make_client(server, token).hello()
+
+
+def test_tool_execution_error(make_server, make_client):
+    server = make_server()
+
+    @server.tool("boom", input_schema={"type": "object"}, output_schema={"type": "object"})
+    def boom(params, *_):
+        raise RuntimeError("kaput")
+
+    client = make_client(server, server.issue_token("u"))
+    client.hello()
+    sent = client.send("TOOL_CALL", payload={"call_id": "b", "tool": "boom", "params": {}})
+    done = client.recv_type("TOOL_DONE")
+    assert done["payload"]["status"] == "ERROR"
+    assert done["payload"]["error"]["code"] == "TOOL_EXECUTION_ERROR"
+    err = client.expect_error("TOOL_EXECUTION_ERROR")
+    assert "kaput" in err["payload"]["message"] and err["payload"]["related_id"] == sent["id"]
+
+
+def test_message_too_large_is_reported(make_server, make_client):
+    server = make_server(maxMessageSize=2048)
+    client = make_client(server, server.issue_token("u"))
+    client.hello()
+    client.send("MESSAGE_START", payload={"message_id": "x" * 4096, "content_type": "t"})
+    client.expect_error("MESSAGE_TOO_LARGE")
+    assert server.get_session(client.session_id) is not None  # kept for resume
