@@ -57,11 +57,12 @@ class LiveSession:
     def notify(self) -> None:
         """Move queued messages toward the client: wake the transport, or while
         disconnected stamp them into the replay window for a later resume."""
-        transport = self.transport
-        if transport is not None:
-            transport.wake()
-        elif self.core.has_writable():
-            self.core.take_writable(now_ms())
+        if self.core.has_writable():
+            transport = self.transport
+            if transport is not None:
+                transport.wake()
+            else:
+                self.core.take_writable(now_ms())
         if self.on_events is not None and self.core.has_events():
             self.on_events(self, self.core.take_events())
 

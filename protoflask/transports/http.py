@@ -331,6 +331,7 @@ class HTTPDownstream:
                 # Wakes come often (every send, every heartbeat tick): the keep-alive is
                 # due by the time since the last write, not by a quiet wait.
                 idle = time.monotonic() - last_write
+                chunk = b""
                 if self._event.wait(max(0.0, self.keepalive - idle) if keepalive else None):
                     self._event.clear()
                     chunk = self._take()

@@ -224,7 +224,11 @@ class WebSocketConnection:
     def _send(self, chunks: list[bytes]) -> None:
         data = b"".join(chunks)
         if data:
-            self.sock.sendall(data)
+            # send() in a loop rather than sendall(): gevent's sendall asks the kernel for
+            # SO_SNDBUF on every call, a syscall per message on the hot path.
+            view = memoryview(data)
+            while view:
+                view = view[self.sock.send(view):]
         if chunks and chunks[-1] == b"":  # websockets' signal to half-close
             self._shutdown(socket.SHUT_WR)
 

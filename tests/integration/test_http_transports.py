@@ -636,3 +636,16 @@ def test_sse_and_stream_under_gunicorn(gunicorn_server, clients):
              what="gunicorn noticing both clients going away")
     wait_for(lambda: not close_wait_sockets(gunicorn_server.port), within=3,
              what="no CLOSE_WAIT under gunicorn")
+
+
+def test_idle_timeout_never_writes_a_message_twice(make_server, clients):
+    """Regression: a keep-alive wait that timed out used to re-send the last chunk."""
+    server = make_server(heartbeatInterval=100, heartbeatTimeout=60000)
+    client = clients("sse", server, server.issue_token("u"))
+    client.hello()
+    for _ in range(6):  # answer each PING so the next one comes
+        ping = client.recv_type("PING", within=3)
+        client.send("PONG", "SYSTEM", {"nonce": ping["payload"]["nonce"]})
+    seqs = [m["seq"] for m in client.received]
+    assert len(seqs) == len(set(seqs)), seqs
+    assert [int(s) for s in seqs] == list(range(1, len(seqs) + 1))
