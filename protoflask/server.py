@@ -250,16 +250,19 @@ class ProtoServer:
 
     def tool(self, name: str | None = None, *, description: str | None = None,
              input_schema: dict[str, Any] | None = None,
-             output_schema: dict[str, Any] | None = None,
-             timeout: float | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Decorator: register a function as a tool (its docstring is the description)."""
+             output_schema: dict[str, Any] | None = None, timeout: float | None = None,
+             inline: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: register a function as a tool (its docstring is the description).
+
+        ``inline=True`` runs it in the connection's greenlet: only for functions that
+        never block (see ``Tool.inline``)."""
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
             self.register_tool(Tool(
                 name=name or fn.__name__,
                 description=description or (fn.__doc__ or "").strip() or fn.__name__,
                 input_schema=input_schema or {"type": "object"},
                 output_schema=output_schema or {},
-                execute=fn, timeout=timeout))
+                execute=fn, timeout=timeout, inline=inline))
             return fn
         return decorate
 

@@ -41,6 +41,10 @@ class Tool:
     output_schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
     execute: Execute | None = None
     timeout: float | None = None  # ms; None uses the server's toolTimeout
+    #: Run ``execute`` directly in the connection's greenlet: only for tools that never
+    #: block or take long (pure computation), which then skip the pool, the queue and
+    #: the timeout. The built-ins are inline.
+    inline: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -91,13 +95,13 @@ def builtin_tools() -> list[Tool]:
               "required": ["message"], "additionalProperties": False},
              {"type": "object", "properties": {"echoed": {"type": "string"}},
               "required": ["echoed"]},
-             _echo),
+             _echo, inline=True),
         Tool("add", "Adds two numbers.",
              {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
               "required": ["a", "b"], "additionalProperties": False},
              {"type": "object", "properties": {"result": {"type": "number"}},
               "required": ["result"]},
-             _add),
+             _add, inline=True),
     ]
 
 
@@ -167,7 +171,9 @@ class SessionToolRunner:
 
     def submit(self, execution: ToolExecution, tool: Tool) -> None:
         self.executions[execution.call_id] = execution
-        if len(self.running) < self.limit:
+        if tool.inline:
+            self._run(execution, tool)  # never blocks: no greenlet, no timer
+        elif len(self.running) < self.limit:
             self._spawn(execution, tool)
         elif len(self.waiting) < self.queue_size:
             self.waiting.append((execution, tool))
@@ -213,21 +219,13 @@ class SessionToolRunner:
             self._spawn(*self.waiting.pop(0))
 
     def _execute(self, execution: ToolExecution, tool: Tool) -> None:
+        """A call in its own greenlet, under the tool's timeout."""
         call_id = execution.call_id
-        execution.status = "running"
         timeout_ms = tool.timeout if tool.timeout is not None else self.default_timeout_ms
         timer = gevent.Timeout(timeout_ms / 1000.0)
         timer.start()
         try:
-            assert tool.execute is not None
-            result = tool.execute(execution.arguments, self.live.id, call_id, self.server)
-            problems = tool.result_errors(result)
-            if problems:
-                self.finish(execution, "error", ToolExecutionError(
-                    f"tool {tool.name!r} returned a result that fails its outputSchema",
-                    detail=problems))
-            else:
-                self.finish(execution, "completed", result=result)
+            self._run(execution, tool)
         except gevent.Timeout as exc:
             if exc is not timer:
                 raise
@@ -235,16 +233,32 @@ class SessionToolRunner:
                 f"tool {tool.name!r} timed out after {timeout_ms:g} ms"))
         except gevent.GreenletExit:
             pass  # cancelled: cancel() already sent TOOL_DONE CANCELLED
-        except Exception as exc:  # a tool's own failure, reported to the client
-            log.warning("tool %r failed: %s", tool.name, exc, exc_info=True)
-            self.finish(execution, "error", ToolExecutionError(
-                f"tool {tool.name!r} failed: {exc}"))
-            self.server._emit_error(exc, session_id=self.live.id)
         finally:
             timer.close()
             if self.running.get(call_id) is gevent.getcurrent():
                 del self.running[call_id]
             self._start_waiting()
+
+    def _run(self, execution: ToolExecution, tool: Tool) -> None:
+        """Execute, check the result, finish the call; a tool's exception is its failure."""
+        execution.status = "running"
+        try:
+            assert tool.execute is not None
+            result = tool.execute(execution.arguments, self.live.id, execution.call_id,
+                                  self.server)
+        except Exception as exc:  # a tool's own failure, reported to the client
+            log.warning("tool %r failed: %s", tool.name, exc, exc_info=True)
+            self.finish(execution, "error", ToolExecutionError(
+                f"tool {tool.name!r} failed: {exc}"))
+            self.server._emit_error(exc, session_id=self.live.id)
+            return
+        problems = tool.result_errors(result)
+        if problems:
+            self.finish(execution, "error", ToolExecutionError(
+                f"tool {tool.name!r} returned a result that fails its outputSchema",
+                detail=problems))
+        else:
+            self.finish(execution, "completed", result=result)
 
 
 def check_call(tool: Tool | None, name: str, params: Any) -> None:

@@ -376,3 +376,35 @@ def test_message_too_large_is_reported(make_server, make_client):
     client.send("MESSAGE_START", payload={"message_id": "x" * 4096, "content_type": "t"})
     client.expect_error("MESSAGE_TOO_LARGE")
     assert server.get_session(client.session_id) is not None  # kept for resume
+
+
+def test_inline_tools_skip_the_pool(make_server, make_client):
+    import gevent
+
+    server = make_server(maxConcurrentRuns=1)
+
+    @server.tool("slow", input_schema={"type": "object"}, output_schema={"type": "object"})
+    def slow(params, *_):
+        gevent.sleep(0.5)
+        return {}
+
+    @server.tool("double", input_schema={"type": "object"}, output_schema={"type": "object"},
+                 inline=True)
+    def double(params, session_id, call_id, srv):
+        if params.get("fail"):
+            raise ValueError("no")
+        return {"value": params["n"] * 2}
+
+    client = make_client(server, server.issue_token("u"))
+    client.hello()
+    client.send("TOOL_CALL", payload={"call_id": "s", "tool": "slow", "params": {}})
+    client.send("TOOL_CALL", payload={"call_id": "a", "tool": "double", "params": {"n": 21}})
+    first_done = client.recv_type("TOOL_DONE")
+    # the pool's single slot is busy, yet the inline call finished first, never queued
+    assert first_done["payload"] == {"call_id": "a", "status": "OK", "result": {"value": 42}}
+    client.send("TOOL_CALL", payload={"call_id": "b", "tool": "double",
+                                      "params": {"fail": True}})
+    assert client.recv_type("TOOL_DONE", call_id="b")["payload"]["status"] == "ERROR"
+    client.expect_error("TOOL_EXECUTION_ERROR")
+    client.recv_type("TOOL_DONE", call_id="s")
+    assert not [m for m in client.received if m["type"] == "TOOL_UPDATE"]
