@@ -50,6 +50,19 @@ def handshake_request(environ: dict[str, Any]) -> Request:
     return Request(path, headers)
 
 
+def text_frame(data: bytes) -> bytes:
+    """A server's text frame: final, unmasked, no extension (RFC 6455 section 5.2).
+
+    What websockets' Frame.serialize produces for that case, without its generality:
+    on the hot path of an uncompressed connection every message is one of these."""
+    n = len(data)
+    if n < 126:
+        return b"\x81" + bytes((n,)) + data
+    if n < 65536:
+        return b"\x81\x7e" + n.to_bytes(2, "big") + data
+    return b"\x81\x7f" + n.to_bytes(8, "big") + data
+
+
 def raw_socket(environ: dict[str, Any]) -> socket.socket | None:
     """The client socket under gunicorn or protoflask's own gevent server."""
     return environ.get("gunicorn.socket") or environ.get("protoflask.socket")
@@ -89,10 +102,11 @@ class WebSocketConnection:
         return response.status_code == 101
 
     def serve(self, live: "LiveSession", last_seq: int | None) -> None:
-        """Attach to the session and pump until the connection ends (in its own greenlet,
-        whose shallow stack makes every switch cheaper than the request greenlet's)."""
-        self._reader = gevent.spawn(self._run, live, last_seq)
-        self._reader.join()
+        """Attach to the session and pump until the connection ends, in the request's
+        greenlet (a fresh greenlet would make switches a little cheaper but cost each
+        idle connection a second greenlet: docs/PERFORMANCE.md)."""
+        self._reader = gevent.getcurrent()
+        self._run(live, last_seq)
 
     def _run(self, live: "LiveSession", last_seq: int | None) -> None:
         self.live = live
@@ -193,11 +207,16 @@ class WebSocketConnection:
         try:
             protocol = self.protocol
             while True:
+                frames: list[bytes] = []
                 if protocol.state is State.OPEN and not self._closing \
                         and self.live.transport is self:
-                    for _, data in self.live.core.take_writable(now_ms()):
-                        protocol.send_text(data)
-                chunks = protocol.data_to_send()
+                    ready = self.live.core.take_writable(now_ms())
+                    if protocol.extensions:  # permessage-deflate: through the protocol
+                        for _, data in ready:
+                            protocol.send_text(data)
+                    else:
+                        frames = [text_frame(data) for _, data in ready]
+                chunks = protocol.data_to_send() + frames
                 if not chunks:
                     return
                 core = self.live.core

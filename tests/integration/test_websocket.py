@@ -217,3 +217,25 @@ def test_connection_count_returns_to_zero(server, token):
             c.close()
     wait_for(lambda: server.get_stats()["activeConnections"] == 0, what="connections closed")
     assert server.get_stats()["totalConnections"] == 5
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 70000])
+def test_text_frame_matches_the_websockets_serializer(size):
+    from websockets.frames import Frame, Opcode
+
+    from protoflask.transports.websocket import text_frame
+
+    data = b"x" * size
+    assert text_frame(data) == Frame(Opcode.TEXT, data).serialize(mask=False, extensions=[])
+
+
+def test_large_messages_arrive_intact_without_compression(make_server):
+    server = make_server(enableCompression=False)
+    with ws(server, server.issue_token("u"), compression=False) as client:
+        client.hello()
+        for size in (100, 1000, 70000):
+            server.send_message(client.session_id, {
+                "type": "MESSAGE_PART", "channel": "AGENT",
+                "payload": {"message_id": "m", "content": "y" * size}})
+            part = client.recv_type("MESSAGE_PART")
+            assert part["payload"]["content"] == "y" * size
