@@ -30,6 +30,7 @@ from urllib.parse import urlsplit  # noqa: E402
 
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
+from _proc import server_cpu  # noqa: E402
 
 SESSION = "0123456789abcdef0123456789abcdef"
 PONG = b'"type":"PONG"'
@@ -164,17 +165,6 @@ class Session:
             self.reader.kill(block=False)
 
 
-def server_cpu(pid: int, clk_tck: int) -> float | None:
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / clk_tck
-    except OSError:
-        return None
-
-
 def main() -> None:
     cfg = {"transport": "sse", "connections": 10, "warmup": 1, "seconds": 5, "batch": 50,
            "serverPid": 0, "clkTck": os.sysconf("SC_CLK_TCK"),
@@ -242,8 +232,9 @@ def main() -> None:
         s.close()
     gevent.killall(greenlets, block=False)
     latencies.sort()
-    pick = (lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 3)
-            if latencies else None)
+    def pick(q):
+        return (round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 3)
+                if latencies else None)
     msgs = state["messages"]
     srv = None if srv0 is None or srv1 is None else srv1 - srv0
     print(json.dumps({

@@ -27,6 +27,7 @@ from gevent.pool import Pool  # noqa: E402
 from websockets.client import ClientProtocol  # noqa: E402
 from websockets.frames import Opcode  # noqa: E402
 from websockets.uri import parse_uri  # noqa: E402
+from _proc import server_cpu  # noqa: E402
 
 SESSION = "0123456789abcdef0123456789abcdef"
 NONCE_PAD = "------------------------------"
@@ -90,17 +91,6 @@ class Conn:
 
     def recv(self) -> dict:
         return orjson.loads(self.recv_raw())
-
-
-def server_cpu(pid: int, clk_tck: int) -> float | None:
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / clk_tck
-    except OSError:
-        return None
 
 
 def main() -> None:

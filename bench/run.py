@@ -534,7 +534,7 @@ def busy_pct(before: dict[str, list[int]], after: dict[str, list[int]]) -> dict[
     for name, vals in after.items():
         if name not in before:
             continue
-        d = [a - b for a, b in zip(vals, before[name])]
+        d = [a - b for a, b in zip(vals, before[name], strict=False)]
         total = sum(d[:8]) or 1
         idle = d[3] + d[4]
         out[name] = round(100 * (total - idle) / total, 1)
@@ -583,7 +583,8 @@ def summarize_collapsed(path: Path, top: int = 15) -> dict[str, Any]:
         file_c[leaf_file.group(1) if leaf_file else frames[-1]] += n
         for f in set(frames):
             incl_c[f] += n
-    pct = lambda c: [(f, round(100 * n / total, 1)) for f, n in c.most_common(top)]
+    def pct(c):
+        return [(f, round(100 * n / total, 1)) for f, n in c.most_common(top)]
     return {"samples": total, "self": pct(self_c), "inclusive": pct(incl_c),
             "self_by_file": pct(file_c)}
 
@@ -605,7 +606,8 @@ def fmt(v: Any, digits: int = 1) -> str:
 
 def table(title: str, headers: list[str], rows: list[list[Any]], markdown: bool,
           note: str = "") -> str:
-    cells = [[fmt(c, 2 if "ms" in h else 1) for c, h in zip(r, headers)] for r in rows]
+    cells = [[fmt(c, 2 if "ms" in h else 1) for c, h in zip(r, headers, strict=False)]
+             for r in rows]
     if markdown:
         out = [f"**{title}**", "", "| " + " | ".join(headers) + " |",
                "|" + "|".join("---" for _ in headers) + "|"]
@@ -613,8 +615,9 @@ def table(title: str, headers: list[str], rows: list[list[Any]], markdown: bool,
     else:
         widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
                   for i, h in enumerate(headers)]
-        line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                   for i, (c, w) in enumerate(zip(r, widths)))
+        def line(r):
+            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                           for i, (c, w) in enumerate(zip(r, widths, strict=False)))
         out = [title, line(headers), "  ".join("-" * w for w in widths)]
         out += [line(r) for r in cells]
     if note:
@@ -624,7 +627,8 @@ def table(title: str, headers: list[str], rows: list[list[Any]], markdown: bool,
 
 def render(results: dict[str, Any], specs: dict[str, ServerSpec], markdown: bool) -> str:
     parts = []
-    label = lambda name: specs[name].label if name in specs else name
+    def label(name):
+        return specs[name].label if name in specs else name
     m = results.get("machine", {})
     parts.append(f"protoflask bench {results['started']}  ({m.get('cpus')} CPUs, "
                  f"{m.get('cpu_model')}; server CPU {results['pinning']['server_cpu']}, "

@@ -12,7 +12,7 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import argparse  # noqa: E402
+
 import socket  # noqa: E402
 
 from gevent.server import StreamServer  # noqa: E402
@@ -20,6 +20,8 @@ from websockets.frames import Opcode  # noqa: E402
 from websockets.http11 import Request  # noqa: E402
 from websockets.protocol import State  # noqa: E402
 from websockets.server import ServerProtocol  # noqa: E402
+
+from _listener import listener  # noqa: E402
 
 
 def handle(sock: socket.socket, _addr) -> None:
@@ -48,18 +50,5 @@ def handle(sock: socket.socket, _addr) -> None:
         sock.close()
 
 
-def listener(args) -> socket.socket:
-    if args.fd is not None:
-        return socket.socket(fileno=args.fd)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", args.port))
-    sock.listen(4096)
-    return sock
-
-
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--fd", type=int)
-    parser.add_argument("--port", type=int, default=8092)
-    StreamServer(listener(parser.parse_args()), handle).serve_forever()
+    StreamServer(listener(8092), handle).serve_forever()

@@ -10,11 +10,11 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import argparse  # noqa: E402
-import socket  # noqa: E402
 
 import simple_websocket  # noqa: E402
 from gevent.pywsgi import WSGIServer  # noqa: E402
+
+from _listener import listener  # noqa: E402
 
 
 def app(environ, start_response):
@@ -27,18 +27,5 @@ def app(environ, start_response):
     return []
 
 
-def listener(args) -> socket.socket:
-    if args.fd is not None:
-        return socket.socket(fileno=args.fd)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", args.port))
-    sock.listen(4096)
-    return sock
-
-
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--fd", type=int)
-    parser.add_argument("--port", type=int, default=8091)
-    WSGIServer(listener(parser.parse_args()), app, log=None, error_log=None).serve_forever()
+    WSGIServer(listener(8091), app, log=None, error_log=None).serve_forever()

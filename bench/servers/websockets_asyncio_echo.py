@@ -3,10 +3,10 @@
     python bench/servers/websockets_asyncio_echo.py --fd N | --port P
 """
 
-import argparse
 import asyncio
 import socket
 
+from _listener import listener
 from websockets.asyncio.server import serve
 from websockets.exceptions import ConnectionClosed
 
@@ -25,18 +25,5 @@ async def main(sock: socket.socket) -> None:
         await server.serve_forever()
 
 
-def listener(args) -> socket.socket:
-    if args.fd is not None:
-        return socket.socket(fileno=args.fd)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", args.port))
-    sock.listen(4096)
-    return sock
-
-
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--fd", type=int)
-    parser.add_argument("--port", type=int, default=8093)
-    asyncio.run(main(listener(parser.parse_args())))
+    asyncio.run(main(listener(8093)))
