@@ -24,6 +24,8 @@ _EXPORTS = {
     "ProtoServer": ".server",
     "create_app": ".server",
     "Tool": ".tools",
+    "ToolBlueprint": ".blueprints",
+    "ToolCancelled": ".tools",
     "ToolExecution": ".tools",
 }
 _MODULES = {"messages": ".core.messages", "signals": ".signals", "errors": ".core.errors"}

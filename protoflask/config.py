@@ -1,13 +1,16 @@
-"""ServerConfig: defaults <- environment <- explicit arguments, validated at construction.
+"""ServerConfig: defaults <- environment <- Flask app.config <- explicit arguments,
+validated at construction.
 
 Every key is declared once in ``OPTIONS`` / ``FLOW_OPTIONS`` (camelCase name, snake_case
 field, environment variable, type, default, bounds); the dataclasses, the env loader,
-the validation and the docs table all come from those declarations.
+the app.config key names, the validation and the docs table all come from those
+declarations.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -101,6 +104,25 @@ OPTIONS: tuple[Option, ...] = (
 
 ALL_KEYS = {o.key for o in OPTIONS} | {"flowControl"}
 
+#: Flask ``app.config`` keys: ``PROTOFLASK_`` + the snake_case field upper-cased
+#: (``PROTOFLASK_MAX_CONNECTIONS``); flow-control fields under ``PROTOFLASK_FLOW_CONTROL_``
+#: (``PROTOFLASK_FLOW_CONTROL_MIN_CREDITS``), or all of them as one partial dict in
+#: ``PROTOFLASK_FLOW_CONTROL``.
+APP_CONFIG_PREFIX = "PROTOFLASK_"
+APP_CONFIG_FLOW = APP_CONFIG_PREFIX + "FLOW_CONTROL"
+
+
+def app_config_key(opt: Option, flow: bool = False) -> str:
+    """The Flask app.config key of an option."""
+    return f"{APP_CONFIG_FLOW}_{opt.attr.upper()}" if flow else \
+        f"{APP_CONFIG_PREFIX}{opt.attr.upper()}"
+
+
+_APP_KEYS: dict[str, tuple[Option, bool]] = {
+    **{app_config_key(o): (o, False) for o in OPTIONS},
+    **{app_config_key(o, True): (o, True) for o in FLOW_OPTIONS},
+}
+
 
 def _flow_defaults() -> "FlowControlConfig":
     return FlowControlConfig()
@@ -177,11 +199,13 @@ class ServerConfig:
 
     @classmethod
     def load(cls, config: "ServerConfig | Mapping[str, Any] | None" = None,
-             environ: Mapping[str, str] | None = None) -> "ServerConfig":
-        """Defaults, overridden by the environment, overridden by ``config``.
+             environ: Mapping[str, str] | None = None,
+             app_config: Mapping[str, Any] | None = None) -> "ServerConfig":
+        """Defaults, overridden by the environment, overridden by a Flask app's
+        ``PROTOFLASK_*`` keys (``app_config``), overridden by ``config``.
 
         ``config`` may be a partial camelCase dict (nested partial flowControl,
-        snake_case keys also accepted) or a ServerConfig (taken as is).
+        snake_case keys also accepted) or a ServerConfig (complete: taken as is).
         """
         if isinstance(config, ServerConfig):
             return config
@@ -190,23 +214,33 @@ class ServerConfig:
         unknown = set(explicit) - ALL_KEYS - {o.attr for o in OPTIONS} - {"flow_control"}
         if unknown:
             raise ConfigError(f"unknown configuration key(s): {', '.join(sorted(unknown))}")
+        from_app, flow_from_app = _from_app_config(app_config or {})
         values: dict[str, Any] = {}
         for opt in OPTIONS:
             if opt.key in explicit or opt.attr in explicit:
                 values[opt.attr] = explicit.get(opt.key, explicit.get(opt.attr))
+            elif opt.attr in from_app:
+                values[opt.attr] = from_app[opt.attr]
             elif opt.env and opt.env in env:
                 values[opt.attr] = _from_env(opt, env[opt.env])
         flow = explicit.get("flowControl", explicit.get("flow_control", {}))
         if isinstance(flow, FlowControlConfig):
             values["flow_control"] = flow
         elif isinstance(flow, Mapping):
-            values["flow_control"] = _flow_from_mapping(flow, env)
+            values["flow_control"] = _flow_from_mapping(flow, env, flow_from_app)
         else:
             raise ConfigError(f"flowControl must be an object, got {flow!r}")
         return cls(**values)
 
     def replace(self, **changes: Any) -> "ServerConfig":
         return dataclasses.replace(self, **changes)
+
+    def differences(self, other: "ServerConfig") -> list[str]:
+        """The keys whose values differ (``flowControl.<key>`` for flow control)."""
+        out = [o.key for o in OPTIONS if getattr(self, o.attr) != getattr(other, o.attr)]
+        return out + [f"flowControl.{o.key}" for o in FLOW_OPTIONS
+                      if getattr(self.flow_control, o.attr) != getattr(other.flow_control,
+                                                                       o.attr)]
 
     # -- derived settings for the core ---------------------------------------------------
 
@@ -241,18 +275,65 @@ class ServerConfig:
         return out
 
 
-def _flow_from_mapping(flow: Mapping[str, Any], env: Mapping[str, str]) -> FlowControlConfig:
-    by_key = {o.key: o for o in FLOW_OPTIONS} | {o.attr: o for o in FLOW_OPTIONS}
-    unknown = set(flow) - set(by_key)
-    if unknown:
-        raise ConfigError(f"unknown flowControl key(s): {', '.join(sorted(unknown))}")
+def _flow_from_mapping(flow: Mapping[str, Any], env: Mapping[str, str],
+                       from_app: Mapping[str, Any] | None = None) -> FlowControlConfig:
+    _check_flow_keys(flow, "flowControl")
+    from_app = from_app or {}
     values: dict[str, Any] = {}
     for opt in FLOW_OPTIONS:
         if opt.key in flow or opt.attr in flow:
             values[opt.attr] = flow.get(opt.key, flow.get(opt.attr))
+        elif opt.attr in from_app:
+            values[opt.attr] = from_app[opt.attr]
         elif opt.env and opt.env in env:
             values[opt.attr] = _from_env(opt, env[opt.env])
     return FlowControlConfig(**values)
+
+
+def _check_flow_keys(flow: Mapping[str, Any], where: str) -> None:
+    known = {o.key for o in FLOW_OPTIONS} | {o.attr for o in FLOW_OPTIONS}
+    unknown = set(flow) - known
+    if unknown:
+        raise ConfigError(f"unknown {where} key(s): {', '.join(sorted(unknown))}")
+
+
+def _from_app_config(app_config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``PROTOFLASK_*`` keys of a Flask app.config as (top-level, flowControl) values
+    by snake_case field, each checked with the app.config key in its error. A key whose
+    value is None counts as not set; an unknown ``PROTOFLASK_*`` key is an error."""
+    top: dict[str, Any] = {}
+    flow: dict[str, Any] = {}
+    for key in sorted(k for k in app_config if isinstance(k, str)
+                      and k.startswith(APP_CONFIG_PREFIX)):
+        value = app_config[key]
+        if value is None:
+            continue
+        if key == APP_CONFIG_FLOW:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"flowControl (app.config {key}) must be a dict, got {value!r}")
+            _check_flow_keys(value, f"app.config {key}")
+            for opt in FLOW_OPTIONS:
+                raw = value.get(opt.key, value.get(opt.attr))
+                if raw is not None:
+                    flow[opt.attr] = _coerce(opt, raw, f"flowControl.{opt.key} "
+                                                       f"(app.config {key})")
+            continue
+        if key not in _APP_KEYS:
+            by_env = [app_config_key(o, f) for o, f in _APP_KEYS.values()
+                      if o.env in (key, key[len(APP_CONFIG_PREFIX):])]
+            close = by_env or difflib.get_close_matches(key, [*_APP_KEYS, APP_CONFIG_FLOW], n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"unknown app.config key {key}{hint} (protoflask reads "
+                              f"{APP_CONFIG_PREFIX}<OPTION> keys; see the configuration table)")
+        opt, is_flow = _APP_KEYS[key]
+        if is_flow:
+            if opt.attr in flow:
+                raise ConfigError(f"flowControl.{opt.key} is set twice in app.config: in "
+                                  f"{APP_CONFIG_FLOW} and as {key}; keep one")
+            flow[opt.attr] = _coerce(opt, value, f"flowControl.{opt.key} (app.config {key})")
+        else:
+            top[opt.attr] = _coerce(opt, value, f"{opt.key} (app.config {key})")
+    return top, flow
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -336,11 +417,13 @@ def _coerce(opt: Option, value: Any, name: str) -> Any:
 
 def options_table() -> str:
     """A Markdown table of every key (for docs; generated so it cannot drift)."""
-    rows = ["| Key | Env | Type | Default | Meaning |", "|---|---|---|---|---|"]
+    rows = ["| Key | app.config | Env | Type | Default | Meaning |",
+            "|---|---|---|---|---|---|"]
     for prefix, opts in (("", OPTIONS), ("flowControl.", FLOW_OPTIONS)):
         for o in opts:
             default = ",".join(o.default) if isinstance(o.default, tuple) else o.default
-            rows.append(f"| {prefix}{o.key} | {o.env or ''} | {o.kind.__name__} | "
+            rows.append(f"| {prefix}{o.key} | {app_config_key(o, bool(prefix))} | "
+                        f"{o.env or ''} | {o.kind.__name__} | "
                         f"{'none' if default is None else default} | {o.doc} |")
     return "\n".join(rows)
 

@@ -14,6 +14,7 @@ import concurrent.futures
 import logging
 import secrets
 import threading
+import uuid
 from typing import Any, Callable, Mapping
 
 import gevent
@@ -24,13 +25,13 @@ from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from . import signals
 from .auth import TokenAuthority
-from .config import ConfigError, ServerConfig
+from .config import APP_CONFIG_PREFIX, ConfigError, ServerConfig
 from .core import messages
 from .core.errors import InvalidMessage, SessionNotFound
 from .core.session import CLOSE_GOING_AWAY
 from .engine import Engine
 from .hub import Hub, LiveSession, LocalHub, now_ms
-from .tools import Tool, ToolRegistry, builtin_tools
+from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools, check_call
 from .web import ConnectionTakenOver, create_blueprint
 
 log = logging.getLogger("protoflask")
@@ -56,25 +57,12 @@ class _Handler(WSGIHandler):
 class ProtoServer:
     def __init__(self, config: ServerConfig | Mapping[str, Any] | None = None,
                  app: Flask | None = None, *, hub: Hub | None = None) -> None:
-        self.config = ServerConfig.load(config)
-        self.dev_token: str | None = None
-        if not self.config.jwt_secret:
-            if not self.config.dev_mode:
-                raise ConfigError(
-                    "jwtSecret is required: set JWT_SECRET (or pass jwtSecret), or run in "
-                    "development mode (protoflask serve --dev, or PROTOFLASK_DEV=1) to get a "
-                    "random secret and a ready token")
-            self.config = self.config.replace(jwt_secret=secrets.token_urlsafe(32))
-        assert self.config.jwt_secret is not None
-        self.authority = TokenAuthority(self.config.jwt_secret, self.config.jwt_algorithms,
-                                        self.config.jwt_expires_in)
-        if self.config.dev_mode:
-            self.dev_token = self.authority.issue("dev")
         self.tools = ToolRegistry()
         for tool in builtin_tools():
             self.tools.register(tool)
         self.hub = hub or LocalHub()
-        self.engine = Engine(self, self.config, self.hub, self.tools, self.authority)
+        self._config_arg = config
+        self._configure(ServerConfig.load(config, app_config=app.config if app else None))
         self._app: Flask | None = None
         self._listeners: list[Callable[..., Any]] = []
         self._wsgi: WSGIServer | None = None
@@ -85,12 +73,48 @@ class ProtoServer:
         if app is not None:
             self.init_app(app)
 
+    def _configure(self, loaded: ServerConfig) -> None:
+        """Everything derived from the configuration (at construction, and again in
+        ``init_app`` when the first app's config changes it)."""
+        self._loaded_config = loaded
+        self.config = loaded
+        self.dev_token: str | None = None
+        if not self.config.jwt_secret:
+            if not self.config.dev_mode:
+                raise ConfigError(
+                    "jwtSecret is required: set JWT_SECRET (or pass jwtSecret, or set "
+                    "PROTOFLASK_JWT_SECRET in app.config), or run in development mode "
+                    "(protoflask serve --dev, or PROTOFLASK_DEV=1) to get a random secret and "
+                    "a ready token")
+            self.config = self.config.replace(jwt_secret=secrets.token_urlsafe(32))
+        assert self.config.jwt_secret is not None
+        self.authority = TokenAuthority(self.config.jwt_secret, self.config.jwt_algorithms,
+                                        self.config.jwt_expires_in)
+        if self.config.dev_mode:
+            self.dev_token = self.authority.issue("dev")
+        self.engine = Engine(self, self.config, self.hub, self.tools, self.authority)
+
     # -- Flask integration -----------------------------------------------------------
 
     def init_app(self, app: Flask) -> None:
-        """Mount /health, /stats and /proto/* on an existing Flask app."""
+        """Mount /health, /stats and /proto/* on an existing Flask app.
+
+        The app's ``PROTOFLASK_*`` config keys count (explicit arguments > app.config >
+        environment > defaults). The configuration belongs to the server's first app:
+        ``init_app`` on a server that has no app yet re-derives it; a later app whose
+        keys would change it is refused with ConfigError."""
         if "protoflask" in app.extensions:
             raise RuntimeError("this Flask app already has a ProtoServer")
+        own_keys = any(isinstance(k, str) and k.startswith(APP_CONFIG_PREFIX) for k in app.config)
+        loaded = ServerConfig.load(self._config_arg, app_config=app.config) if own_keys \
+            else self._loaded_config
+        if loaded != self._loaded_config:
+            if self._app is not None:
+                changed = ", ".join(self._loaded_config.differences(loaded))
+                raise ConfigError(
+                    f"app {app.name!r} would change {changed} of a ProtoServer already "
+                    "configured by its first app; a server has one configuration")
+            self._configure(loaded)
         app.extensions["protoflask"] = self
         app.register_blueprint(create_blueprint(self))
         if self._app is None:
@@ -257,14 +281,51 @@ class ProtoServer:
         ``inline=True`` runs it in the connection's greenlet: only for functions that
         never block (see ``Tool.inline``)."""
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-            self.register_tool(Tool(
-                name=name or fn.__name__,
-                description=description or (fn.__doc__ or "").strip() or fn.__name__,
-                input_schema=input_schema or {"type": "object"},
-                output_schema=output_schema or {},
-                execute=fn, timeout=timeout, inline=inline))
+            self.register_tool(Tool.from_function(
+                fn, name, description=description, input_schema=input_schema,
+                output_schema=output_schema, timeout=timeout, inline=inline))
             return fn
         return decorate
+
+    def call_tool(self, session_id: str, name: str, params: Mapping[str, Any] | None = None,
+                  *, run_id: str | None = None, call_id: str | None = None) -> Any:
+        """Run a registered tool for the application's own agent, in a session (and run).
+
+        The client sees the call like one of its own: the tool's ``send_tool_update``
+        progress, then exactly one TOOL_DONE (call_id ``agent-...`` unless given); a
+        RUN_CANCEL of ``run_id`` or a client TOOL_CANCEL cancels it. Blocks the calling
+        greenlet until the call ends and returns the tool's result. Raises ToolNotFound,
+        InvalidMessage (params), RunNotFound or DuplicateCallId before anything is sent;
+        the call's error (e.g. ToolExecutionError) when it failed; ToolCancelled when it
+        was cancelled. (No ``toolCall`` event: that one is for the client's calls.)"""
+        args = dict(params or {})
+        call_id = call_id or f"agent-{uuid.uuid4().hex[:16]}"
+
+        def run() -> Any:
+            live = self._live(session_id)
+            tool = self.tools.get(name)
+            check_call(tool, name, args)
+            assert tool is not None and live.runner is not None
+            if tool.execute is None:
+                raise ValueError(f"tool {name!r} has no execute function to call")
+            live.core.open_call(call_id, run_id)
+            outcome: gevent.event.AsyncResult = gevent.event.AsyncResult()
+
+            def done(execution: ToolExecution, error: BaseException | None) -> None:
+                if outcome.ready():
+                    return
+                if error is not None:
+                    outcome.set_exception(error)
+                elif execution.status == "cancelled":
+                    outcome.set_exception(ToolCancelled(f"tool call {call_id!r} was cancelled"))
+                else:
+                    outcome.set(execution.result)
+
+            live.runner.submit(ToolExecution(call_id, tool.name, args, run_id=run_id,
+                                             on_done=done), tool)
+            live.notify()
+            return outcome.get()
+        return self._call(run)
 
     # -- sessions and messages ---------------------------------------------------------
 
@@ -291,6 +352,17 @@ class ProtoServer:
         out = messages.from_dict(message)
         if not self._call(self.hub.deliver, session_id, out):
             raise SessionNotFound(f"no session {session_id!r}")
+
+    def send_audio(self, session_id: str, data: bytes, mime: str,
+                   message_id: str | None = None, final: bool = False) -> str:
+        """Send raw audio bytes as one AUDIO_CHUNK on AUDIO_OUT (base64 on the wire);
+        returns the message_id: pass it again for the next chunks of the same stream,
+        with ``final=True`` on the last."""
+        message_id = message_id or uuid.uuid4().hex
+        out = messages.audio_chunk(message_id, mime, data, final)
+        if not self._call(self.hub.deliver, session_id, out):
+            raise SessionNotFound(f"no session {session_id!r}")
+        return message_id
 
     def broadcast(self, message: Mapping[str, Any]) -> int:
         """Send a message to every connected session; returns how many it reached."""

@@ -33,7 +33,7 @@ BY_EVENT_NAME = {
     "disconnect": (disconnect, ("session_id",)),
     "handshake": (handshake, ("session_id", "payload")),
     "textMessage": (text_message, ("session_id", "message")),
-    "audioChunk": (audio_chunk, ("session_id", "message")),
+    "audioChunk": (audio_chunk, ("session_id", "message")),  # the bytes: the signal's data
     "binary": (binary, ("session_id", "data")),
     "runStarted": (run_started, ("session_id", "run")),
     "runFinished": (run_finished, ("session_id", "run")),

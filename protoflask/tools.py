@@ -71,6 +71,20 @@ class Tool:
         return {"name": self.name, "description": self.description,
                 "inputSchema": self.input_schema, "outputSchema": self.output_schema}
 
+    @classmethod
+    def from_function(cls, fn: Execute, name: str | None = None, *,
+                      description: str | None = None,
+                      input_schema: dict[str, Any] | None = None,
+                      output_schema: dict[str, Any] | None = None,
+                      timeout: float | None = None, inline: bool = False) -> "Tool":
+        """What the ``tool`` decorators build: the name defaults to the function's, the
+        description to its docstring, the schemas to any object / anything."""
+        return cls(name=name or fn.__name__,
+                   description=description or (fn.__doc__ or "").strip() or fn.__name__,
+                   input_schema=input_schema or {"type": "object"},
+                   output_schema=output_schema or {},
+                   execute=fn, timeout=timeout, inline=inline)
+
 
 def _compile(schema: Any, what: str) -> Any:
     if not isinstance(schema, dict):
@@ -135,6 +149,11 @@ class ToolRegistry:
         return len(self._tools)
 
 
+class ToolCancelled(Exception):
+    """``ProtoServer.call_tool``: the call was cancelled (TOOL_CANCEL, RUN_CANCEL, or the
+    session went away) before it finished."""
+
+
 @dataclass
 class ToolExecution:
     """SPEC 2.8: one call's record, handed to ``toolCall`` listeners."""
@@ -149,6 +168,10 @@ class ToolExecution:
     progress: float | None = None
     partial: Any = None
     run_id: str | None = None
+    #: called once when the call ends: (execution, the error or None); its ``status``
+    #: is then "completed", "error" or "cancelled" (``call_tool`` waits on it)
+    on_done: Callable[["ToolExecution", ProtoError | None], None] | None = field(
+        default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"callId": self.call_id, "toolName": self.tool_name, "arguments": self.arguments,
@@ -203,6 +226,8 @@ class SessionToolRunner:
         if greenlet is not None:
             greenlet.kill(block=False)
             self._start_waiting()
+        if execution is not None and execution.on_done is not None:
+            execution.on_done(execution, None)
 
     def cancel_all(self) -> None:
         for call_id in list(self.executions):
@@ -218,6 +243,8 @@ class SessionToolRunner:
             self.live.fail_call(execution.call_id, error)
         else:
             self.live.tool_done(execution.call_id, "OK", result)
+        if execution.on_done is not None:
+            execution.on_done(execution, error)
 
     def _spawn(self, execution: ToolExecution, tool: Tool) -> None:
         self.running[execution.call_id] = gevent.spawn(self._execute, execution, tool)

@@ -186,9 +186,11 @@ def free_listener() -> socket.socket:
 
 
 class GunicornServer:
-    """``gunicorn -k gevent wsgi:app`` in a subprocess, on a socket bound here (no race)."""
+    """``gunicorn -k gevent wsgi:app`` in a subprocess, on a socket bound here (no race).
+    ``app`` and ``chdir`` serve another WSGI app (the examples)."""
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, app: str = "wsgi:app",
+                 chdir: Path = ROOT) -> None:
         self.listener = free_listener()
         self.port = self.listener.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -197,7 +199,7 @@ class GunicornServer:
                     **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"),
-             "--bind", f"fd://{fd}", "--chdir", str(ROOT), "wsgi:app"],
+             "--bind", f"fd://{fd}", "--chdir", str(chdir), app],
             pass_fds=(fd,), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             wait_for(self._healthy, within=20, what="gunicorn to answer /health")

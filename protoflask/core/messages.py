@@ -7,6 +7,7 @@ queue (CONTRACT 1), so a builder's result can be sent to any session.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -164,3 +165,20 @@ def run_finished(run_id: str, status: str, summary: Any = None, error: Any = Non
     if error is not None:
         payload["error"] = error
     return Outbound("RUN_FINISHED", "AGENT", payload)
+
+
+# -- audio (AUDIO_OUT) ---------------------------------------------------------------------------
+
+
+def audio_chunk(message_id: str, mime: str, data: bytes | bytearray | memoryview,
+                final: bool = False) -> Outbound:
+    """AUDIO_CHUNK on AUDIO_OUT; ``data`` is raw bytes, base64-encoded here (CONTRACT 4)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"audio data must be bytes, got {type(data).__name__}")
+    if not isinstance(message_id, str) or not message_id:
+        raise ValueError("an audio chunk needs a non-empty message_id")
+    if not isinstance(mime, str) or not mime:
+        raise ValueError("an audio chunk needs a mime type (e.g. 'audio/pcm')")
+    return Outbound("AUDIO_CHUNK", "AUDIO_OUT", {
+        "message_id": message_id, "mime": mime,
+        "data": base64.b64encode(data).decode("ascii"), "final": bool(final)})

@@ -48,8 +48,10 @@ def test_eventsource_and_fetch_in_chromium(make_server):
         try:
             page = browser.new_page()
             page.goto(f"{server.base_url}/?token={token}")
+            # the TOOL_DONE event may arrive before the fetch() that POSTed the call resolves
             page.wait_for_function(
-                "window.received.some(r => r.msg.type === 'TOOL_DONE')",
+                "window.received.some(r => r.msg.type === 'TOOL_DONE')"
+                " && window.posts.length >= 2",
                 timeout=timeout(10) * 1000)
             received = page.evaluate("window.received")
             posts = page.evaluate("window.posts")
