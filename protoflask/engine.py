@@ -20,12 +20,14 @@ import gevent
 from .auth import TokenAuthority
 from .config import ServerConfig
 from .core import messages
-from .core.errors import MaxConnections, ProtoError, SessionNotFound, ShuttingDown
+from .core.errors import (
+    MaxConnections, OutboundQueueFull, ProtoError, SessionNotFound, ShuttingDown,
+)
 from .core.session import (
     CLOSE_HEARTBEAT, CLOSE_SLOW_CONSUMER, CLOSE_SUPERSEDED, AudioReceived, CloseRequested,
     ErrorSent, Expired,
     Handshake, HeartbeatTimedOut, ProtocolSession, RunChanged, TextReceived, ToolCallReceived,
-    SlowConsumer, ToolCancelRequested, ToolListRequested,
+    SendRefused, SlowConsumer, ToolCancelRequested, ToolListRequested,
 )
 from .hub import Hub, LiveSession, Transport, now_ms
 from .tools import SessionToolRunner, ToolExecution, ToolRegistry, check_call
@@ -264,6 +266,12 @@ class Engine:
             log.warning("session %s: client is not reading (%d bytes unsent); dropping its "
                         "connection, the session stays for resume", sid, event.unsent_bytes)
             self._close_transport(live, CLOSE_SLOW_CONSUMER, "outbound buffer full")
+        elif isinstance(event, SendRefused):
+            log.warning("session %s: pending queue full; %s on %s dropped", sid, event.type,
+                        event.channel)
+            self._emit_error(OutboundQueueFull(
+                f"{event.type} on {event.channel} dropped: {len(live.core.pending)} messages "
+                "are waiting for the client's credit or RESUME_CHANNEL"), session_id=sid)
         elif isinstance(event, Expired):
             self._expire(live)
 

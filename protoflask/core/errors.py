@@ -22,6 +22,7 @@ or an HTTP error body without a lookup table elsewhere::
     ├── MissingToken                MISSING_TOKEN      401
     ├── InvalidToken                INVALID_TOKEN      401
     ├── MaxConnections              MAX_CONNECTIONS    503
+    ├── OutboundQueueFull           OUTBOUND_QUEUE_FULL (application side only)
     └── ShuttingDown                SHUTTING_DOWN      503
 """
 
@@ -140,6 +141,14 @@ class InvalidToken(ProtoError):
 
 class MaxConnections(ProtoError):
     code, http_status, default_message = "MAX_CONNECTIONS", 503, "too many connections"
+
+
+class OutboundQueueFull(ProtoError):
+    """Never sent to a client: reported to the application (``error`` signal, log) when a
+    message for a session was dropped because its pending queue was full."""
+
+    code, http_status, default_message = (
+        "OUTBOUND_QUEUE_FULL", 503, "the session's pending queue is full; message dropped")
 
 
 class ShuttingDown(ProtoError):

@@ -150,9 +150,18 @@ class SlowConsumer:
     unsent_bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class SendRefused:
+    """A server message was dropped: the pending queue was full (the client withholds
+    credit or paused the channel for too long)."""
+
+    type: str
+    channel: str
+
+
 Event = (Handshake | TextReceived | ToolCallReceived | ToolCancelRequested | ToolListRequested
          | RunChanged | AudioReceived | ErrorSent | CloseRequested | HeartbeatTimedOut | Expired
-         | SlowConsumer)
+         | SlowConsumer | SendRefused)
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -185,7 +194,7 @@ class Run:
 @dataclass(slots=True)
 class _Call:
     run_id: str | None
-    message_id: str
+    message_id: str | None  # the TOOL_CALL's id; None for a call the application opened
 
 
 @dataclass(slots=True)
@@ -503,6 +512,16 @@ class ProtocolSession:
 
     # -- tool calls (the application's side) ---------------------------------------------
 
+    def open_call(self, call_id: str, run_id: str | None = None) -> None:
+        """A call the application starts itself (its agent calling a tool): from here on
+        it is like a client's call, with TOOL_UPDATEs and exactly one TOOL_DONE, and
+        cancelled with its run."""
+        if call_id in self.calls:
+            raise DuplicateCallId(f"call_id {call_id!r} is already running")
+        if run_id is not None and run_id not in self.runs:
+            raise RunNotFound(f"run {run_id!r} is not active in this session")
+        self.calls[call_id] = _Call(run_id, None)
+
     def tool_update(self, call_id: str, status: str, progress: float | None = None,
                     partial: Any = None) -> bool:
         if call_id not in self.calls:
@@ -538,6 +557,7 @@ class ProtocolSession:
             return False
         if len(self.pending) >= self.settings.max_pending_messages \
                 and out.type not in CONTROL_TYPES:
+            self._events.append(SendRefused(out.type, out.channel))
             return False
         self._enqueue(out)
         self._check_pressure()

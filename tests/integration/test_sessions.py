@@ -332,3 +332,18 @@ def test_slow_consumer_is_bounded_while_others_keep_answering(make_server):
         stop.set()
         healthy.close()
         frozen.close()
+
+
+def test_full_pending_queue_drops_and_reports(make_server, make_client):
+    from protoflask import signals
+
+    server = make_server()
+    errors: queue.Queue = queue.Queue()
+    signals.error.connect(lambda sender, **kw: errors.put(kw), sender=server, weak=False)
+    client = make_client(server, server.issue_token("u"))
+    client.hello(capabilities={"flow_control": {"initial_credit_messages": 1}})
+    push_parts(server, client.session_id, [str(i) for i in range(10005)])  # 1 sent, 10000 held
+    kw = errors.get(timeout=timeout(10))
+    assert kw["error"].code == "OUTBOUND_QUEUE_FULL" and kw["session_id"] == client.session_id
+    snapshot = server.get_session(client.session_id)
+    assert len(snapshot["pendingMessages"]) == 10000
