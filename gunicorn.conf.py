@@ -16,6 +16,18 @@ graceful_timeout = 10
 keepalive = 5
 
 
+def on_starting(server):
+    """Refuse several workers: each would hold its own sessions in memory, so a resume, a
+    follow-up POST or send_message landing on another worker would silently miss them.
+    (A shared Redis-backed session hub is what several workers need; it is not built yet.)"""
+    if server.cfg.workers > 1:
+        raise SystemExit(
+            f"protoflask: {server.cfg.workers} workers configured, but sessions live in each "
+            "worker's memory, so requests landing on another worker would not find them. Run "
+            "one worker per process (WEB_CONCURRENCY=1, -w 1) and scale with more processes "
+            "behind a load balancer only once a shared session store is configured.")
+
+
 def _protoserver(worker):
     app = worker.wsgi
     extensions = getattr(app, "extensions", {})

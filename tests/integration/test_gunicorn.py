@@ -76,3 +76,24 @@ def test_sigterm_closes_clients_with_1001():
             client.close()
     finally:
         server.stop()
+
+
+def test_several_workers_are_refused_without_a_shared_session_store():
+    import os
+    import subprocess
+    import sys
+
+    from ..support import ROOT, free_listener
+
+    listener = free_listener()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"),
+             "--bind", f"fd://{listener.fileno()}", "--chdir", str(ROOT), "-w", "2",
+             "wsgi:app"],
+            pass_fds=(listener.fileno(),), capture_output=True, text=True,
+            env={**os.environ, "JWT_SECRET": SECRET}, timeout=timeout(30))
+    finally:
+        listener.close()
+    assert proc.returncode != 0
+    assert "2 workers configured" in proc.stdout + proc.stderr
