@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from typing import Sequence
 
@@ -17,8 +16,6 @@ def _serve(args: argparse.Namespace) -> int:
     from gevent import monkey
 
     monkey.patch_all()  # before the application imports sockets or threading
-
-    import gevent.event
 
     from .config import ConfigError
     from .logs import configure_logging
@@ -38,7 +35,6 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"protoflask: {exc}", file=sys.stderr)
         return 2
-    done = gevent.event.Event()
     server.start()
     host = "127.0.0.1" if server.config.host in ("0.0.0.0", "::") else server.config.host
     base = f"http://{host}:{server.port}"
@@ -48,11 +44,8 @@ def _serve(args: argparse.Namespace) -> int:
               f"  {server.dev_token}\n"
               f"  ws://{host}:{server.port}/proto/websocket?token={server.dev_token}",
               flush=True)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
-    done.wait()
-    print("protoflask stopping", flush=True)
-    server.stop()
+    server.serve_forever()
+    print("protoflask stopped", flush=True)
     return 0
 
 

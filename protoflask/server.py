@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import secrets
+import signal
 import threading
 import uuid
 from typing import Any, Callable, Mapping
@@ -160,6 +161,22 @@ class ProtoServer:
             log.warning("development mode: a random jwtSecret was generated (never use this "
                         "in production); server.dev_token holds a token for user 'dev'")
         self._emit(signals.started)
+
+    def serve_forever(self) -> None:
+        """Serve until SIGINT or SIGTERM, then ``stop()``: for scripts and examples
+        (production runs gunicorn). Starts the server unless it already runs; call it
+        from the main thread."""
+        if self._wsgi is None:
+            self.start()
+        done = threading.Event()  # gevent's own when the process is monkey-patched
+        previous = {sig: signal.signal(sig, lambda *_: done.set())
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            done.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.stop()
 
     def _listen(self) -> None:
         self._wsgi = WSGIServer((self.config.host, self.config.port), self.app,

@@ -20,7 +20,6 @@ Run it (from the repository root):
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Iterator, Mapping
 
 import gevent
@@ -175,10 +174,7 @@ def main() -> None:
     print(f"agent on ws://127.0.0.1:{proto.port}/proto/websocket")
     if proto.dev_token:
         print(f"development token: {proto.dev_token}")
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        proto.stop()
+    proto.serve_forever()  # until Ctrl-C or SIGTERM
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Run it (from the repository root):
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Mapping
 
 from flask import Flask, current_app
@@ -84,10 +83,7 @@ def main() -> None:
     print(f"shop and protoflask on http://127.0.0.1:{proto.port}/")
     if proto.dev_token:
         print(f"development token: {proto.dev_token}")
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        proto.stop()
+    proto.serve_forever()  # until Ctrl-C or SIGTERM
 
 
 if __name__ == "__main__":
