@@ -30,7 +30,7 @@ from urllib.parse import urlsplit  # noqa: E402
 
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
-from _proc import server_cpu  # noqa: E402
+from _proc import measure, percentile_ms  # noqa: E402
 
 SESSION = "0123456789abcdef0123456789abcdef"
 PONG = b'"type":"PONG"'
@@ -217,26 +217,16 @@ def main() -> None:
                 state["first_error"] = state["first_error"] or repr(exc)
 
     greenlets = [gevent.spawn(worker, s) for s in sessions]
-    gevent.sleep(cfg["warmup"])
-    state["counting"] = True
-    w0, cpu0 = time.perf_counter(), time.process_time()
-    srv0 = server_cpu(cfg["serverPid"], cfg["clkTck"])
-    gevent.sleep(cfg["seconds"])
-    state["counting"] = False
-    window = time.perf_counter() - w0
-    cpu = time.process_time() - cpu0
-    srv1 = server_cpu(cfg["serverPid"], cfg["clkTck"])
-    state["running"] = False
+    window, cpu, srv = measure(cfg, state)
     gevent.joinall(greenlets, timeout=2)
     for s in sessions:
         s.close()
     gevent.killall(greenlets, block=False)
     latencies.sort()
-    def pick(q):
-        return (round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 3)
-                if latencies else None)
+    def pick(q: float) -> float | None:
+        return percentile_ms(latencies, q)
+
     msgs = state["messages"]
-    srv = None if srv0 is None or srv1 is None else srv1 - srv0
     print(json.dumps({
         **base, "connected": len(sessions), "connect_seconds": round(connect_s, 3),
         "window_s": round(window, 3), "messages": msgs,

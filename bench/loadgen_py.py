@@ -27,7 +27,7 @@ from gevent.pool import Pool  # noqa: E402
 from websockets.client import ClientProtocol  # noqa: E402
 from websockets.frames import Opcode  # noqa: E402
 from websockets.uri import parse_uri  # noqa: E402
-from _proc import server_cpu  # noqa: E402
+from _proc import measure, percentile_ms  # noqa: E402
 
 SESSION = "0123456789abcdef0123456789abcdef"
 NONCE_PAD = "------------------------------"
@@ -151,17 +151,7 @@ def main() -> None:
                 state["first_error"] = state["first_error"] or repr(exc)
 
     greenlets = [gevent.spawn(worker, c) for c in conns]
-    gevent.sleep(cfg["warmup"])
-    state["counting"] = True
-    w0 = time.perf_counter()
-    cpu0 = time.process_time()
-    srv0 = server_cpu(cfg["serverPid"], cfg["clkTck"])
-    gevent.sleep(cfg["seconds"])
-    state["counting"] = False
-    window = time.perf_counter() - w0
-    cpu = time.process_time() - cpu0
-    srv1 = server_cpu(cfg["serverPid"], cfg["clkTck"])
-    state["running"] = False
+    window, cpu, srv = measure(cfg, state)
     gevent.joinall(greenlets, timeout=0.5)
     for c in conns:
         c.sock.close()
@@ -169,12 +159,9 @@ def main() -> None:
     latencies.sort()
 
     def pick(q: float) -> float | None:
-        if not latencies:
-            return None
-        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 3)
+        return percentile_ms(latencies, q)
 
     replies = state["replies"]
-    srv = None if srv0 is None or srv1 is None else srv1 - srv0
     print(json.dumps({
         **base, "window_s": round(window, 3), "replies": replies,
         "rt_per_s": round(replies / window, 1), "p50_ms": pick(0.5), "p90_ms": pick(0.9),

@@ -120,10 +120,6 @@ class StrictInt(fields.Integer):
         return super()._validated(value)
 
 
-class AnyObject(fields.Dict):
-    """A JSON object (dict) of anything."""
-
-
 def _required_str(**kwargs: Any) -> fields.String:
     return fields.String(required=True, validate=validate.Length(min=1), **kwargs)
 

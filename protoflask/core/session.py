@@ -210,12 +210,10 @@ class ProtocolSession:
         self.id = session_id
         self.user_id = user_id
         self.settings = settings
-        self.created_at = now
         self.last_activity = now
         self.connected = False
         self.disconnected_at: int | None = now
         self.handshake_completed = False
-        self.handshake_payload: dict[str, Any] | None = None
         self.closed = False  # expired or closed for good: no more sends
 
         self.upstream_seq = 0
@@ -231,7 +229,7 @@ class ProtocolSession:
         # list costs 56 bytes where a deque costs 760.
         self.pending: list[messages.Outbound] = []
         self._pending_sizes: list[int] = []
-        self.pending_bytes = 0  # estimated encoded size of everything in ``pending``
+        # estimated encoded size of what ``pending`` holds, per channel
         self._pending_channel_bytes: dict[str, int] = {}
         self.in_flight = 0  # bytes the transport is writing right now
         # below this nothing in _check_pressure can trigger (half the pause threshold)
@@ -347,7 +345,6 @@ class ProtocolSession:
                                                 _positive_int(fc.get("initial_credit_bytes")))
         first = not self.handshake_completed
         self.handshake_completed = True
-        self.handshake_payload = p
         self.send(messages.hello(
             session_id=self.id,
             accept_events=self.accept_events or SERVER_TYPES,
@@ -567,9 +564,13 @@ class ProtocolSession:
         size = len(encode(out.payload)) + ENVELOPE_OVERHEAD
         self.pending.append(out)
         self._pending_sizes.append(size)
-        self.pending_bytes += size
         by_channel = self._pending_channel_bytes
         by_channel[out.channel] = by_channel.get(out.channel, 0) + size
+
+    @property
+    def pending_bytes(self) -> int:
+        """Estimated encoded size of everything in ``pending`` (at most five channels)."""
+        return sum(self._pending_channel_bytes.values())
 
     @property
     def unsent_bytes(self) -> int:
@@ -652,7 +653,6 @@ class ProtocolSession:
                     self._hold(ob, size)
                     continue
                 credits.spend(channel, len(data))
-            self.pending_bytes -= size
             self._pending_channel_bytes[channel] -= size
             self.downstream_seq = seq
             self.replay.add(seq, data, now)

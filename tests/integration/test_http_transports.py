@@ -261,10 +261,11 @@ def test_sse_token_in_query_or_bearer(server, token, clients):
 # -- SSE resume ------------------------------------------------------------------------
 
 
-def _session_with_history(server: Any, token: str, clients: Any) -> tuple[str, Envelopes]:
+def _session_with_history(server: Any, token: str, clients: Any,
+                          transport: str = "sse") -> tuple[str, Envelopes]:
     """A session that saw HELLO (1) and PONG (2), then lost its stream and got message 3
     while disconnected."""
-    first = clients("sse", server, token)
+    first = clients(transport, server, token)
     first.hello()
     first.send("PING", "SYSTEM", {"nonce": "p"})
     first.recv_type("PONG")
@@ -465,15 +466,7 @@ def test_stream_follow_up_posts(server, token, clients):
 
 
 def test_stream_resume_by_post_with_last_seq(server, token, clients):
-    first = clients("stream", server, token)
-    first.hello()
-    first.send("PING", "SYSTEM", {"nonce": "p"})
-    first.recv_type("PONG")
-    sid = first.session_id
-    first.close()
-    wait_for(lambda: not server.get_session(sid)["connected"], what="disconnect noticed")
-    server.send_message(sid, {"type": "MESSAGE_START", "channel": "AGENT",
-                              "payload": {"message_id": "away", "content_type": "x"}})
+    sid, _ = _session_with_history(server, token, clients, "stream")
     resumed = clients("stream", server, token, session=sid, last_seq=1)
     assert [resumed.recv()["seq"] for _ in range(2)] == ["2", "3"]
     assert resumed.response_head()[1]["proto-session"] == sid
