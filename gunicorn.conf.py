@@ -1,6 +1,7 @@
 """gunicorn settings: ``gunicorn -k gevent wsgi:app`` picks this file up by itself."""
 
 import os
+import sys
 
 import gevent
 
@@ -17,15 +18,15 @@ keepalive = 5
 
 
 def on_starting(server):
-    """Refuse several workers: each would hold its own sessions in memory, so a resume, a
-    follow-up POST or send_message landing on another worker would silently miss them.
-    (A shared Redis-backed session hub is what several workers need; it is not built yet.)"""
-    if server.cfg.workers > 1:
+    """Refuse several workers without Redis: each would hold its own sessions in memory,
+    so a resume, a follow-up POST or send_message landing on another worker would silently
+    miss them. With REDIS_URL the workers share sessions through Redis."""
+    if server.cfg.workers > 1 and not os.environ.get("REDIS_URL", "").strip():
         raise SystemExit(
             f"protoflask: {server.cfg.workers} workers configured, but sessions live in each "
-            "worker's memory, so requests landing on another worker would not find them. Run "
-            "one worker per process (WEB_CONCURRENCY=1, -w 1) and scale with more processes "
-            "behind a load balancer only once a shared session store is configured.")
+            "worker's memory, so requests landing on another worker would not find them. Set "
+            "REDIS_URL (redis://host:6379/0) to share sessions between workers, or run one "
+            "worker (WEB_CONCURRENCY=1, -w 1).")
 
 
 def _protoserver(worker):
@@ -39,6 +40,10 @@ def post_worker_init(worker):
     server = _protoserver(worker)
     if server is None:
         return
+    if worker.cfg.workers > 1 and not server.clustered:
+        # redisUrl set somewhere REDIS_URL does not show (app.config, code): still refuse
+        worker.log.critical("protoflask: several workers need redisUrl; this app has none")
+        sys.exit(3)  # gunicorn: "worker failed to boot", the arbiter stops
     server.serving_started()
 
     def watch_for_quit():

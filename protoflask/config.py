@@ -100,6 +100,11 @@ OPTIONS: tuple[Option, ...] = (
        choices=("development", "production", "test")),
     _o("devMode", "dev_mode", "PROTOFLASK_DEV", bool, False,
        "development mode: generate a secret when none is given and print a token"),
+    _o("redisUrl", "redis_url", "REDIS_URL", str, None,
+       "redis://host:port/db shared by every worker and node; unset: sessions in memory, "
+       "one worker"),
+    _o("redisPrefix", "redis_prefix", "REDIS_PREFIX", str, "protoflask",
+       "prefix of every Redis key and channel (one per cluster)"),
 )
 
 ALL_KEYS = {o.key for o in OPTIONS} | {"flowControl"}
@@ -176,6 +181,8 @@ class ServerConfig:
     enable_logging: bool = True
     node_env: str = "production"
     dev_mode: bool = False
+    redis_url: str | None = field(default=None, repr=False)  # may hold a password
+    redis_prefix: str = "protoflask"
 
     def __post_init__(self) -> None:
         for opt in OPTIONS:
@@ -186,6 +193,12 @@ class ServerConfig:
         if not isinstance(fc, FlowControlConfig):
             raise ConfigError(f"flowControl must be an object, got {fc!r}")
         object.__setattr__(self, "flow_control", fc)
+        if self.redis_url is not None:
+            url = self.redis_url.strip()
+            if not url:
+                object.__setattr__(self, "redis_url", None)
+            elif not url.startswith(("redis://", "rediss://", "unix://")):
+                raise ConfigError("redisUrl must be a redis://, rediss:// or unix:// URL")
         if "none" in (a.lower() for a in self.jwt_algorithms):
             raise ConfigError("jwtAlgorithms must not contain 'none'")
         from .auth import parse_duration  # late: auth imports nothing from here at load

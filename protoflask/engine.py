@@ -112,6 +112,7 @@ class Engine:
         self.stats = Stats(now_ms())
         self.shutting_down = False
         self._ticker: gevent.Greenlet | None = None
+        hub.bind(self)
 
     # -- connections -----------------------------------------------------------------
 
@@ -151,16 +152,26 @@ class Engine:
         return admission.resume, admission.resume.core.last_ack if last_seq is None else last_seq
 
     def new_session(self, user_id: str) -> LiveSession:
-        core = ProtocolSession(uuid.uuid4().hex, user_id, self.settings, now_ms())
-        live = LiveSession(core, self._dispatch)
-        live.runner = SessionToolRunner(live, self.server, self.config.max_concurrent_runs,
-                                        self.config.tool_queue_size, self.config.tool_timeout)
+        live = self.adopt(ProtocolSession(uuid.uuid4().hex, user_id, self.settings, now_ms()))
         self.hub.add(live)
         return live
 
-    def find_session(self, session_id: str | None, user_id: str) -> LiveSession:
-        """The user's own session, or SESSION_NOT_FOUND (also for another user's id)."""
+    def adopt(self, core: ProtocolSession) -> LiveSession:
+        """A live session around a protocol session (new, or moved here from another node)."""
+        live = LiveSession(core, self._dispatch)
+        live.runner = SessionToolRunner(live, self.server, self.config.max_concurrent_runs,
+                                        self.config.tool_queue_size, self.config.tool_timeout)
+        return live
+
+    def find_session(self, session_id: str | None, user_id: str, *,
+                     claim: bool = True) -> LiveSession:
+        """The user's own session, or SESSION_NOT_FOUND (also for another user's id).
+
+        In a cluster, ``claim`` moves a session another process holds into this one
+        (a resume); without it only this process's sessions are found."""
         live = self.hub.get(session_id) if session_id else None
+        if live is None and session_id and claim:
+            live = self.hub.claim(session_id, user_id)
         if live is None or live.user_id != user_id or live.core.closed:
             raise SessionNotFound(f"no session {session_id!r} for this user")
         return live
@@ -174,6 +185,7 @@ class Engine:
             old.close(CLOSE_SUPERSEDED, "superseded by a resumed connection")
         live.core.attach(now_ms(), last_seq)
         live.transport = transport
+        self.hub.changed(live)
         self._emit(signals.connect, session_id=live.id)
         self._drain_events(live)
         live.notify()
@@ -184,6 +196,7 @@ class Engine:
             return
         live.transport = None
         live.core.detach(now_ms())
+        self.hub.changed(live)
         self._emit(signals.disconnect, session_id=live.id)
 
     # -- upstream --------------------------------------------------------------------
@@ -310,6 +323,7 @@ class Engine:
             gc.collect()
             gc.freeze()
             self._ticker = gevent.spawn(self._tick_forever)
+            self.hub.start()
 
     def tick_period(self) -> float:
         c = self.config
@@ -337,6 +351,7 @@ class Engine:
         if self._ticker is not None:
             self._ticker.kill(block=False)
             self._ticker = None
+        self.hub.stop()
 
     # -- signals ---------------------------------------------------------------------
 

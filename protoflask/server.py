@@ -31,7 +31,7 @@ from .core import messages
 from .core.errors import InvalidMessage, SessionNotFound
 from .core.session import CLOSE_GOING_AWAY
 from .engine import Engine
-from .hub import Hub, LiveSession, LocalHub, now_ms
+from .hub import Hub, LiveSession, LocalHub, make_hub, now_ms
 from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools, check_call
 from .web import ConnectionTakenOver, create_blueprint
 
@@ -61,7 +61,7 @@ class ProtoServer:
         self.tools = ToolRegistry()
         for tool in builtin_tools():
             self.tools.register(tool)
-        self.hub = hub or LocalHub()
+        self._hub_arg = hub
         self._config_arg = config
         self._configure(ServerConfig.load(config, app_config=app.config if app else None))
         self._app: Flask | None = None
@@ -93,6 +93,7 @@ class ProtoServer:
                                         self.config.jwt_expires_in)
         if self.config.dev_mode:
             self.dev_token = self.authority.issue("dev")
+        self.hub = self._hub_arg or make_hub(self.config)
         self.engine = Engine(self, self.config, self.hub, self.tools, self.authority)
 
     # -- Flask integration -----------------------------------------------------------
@@ -130,6 +131,11 @@ class ProtoServer:
         return self._app
 
     # -- lifecycle -------------------------------------------------------------------
+
+    @property
+    def clustered(self) -> bool:
+        """Whether sessions are shared with other processes (a Redis-backed hub)."""
+        return not isinstance(self.hub, LocalHub)
 
     @property
     def port(self) -> int | None:
@@ -249,7 +255,7 @@ class ProtoServer:
             if transport is not None:
                 transport.close(CLOSE_GOING_AWAY, "server stopping")
                 closing.append(live)
-            self.hub.remove(live.id)
+            self.hub.hand_off(live)
         return closing
 
     def close_all_connections(self) -> None:
@@ -351,7 +357,7 @@ class ProtoServer:
         def read() -> dict[str, Any] | None:
             live = self.hub.get(session_id)
             if live is None:
-                return None
+                return self.hub.lookup(session_id)  # held by another node, if clustered
             snap = live.core.snapshot()
             transport = live.transport
             for kind, key in (("websocket", "ws"), ("sse", "sseResponse"),
@@ -362,13 +368,13 @@ class ProtoServer:
         return self._call(read)
 
     def get_stats(self) -> dict[str, Any]:
-        return self._call(lambda: self.engine.stats.snapshot(now_ms()))
+        """SPEC 2.6's statistics; with Redis, for the whole cluster plus ``nodes``."""
+        return self._call(lambda: self.hub.cluster_stats(self.engine.stats.snapshot(now_ms())))
 
     def send_message(self, session_id: str, message: Mapping[str, Any]) -> None:
         """Send a message (dict with type, channel, payload) to one session."""
         out = messages.from_dict(message)
-        if not self._call(self.hub.deliver, session_id, out):
-            raise SessionNotFound(f"no session {session_id!r}")
+        self._call(self.hub.deliver, session_id, "send", out)
 
     def send_audio(self, session_id: str, data: bytes, mime: str,
                    message_id: str | None = None, final: bool = False) -> str:
@@ -377,8 +383,7 @@ class ProtoServer:
         with ``final=True`` on the last."""
         message_id = message_id or uuid.uuid4().hex
         out = messages.audio_chunk(message_id, mime, data, final)
-        if not self._call(self.hub.deliver, session_id, out):
-            raise SessionNotFound(f"no session {session_id!r}")
+        self._call(self.hub.deliver, session_id, "send", out)
         return message_id
 
     def broadcast(self, message: Mapping[str, Any]) -> int:
@@ -388,15 +393,16 @@ class ProtoServer:
 
     def send_tool_update(self, session_id: str, call_id: str, status: str = "RUNNING",
                          progress: float | None = None, partial: Any = None) -> bool:
-        return self._call(lambda: self._live(session_id).tool_update(
-            call_id, status, progress, partial))
+        return self._call(self.hub.deliver, session_id, "tool_update", call_id, status,
+                          progress, partial)
 
     def send_tool_done(self, session_id: str, call_id: str, status: str,
                        result: Any = None) -> bool:
         """Finish a call (OK, ERROR or CANCELLED); False if it had already finished."""
         if status not in messages.TOOL_DONE_STATUSES:
             raise InvalidMessage(f"status must be one of {messages.TOOL_DONE_STATUSES}")
-        return self._call(lambda: self._live(session_id).tool_done(call_id, status, result))
+        return self._call(self.hub.deliver, session_id, "tool_done", call_id, status, result,
+                          None)
 
     def start_run(self, session_id: str, run_id: str | None = None,
                   thread_id: str | None = None, metadata: Any = None) -> dict[str, Any]:

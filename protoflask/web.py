@@ -54,13 +54,20 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
 
     @bp.get("/health")
     def health() -> Response:
-        stats = engine.stats.snapshot(int(time.time() * 1000))
-        return json_response({
-            "status": "draining" if engine.shutting_down else "ok",
+        stats = server.hub.cluster_stats(engine.stats.snapshot(int(time.time() * 1000)))
+        body = {
+            "status": "draining" if engine.shutting_down else server.hub.health(),
             "uptime": stats["uptime"],
             "activeConnections": stats["activeConnections"],
             "totalConnections": stats["totalConnections"],
-        }, 503 if engine.shutting_down else 200)
+        }
+        if "nodes" in stats:  # clustered: this node, and each node's own counts
+            body["node"] = stats["node"]
+            body["nodes"] = [{k: n[k] for k in ("node", "activeConnections",
+                                                 "totalConnections", "sessions")}
+                             for n in stats["nodes"]]
+        # degraded still serves its own sessions: only draining takes it out of rotation
+        return json_response(body, 503 if engine.shutting_down else 200)
 
     @bp.get("/stats")
     def stats() -> Response:

@@ -23,6 +23,7 @@ or an HTTP error body without a lookup table elsewhere::
     ├── InvalidToken                INVALID_TOKEN      401
     ├── MaxConnections              MAX_CONNECTIONS    503
     ├── OutboundQueueFull           OUTBOUND_QUEUE_FULL (application side only)
+    ├── ClusterUnavailable          CLUSTER_UNAVAILABLE 503
     └── ShuttingDown                SHUTTING_DOWN      503
 """
 
@@ -149,6 +150,14 @@ class OutboundQueueFull(ProtoError):
 
     code, http_status, default_message = (
         "OUTBOUND_QUEUE_FULL", 503, "the session's pending queue is full; message dropped")
+
+
+class ClusterUnavailable(ProtoError):
+    """With redisUrl set: what needs Redis (a session held by another node, a broadcast
+    beyond this node) while Redis is unreachable. Local sessions keep working."""
+
+    code, http_status, default_message = (
+        "CLUSTER_UNAVAILABLE", 503, "the cluster's Redis is unreachable")
 
 
 class ShuttingDown(ProtoError):

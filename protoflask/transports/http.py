@@ -132,6 +132,21 @@ def deliver_body(engine: "Engine", live: "LiveSession", body: bytes) -> int:
     return len(lines)
 
 
+def count_messages(body: bytes) -> int:
+    """How many messages ``deliver_body`` will find in a body (for one handed to another
+    node); InvalidMessage for a body that is not JSON at all, as deliver_body raises."""
+    whole = _loads(body)
+    if isinstance(whole, list):
+        return len(whole)
+    if whole is not _NOT_JSON:
+        return 1
+    lines = [line.strip() for line in body.split(b"\n")]
+    lines = [line for line in lines if line]
+    if all(_loads(line) is _NOT_JSON for line in lines):
+        raise InvalidMessage("the body is not JSON, a JSON array or NDJSON")
+    return len(lines)
+
+
 def body_pieces(environ: dict[str, Any]) -> Iterator[bytes]:
     """A request body as it arrives, piece by piece, without waiting for more than the
     client sent. gevent.pywsgi's ``readline`` returns at each line end or chunk; gunicorn's
@@ -210,9 +225,16 @@ def post_messages(engine: "Engine", request: Request) -> Response:
         session_id = request.args.get("session")
         if not session_id:
             raise InvalidMessage("the session query parameter is required")
-        live = engine.find_session(session_id, user_id)
-        accepted = deliver_body(engine, live, read_body(request.environ,
-                                                        engine.config.max_message_size))
+        live = engine.find_session(session_id, user_id, claim=False) \
+            if engine.hub.get(session_id) is not None else None
+        body = read_body(request.environ, engine.config.max_message_size)
+        if live is None:
+            if engine.hub.forward_upstream(session_id, user_id, body):
+                # another node holds the session: it processes the body (errors go
+                # downstream there)
+                return json_response({"accepted": count_messages(body)}, 202)
+            live = engine.find_session(session_id, user_id)  # taken over if no one holds it
+        accepted = deliver_body(engine, live, body)
     except MessageTooLarge as exc:
         if live is not None:
             engine.reject(live, exc)
@@ -273,7 +295,7 @@ class HTTPDownstream:
         if self._closing is not None or self._finished:
             return
         if self.live.transport is self:
-            self._final.extend(self.live.core.take_writable(now_ms()))
+            self._final.extend(self.live.take_writable(now_ms()))
         self._closing = (code, reason)
         self._event.set()
         gevent.spawn_later(CLOSE_TIMEOUT, self._cut_if_stuck)
@@ -301,7 +323,7 @@ class HTTPDownstream:
         out = self._final
         self._final = []
         if self.live.transport is self:
-            out.extend(self.live.core.take_writable(now_ms()))
+            out.extend(self.live.take_writable(now_ms()))
         return b"".join(self.frame(seq, data) for seq, data in out)
 
     def _pump(self) -> Iterator[bytes]:

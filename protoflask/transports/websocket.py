@@ -178,7 +178,7 @@ class WebSocketConnection:
             f"message exceeds maxMessageSize ({self.engine.config.max_message_size} bytes)"))
         frames = [Frame(Opcode.TEXT, data).serialize(
                       mask=False, extensions=self.protocol.extensions)
-                  for _, data in self.live.core.take_writable(now_ms())]
+                  for _, data in self.live.take_writable(now_ms())]
         self._send(frames + closing)
 
     # -- sending (Transport) ---------------------------------------------------------
@@ -210,7 +210,7 @@ class WebSocketConnection:
                 frames: list[bytes] = []
                 if protocol.state is State.OPEN and not self._closing \
                         and self.live.transport is self:
-                    ready = self.live.core.take_writable(now_ms())
+                    ready = self.live.take_writable(now_ms())
                     if protocol.extensions:  # permessage-deflate: through the protocol
                         for _, data in ready:
                             protocol.send_text(data)

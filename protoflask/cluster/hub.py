@@ -1,0 +1,560 @@
+"""RedisHub: the session registry and delivery shared by every worker and node.
+
+Each process (a "node": one gunicorn worker, or one server) holds its own sessions in
+memory, exactly like LocalHub, and shares through Redis (see ``keys``):
+
+- who holds each session, so a delivery, a posted body or a resume made anywhere finds
+  it: deliveries and bodies go to the holder over its pub/sub channel; a resume moves the
+  session here (the holder closes its transport with 4002 and writes what it had);
+- each session's state and replay window (``journal``), so when its node dies any other
+  node can take it over and replay every message the client may have missed;
+- each node's statistics, refreshed every beat; a node that stops beating drops out of
+  the counts and its sessions read as disconnected until they expire.
+
+Redis being unreachable degrades, it does not stop: local sessions keep working from
+memory, ``health()`` says "degraded", what only Redis can do raises ClusterUnavailable,
+and once Redis answers again every local session is copied over again.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import socket
+import uuid
+from typing import TYPE_CHECKING, Any, Iterable
+
+import gevent
+import orjson
+
+from ..core import handoff, messages
+from ..core.errors import ERRORS_BY_CODE, ClusterUnavailable, ProtoError, SessionNotFound
+from ..core.session import CLOSE_SUPERSEDED
+from ..hub import OPERATIONS, Hub, LiveSession, broadcast_local, now_ms
+from .journal import Journal
+from .keys import Keys, pack_entry, unpack_entry
+from .nodes import aggregate_stats
+from .redis_client import UNAVAILABLE, connect
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+log = logging.getLogger("protoflask.cluster")
+
+BEAT_MS = 1000  # how often a node says it is alive
+NODE_TTL_MS = 3000  # a node that missed this long is gone (its sessions read disconnected)
+RELEASE_WAIT = 3.0  # s a resume waits for the holder to hand its session over
+DELIVERY_WAIT = 3.0  # s a delivery to another node waits for that node to confirm it
+MAX_HOPS = 3  # re-routing of a delivery that raced a session's move
+
+
+def default_node_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class RedisHub(Hub):
+    def __init__(self, url: str, prefix: str = "protoflask", *,
+                 node_id: str | None = None) -> None:
+        self.url = url
+        self.redis = connect(url)
+        self.keys = Keys(prefix)
+        self.node_id = node_id or default_node_id()
+        self.started_at = now_ms()
+        self.degraded = False
+        self._local: dict[str, LiveSession] = {}
+        self._engine: "Engine | None" = None
+        self._journal: Journal | None = None
+        self._greenlets: list[gevent.Greenlet] = []
+        self._channel = self.keys.node_channel(self.node_id)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def bind(self, engine: "Engine") -> None:
+        self._engine = engine
+        s = engine.settings
+        self.ttl_ms = s.replay_window_time + NODE_TTL_MS + BEAT_MS
+        self._journal = Journal(self.redis, self.keys, s.replay_window_size, self.ttl_ms,
+                                self._journal_failed)
+
+    @property
+    def engine(self) -> "Engine":
+        assert self._engine is not None, "RedisHub used before an engine bound it"
+        return self._engine
+
+    @property
+    def journal(self) -> Journal:
+        assert self._journal is not None, "RedisHub used before an engine bound it"
+        return self._journal
+
+    def start(self) -> None:
+        if self._greenlets:
+            return
+        self.journal.start()
+        self._greenlets = [gevent.spawn(self._beat_forever), gevent.spawn(self._listen_forever)]
+
+    def stop(self) -> None:
+        gevent.killall(self._greenlets, block=True, timeout=2)
+        self._greenlets = []
+        if self._journal is not None:
+            self._journal.stop()
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.delete(self.keys.node(self.node_id))
+            pipe.zrem(self.keys.nodes, self.node_id)
+            pipe.execute()
+        except UNAVAILABLE:
+            pass
+        self.redis.connection_pool.disconnect()
+
+    # -- registry ----------------------------------------------------------------------
+
+    def add(self, live: LiveSession) -> None:
+        self._hold(live)
+        self._write_record(live)
+
+    def get(self, session_id: str) -> LiveSession | None:
+        return self._local.get(session_id)
+
+    def remove(self, session_id: str) -> LiveSession | None:
+        live = self._local.pop(session_id, None)
+        if live is not None:
+            live.journal = None
+            try:
+                self.redis.delete(*self.keys.all_of(session_id))
+            except UNAVAILABLE as exc:
+                self._went_down(exc)
+        return live
+
+    def sessions(self) -> list[LiveSession]:
+        return list(self._local.values())
+
+    def __len__(self) -> int:
+        return len(self._local)
+
+    def changed(self, live: LiveSession) -> None:
+        if live.id in self._local:
+            self._write_record(live)
+
+    def _hold(self, live: LiveSession) -> None:
+        self._local[live.id] = live
+        live.journal = self.journal.append
+        live.journaled_seq = max(live.journaled_seq, live.core.downstream_seq)
+
+    def _write_record(self, live: LiveSession) -> None:
+        transport = live.transport
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            key = self.keys.session(live.id)
+            pipe.hset(key, mapping={
+                "user": live.user_id, "node": self.node_id,
+                "connected": int(live.core.connected),
+                "transport": transport.kind if transport is not None else "",
+                "state": orjson.dumps(handoff.export_state(live.core)),
+            })
+            pipe.pexpire(key, self.ttl_ms)
+            pipe.execute()
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
+
+    # -- delivery ----------------------------------------------------------------------
+
+    def deliver(self, session_id: str, op: str, *args: Any) -> bool:
+        live = self._local.get(session_id)
+        if live is not None:
+            return live.apply(op, args)
+        return self._deliver_remote(session_id, op, args)
+
+    def _deliver_remote(self, session_id: str, op: str, args: tuple[Any, ...],
+                        hops: int = 0) -> bool:
+        item = {"name": op, "args": encode_args(op, args)}
+        try:
+            user, node = self.redis.hmget(self.keys.session(session_id), "user", "node")
+            if user is None:
+                raise SessionNotFound(f"no session {session_id!r}")
+            if node and node.decode() != self.node_id and hops < MAX_HOPS:
+                # Wait for the holder to queue it, so that what the application sends next,
+                # from any node, comes after it.
+                reply = self.keys.reply(uuid.uuid4().hex)
+                sent = self.redis.publish(self.keys.node_channel(node.decode()), orjson.dumps(
+                    {"op": "deliver", "sid": session_id, "hops": hops, "reply": reply,
+                     **item}))
+                if sent:
+                    answer = self.redis.blpop([reply], timeout=DELIVERY_WAIT)
+                    if answer is None:
+                        log.warning("node %s did not confirm %s for session %s within %.0fs",
+                                    node.decode(), op, session_id, DELIVERY_WAIT)
+                        return True
+                    return answer[1] == b"1"
+            # No node holds it now: the next one to take it over sends this first.
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.rpush(self.keys.inbox(session_id), orjson.dumps(item))
+            pipe.pexpire(self.keys.inbox(session_id), self.ttl_ms)
+            pipe.execute()
+            return True
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
+            raise ClusterUnavailable(
+                f"session {session_id!r} is not on this node and Redis is unreachable") from exc
+
+    def broadcast(self, out: messages.Outbound) -> int:
+        reached = broadcast_local(self.sessions(), out)
+        try:
+            self.redis.publish(self.keys.broadcast, orjson.dumps(
+                {"op": "broadcast", "from": self.node_id, "out": out.to_dict()}))
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
+            raise ClusterUnavailable(
+                f"broadcast reached {reached} sessions on this node; Redis is unreachable, "
+                "so other nodes' sessions were not reached") from exc
+        return reached
+
+    def forward_upstream(self, session_id: str, user_id: str, body: bytes) -> bool:
+        try:
+            user, node = self.redis.hmget(self.keys.session(session_id), "user", "node")
+            if user is None or user.decode() != user_id:
+                raise SessionNotFound(f"no session {session_id!r} for this user")
+            if not node or node.decode() == self.node_id:
+                return False
+            return bool(self.redis.publish(self.keys.node_channel(node.decode()), orjson.dumps(
+                {"op": "upstream", "sid": session_id, "user": user_id,
+                 "body": base64.b64encode(body).decode()})))
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
+            raise ClusterUnavailable(
+                f"session {session_id!r} is not on this node and Redis is unreachable") from exc
+
+    # -- moving sessions between nodes -------------------------------------------------
+
+    def claim(self, session_id: str, user_id: str) -> LiveSession | None:
+        """Take over a session held elsewhere (asking its holder to let go) or by no one."""
+        key = self.keys.session(session_id)
+        try:
+            user, node = self.redis.hmget(key, "user", "node")
+            if user is None or user.decode() != user_id:
+                return None
+            holder = node.decode() if node else ""
+            if holder and holder != self.node_id and self._node_alive(holder):
+                self._ask_release(holder, session_id)
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.hset(key, "node", self.node_id)
+            pipe.hget(key, "state")
+            pipe.lrange(self.keys.replay(session_id), 0, -1)
+            pipe.lrange(self.keys.inbox(session_id), 0, -1)
+            pipe.delete(self.keys.inbox(session_id))
+            _, state, replay, inbox, _ = pipe.execute()
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
+            raise ClusterUnavailable("cannot resume a session held elsewhere: Redis is "
+                                     "unreachable") from exc
+        if state is None:
+            return None
+        now = now_ms()
+        core = handoff.restore(orjson.loads(state), self.engine.settings, now,
+                               (unpack_entry(item) for item in replay))
+        if core.disconnected_at is not None:
+            core.disconnected_at = now  # kept replayWindowTime from its move, as any detach
+        live = self.engine.adopt(core)
+        self._hold(live)
+        self._apply_queued(live, inbox)
+        log.info("session %s taken over from %s", session_id, holder or "no node")
+        return live
+
+    def _ask_release(self, holder: str, session_id: str) -> None:
+        token = uuid.uuid4().hex
+        reply = self.keys.reply(token)
+        asked = self.redis.publish(self.keys.node_channel(holder), orjson.dumps(
+            {"op": "release", "sid": session_id, "reply": reply}))
+        if asked and self.redis.blpop([reply], timeout=RELEASE_WAIT) is None:
+            log.warning("node %s did not hand session %s over within %.0fs; taking it",
+                        holder, session_id, RELEASE_WAIT)
+
+    def _release(self, session_id: str, reply: str) -> None:
+        """Another node resumes this session: close our transport (4002), write what we
+        hold, and let it go. Tool calls still running here report there."""
+        live = self._local.get(session_id)
+        if live is not None:
+            self.engine._close_transport(live, CLOSE_SUPERSEDED, "resumed on another node")
+            self._let_go(live)
+            live.moved = self._forward_moved
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.rpush(reply, b"released")
+            pipe.pexpire(reply, 10_000)
+            pipe.execute()
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
+
+    def _let_go(self, live: LiveSession) -> None:
+        """Write a session's whole state, and messages still waiting for credit, and stop
+        holding it (its Redis record stays for whoever resumes it)."""
+        live.take_writable(now_ms())
+        self.journal.flush()
+        waiting = handoff.pending_outbound(live.core)
+        live.core.pending.clear()
+        self._local.pop(live.id, None)
+        live.journal = None
+        key = self.keys.session(live.id)
+        try:
+            pipe = self.redis.pipeline(transaction=True)
+            if waiting:
+                pipe.lpush(self.keys.inbox(live.id), *(orjson.dumps(
+                    {"name": "send", "args": [ob]}) for ob in reversed(waiting)))
+                pipe.pexpire(self.keys.inbox(live.id), self.ttl_ms)
+            pipe.hset(key, mapping={"node": "", "connected": 0, "transport": "",
+                                    "state": orjson.dumps(handoff.export_state(live.core))})
+            pipe.pexpire(key, self.ttl_ms)
+            pipe.execute()
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
+
+    def hand_off(self, live: LiveSession) -> None:
+        """This node is stopping: leave the session to the cluster for a resume elsewhere."""
+        if live.id in self._local:
+            self._let_go(live)
+
+    def _forward_moved(self, session_id: str, op: str, args: tuple[Any, ...]) -> bool:
+        try:
+            return self._deliver_remote(session_id, op, args)
+        except ProtoError as exc:
+            log.warning("session %s moved away and %s for it was lost: %s", session_id, op, exc)
+            return False
+
+    def _apply_queued(self, live: LiveSession, items: Iterable[bytes]) -> None:
+        for raw in items:
+            item = orjson.loads(raw)
+            OPERATIONS[item["name"]](live, *decode_args(item["name"], item["args"]))
+
+    # -- reading the cluster -----------------------------------------------------------
+
+    def lookup(self, session_id: str) -> dict[str, Any] | None:
+        try:
+            record = self.redis.hgetall(self.keys.session(session_id))
+            if not record:
+                return None
+            node = record.get(b"node", b"").decode()
+            alive = bool(node) and self._node_alive(node)
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
+            raise ClusterUnavailable("Redis is unreachable") from exc
+        state = orjson.loads(record[b"state"])
+        return {
+            "id": session_id,
+            "userId": state["user"],
+            "connected": alive and record.get(b"connected") == b"1",
+            "handshakeCompleted": state["handshake"],
+            "lastActivity": state["last_activity"],
+            "lastAck": str(state["last_ack"]),
+            "lastDeliveredSeq": str(state["downstream_seq"]),
+            "lastClientSeq": str(state["upstream_seq"]),
+            "activeRuns": {run[0] for run in state["runs"]},
+            "node": node if alive else None,
+        }
+
+    def _node_alive(self, node_id: str) -> bool:
+        return bool(self.redis.exists(self.keys.node(node_id)))
+
+    def cluster_stats(self, local: dict[str, Any]) -> dict[str, Any]:
+        own = {**local, **self._node_meta()}
+        others: list[dict[str, Any]] = []
+        try:
+            ids = [n.decode() for n in self.redis.zrangebyscore(
+                self.keys.nodes, now_ms() - NODE_TTL_MS, "+inf") if n.decode() != self.node_id]
+            if ids:
+                others = [orjson.loads(raw) for raw in
+                          self.redis.mget([self.keys.node(n) for n in ids]) if raw]
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
+        return {**aggregate_stats([own, *others]), "node": self.node_id,
+                "cluster": "degraded" if self.degraded else "ok"}
+
+    def health(self) -> str:
+        return "degraded" if self.degraded else "ok"
+
+    def _node_meta(self) -> dict[str, Any]:
+        sessions = self.sessions()
+        return {"node": self.node_id, "host": socket.gethostname(), "pid": os.getpid(),
+                "sessions": len(sessions),
+                "connectedSessions": sum(1 for s in sessions if s.core.connected),
+                "errorsSent": self.engine.stats.errors_sent}
+
+    # -- background: beat, listen, recover ---------------------------------------------
+
+    def _beat_forever(self) -> None:
+        failures = 0
+        refreshed_at = 0
+        while True:
+            try:
+                now = now_ms()
+                report = {**self.engine.stats.snapshot(now), **self._node_meta()}
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.set(self.keys.node(self.node_id), orjson.dumps(report), px=NODE_TTL_MS)
+                pipe.zadd(self.keys.nodes, {self.node_id: now})
+                pipe.zremrangebyscore(self.keys.nodes, "-inf", now - 10 * NODE_TTL_MS)
+                if now - refreshed_at >= self.ttl_ms // 3:
+                    for sid in list(self._local):
+                        for key in self.keys.all_of(sid):
+                            pipe.pexpire(key, self.ttl_ms)
+                    refreshed_at = now
+                pipe.execute()
+                if self.degraded:
+                    self._recover()
+                failures = 0
+                gevent.sleep(BEAT_MS / 1000.0)
+            except UNAVAILABLE as exc:
+                self._went_down(exc)
+                failures += 1
+                gevent.sleep(backoff(failures))
+
+    def _listen_forever(self) -> None:
+        failures = 0
+        while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(self._channel, self.keys.broadcast)
+                if failures:
+                    self._drain_inboxes()  # deliveries made while we could not hear them
+                failures = 0
+                for message in pubsub.listen():
+                    self._handle(message)
+            except UNAVAILABLE as exc:
+                self._went_down(exc)
+                failures += 1
+                gevent.sleep(backoff(failures))
+            finally:
+                try:
+                    pubsub.close()
+                except Exception:  # noqa: BLE001 - a dead connection may not close cleanly
+                    pass
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        try:
+            data = orjson.loads(message["data"])
+            op = data["op"]
+            if op == "deliver":
+                self._on_deliver(data)
+            elif op == "broadcast":
+                if data["from"] != self.node_id:
+                    broadcast_local(self.sessions(), messages.from_dict(data["out"]))
+            elif op == "upstream":
+                self._on_upstream(data)
+            elif op == "release":
+                self._release(data["sid"], data["reply"])
+        except UNAVAILABLE:
+            raise
+        except Exception:  # one bad message must not stop this node hearing the others
+            log.exception("cluster message could not be handled")
+
+    def _on_deliver(self, data: dict[str, Any]) -> None:
+        sid, name = data["sid"], data["name"]
+        args = decode_args(name, data["args"])
+        live = self._local.get(sid)
+        if live is not None:
+            result = live.apply(name, args)
+        else:  # it moved on since the sender looked
+            result = self._deliver_remote(sid, name, args, data["hops"] + 1)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.rpush(data["reply"], b"1" if result else b"0")
+        pipe.pexpire(data["reply"], 10_000)
+        pipe.execute()
+
+    def _on_upstream(self, data: dict[str, Any]) -> None:
+        from ..transports.http import deliver_body
+
+        live = self._local.get(data["sid"])
+        if live is None or live.user_id != data["user"]:
+            log.warning("a body posted for session %s arrived after it moved; dropped",
+                        data["sid"])
+            return
+        try:
+            deliver_body(self.engine, live, base64.b64decode(data["body"]))
+        except ProtoError:
+            pass  # already reported downstream; the posting node answered the HTTP 400
+
+    def _journal_failed(self, exc: BaseException, session_ids: set[str]) -> None:
+        self._went_down(exc)
+
+    def _went_down(self, exc: BaseException) -> None:
+        if not self.degraded:
+            log.error("Redis at %s is unreachable (%s): degraded; local sessions keep "
+                      "working, retrying with backoff", self.url, exc)
+        self.degraded = True
+        if self._journal is not None:
+            self._journal.paused = True
+
+    def _recover(self) -> None:
+        """Redis answers again: copy every local session over again, then deliver what
+        was queued for them meanwhile."""
+        for live in self.sessions():
+            self._rewrite(live)
+        self._drain_inboxes()
+        self.degraded = False
+        self.journal.paused = False
+        log.warning("Redis at %s is reachable again; %d sessions copied over", self.url,
+                    len(self._local))
+
+    def _rewrite(self, live: LiveSession) -> None:
+        sid = live.id
+        entries = [pack_entry(e.seq, e.stored_at, e.data) for e in live.core.replay]
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(self.keys.replay(sid))
+        if entries:
+            pipe.rpush(self.keys.replay(sid), *entries)
+            pipe.pexpire(self.keys.replay(sid), self.ttl_ms)
+        pipe.execute()
+        live.journaled_seq = live.core.downstream_seq
+        self._write_record(live)
+
+    def _drain_inboxes(self) -> None:
+        for live in self.sessions():
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.lrange(self.keys.inbox(live.id), 0, -1)
+            pipe.delete(self.keys.inbox(live.id))
+            items, _ = pipe.execute()
+            if items:
+                self._apply_queued(live, items)
+
+
+def backoff(failures: int) -> float:
+    """Seconds before the next attempt: 0.1, 0.2, 0.4 ... up to 5."""
+    return min(5.0, 0.1 * 2 ** min(failures - 1, 6))
+
+
+# -- delivery operations on the wire ---------------------------------------------------------
+
+
+def encode_args(op: str, args: tuple[Any, ...]) -> list[Any]:
+    if op == "send":
+        return [args[0].to_dict()]
+    if op == "tool_update":
+        return list(args)
+    if op == "tool_done":
+        call_id, status, result, error = args
+        return [call_id, status, result, error.to_payload() if error is not None else None]
+    if op == "fail_call":
+        return [args[0], args[1].to_payload()]
+    raise ValueError(f"unknown delivery operation {op!r}")
+
+
+def decode_args(op: str, args: list[Any]) -> tuple[Any, ...]:
+    if op == "send":
+        return (messages.from_dict(args[0]),)
+    if op == "tool_update":
+        return tuple(args)
+    if op == "tool_done":
+        call_id, status, result, error = args
+        return call_id, status, result, _error(error)
+    if op == "fail_call":
+        return args[0], _error(args[1])
+    raise ValueError(f"unknown delivery operation {op!r}")
+
+
+def _error(payload: dict[str, Any] | None) -> ProtoError | None:
+    if payload is None:
+        return None
+    cls = ERRORS_BY_CODE.get(payload["code"], ProtoError)
+    exc = cls(payload.get("message"), detail=payload.get("detail"),
+              related_id=payload.get("related_id"))
+    if cls is ProtoError:
+        exc.code = payload["code"]
+    return exc

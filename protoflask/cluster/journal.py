@@ -1,0 +1,128 @@
+"""The replay window's copy in Redis, written ahead of the wire by group commit.
+
+A transport hands each batch of stamped messages to ``append`` before writing it; the
+batch waits until Redis has it, so a message a client may have seen is always one another
+node can replay after this one dies. One flusher greenlet sends every batch that is
+waiting in a single pipeline: under load many sessions share one round trip.
+
+While Redis is unreachable nothing waits: sessions keep working from their in-memory
+windows and the hub copies each window over again once Redis answers (``resync``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Callable
+
+import gevent
+import orjson
+from gevent.event import Event
+
+from ..core.handoff import export_state
+from .keys import Keys, pack_entry
+from .redis_client import UNAVAILABLE
+
+if TYPE_CHECKING:
+    import redis
+
+    from ..hub import LiveSession
+
+log = logging.getLogger("protoflask.cluster")
+
+# KEYS: replay list, session hash. ARGV: max entries, ttl ms, state JSON, entries...
+APPEND_SCRIPT = """
+local n = #ARGV
+for i = 4, n, 4000 do
+  redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 3999, n)))
+end
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[1]), -1)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[2], 'state', ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return n - 3
+"""
+
+WAIT_LIMIT = 2.0  # s a writer waits for Redis before it gives up and carries on
+
+
+class Journal:
+    def __init__(self, redis_client: "redis.Redis", keys: Keys, window_size: int,
+                 ttl_ms: int, on_failure: Callable[[BaseException, set[str]], None]) -> None:
+        self.redis = redis_client
+        self.keys = keys
+        self.window_size = window_size
+        self.ttl_ms = ttl_ms
+        self.on_failure = on_failure  # the hub marks itself degraded and resyncs later
+        self.paused = False  # degraded: append() only remembers nothing, resync covers it
+        self._script = redis_client.register_script(APPEND_SCRIPT)
+        self._batch: dict[str, tuple["LiveSession", list[bytes]]] = {}
+        self._committed = Event()
+        self._work = Event()
+        self._flusher: gevent.Greenlet | None = None
+        self.batches = 0  # pipelines sent (for the benchmark's figures)
+
+    def start(self) -> None:
+        if self._flusher is None or self._flusher.dead:
+            self._flusher = gevent.spawn(self._flush_forever)
+
+    def stop(self) -> None:
+        self.flush()
+        if self._flusher is not None:
+            self._flusher.kill(block=False)
+            self._flusher = None
+
+    def append(self, live: "LiveSession", ready: list[tuple[int, bytes]], now: int) -> None:
+        """Journal a batch of (seq, data) messages stamped at ``now``; returns once Redis
+        has them. Replays of messages already journaled are skipped."""
+        if self.paused:
+            return
+        entries = self._entries_for(live)
+        for seq, data in ready:
+            if seq > live.journaled_seq:
+                entries.append(pack_entry(seq, now, data))
+                live.journaled_seq = seq
+        committed = self._committed
+        self._work.set()
+        if self._flusher is None or self._flusher.dead:
+            self.flush()  # not serving yet (or stopping): write through
+        else:
+            committed.wait(WAIT_LIMIT)
+
+    def note_state(self, live: "LiveSession") -> None:
+        """Write the session's state with the next batch even if it sends nothing."""
+        if not self.paused:
+            self._entries_for(live)
+            self._work.set()
+
+    def _entries_for(self, live: "LiveSession") -> list[bytes]:
+        pending = self._batch.get(live.id)
+        if pending is None:
+            pending = self._batch[live.id] = (live, [])
+        return pending[1]
+
+    def _flush_forever(self) -> None:
+        while True:
+            self._work.wait()
+            self._work.clear()
+            self.flush()
+
+    def flush(self) -> None:
+        """Send everything waiting in one pipeline and release its writers."""
+        batch, self._batch = self._batch, {}
+        committed, self._committed = self._committed, Event()
+        if not batch:
+            committed.set()
+            return
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for sid, (live, entries) in batch.items():
+                state = orjson.dumps(export_state(live.core))
+                self._script(keys=[self.keys.replay(sid), self.keys.session(sid)],
+                             args=[self.window_size, self.ttl_ms, state, *entries],
+                             client=pipe)
+            pipe.execute()
+            self.batches += 1
+        except UNAVAILABLE as exc:
+            self.on_failure(exc, set(batch))
+        finally:
+            committed.set()

@@ -1,0 +1,52 @@
+"""Every Redis key and channel the cluster uses, under one prefix, and how replay entries
+are packed into list items.
+
+    {p}:nodes             zset   node id -> last beat (ms)
+    {p}:node:{node}       string the node's statistics, expiring unless it beats
+    {p}:s:{session}       hash   user, node (empty when no node holds it), connected,
+                                 transport, state (core.handoff's JSON)
+    {p}:r:{session}       list   the replay window: "seq stored_at data" items
+    {p}:in:{session}      list   deliveries made while no node held the session
+    {p}:reply:{token}     list   one-shot answers (a node saying it released a session)
+    {p}:to:{node}         channel deliveries, posted bodies and release requests for a node
+    {p}:all               channel broadcasts
+"""
+
+from __future__ import annotations
+
+
+class Keys:
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix.rstrip(":")
+        self.nodes = f"{self.prefix}:nodes"
+        self.broadcast = f"{self.prefix}:all"
+
+    def node(self, node_id: str) -> str:
+        return f"{self.prefix}:node:{node_id}"
+
+    def node_channel(self, node_id: str) -> str:
+        return f"{self.prefix}:to:{node_id}"
+
+    def session(self, session_id: str) -> str:
+        return f"{self.prefix}:s:{session_id}"
+
+    def replay(self, session_id: str) -> str:
+        return f"{self.prefix}:r:{session_id}"
+
+    def inbox(self, session_id: str) -> str:
+        return f"{self.prefix}:in:{session_id}"
+
+    def reply(self, token: str) -> str:
+        return f"{self.prefix}:reply:{token}"
+
+    def all_of(self, session_id: str) -> tuple[str, str, str]:
+        return self.session(session_id), self.replay(session_id), self.inbox(session_id)
+
+
+def pack_entry(seq: int, stored_at: int, data: bytes) -> bytes:
+    return b"%d %d %b" % (seq, stored_at, data)
+
+
+def unpack_entry(item: bytes) -> tuple[int, int, bytes]:
+    seq, stored_at, data = item.split(b" ", 2)
+    return int(seq), int(stored_at), data

@@ -1,0 +1,264 @@
+"""Several nodes on one Redis: embedded servers in this process, each its own node with
+its own port, hub thread and Redis connections (the process-level tests, with gunicorn
+workers and SIGKILL, are in test_cluster_processes.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import requests
+
+from protoflask import ProtoServer
+from protoflask.core.errors import SessionNotFound
+
+from ..support import SSEClient, StreamClient, WSClient, timeout, wait_for
+
+
+def note(n: int) -> dict[str, Any]:
+    return {"type": "NOTE", "channel": "AGENT", "payload": {"n": n}}
+
+
+def notes(client, count: int, within: float = 5.0) -> list[int]:
+    got: list[int] = []
+    while len(got) < count:
+        msg = client.recv_until(lambda m: m["type"] == "NOTE", within)
+        got.append(msg["payload"]["n"])
+    return got
+
+
+def test_a_message_sent_on_one_node_reaches_a_client_on_another(
+        make_node: Callable[..., ProtoServer], make_client: Callable[..., Any]) -> None:
+    a, b = make_node(), make_node()
+    client = make_client(a, a.issue_token("alice"))
+    client.hello()
+    for n in range(5):
+        b.send_message(client.session_id, note(n))
+    assert notes(client, 5) == [0, 1, 2, 3, 4]
+    b.send_tool_update(client.session_id, "no-such-call")  # unknown call: nothing is sent
+    with pytest.raises(SessionNotFound):
+        b.send_message("no-such-session", note(0))
+
+
+def test_broadcast_reaches_every_session_on_every_node_once(
+        make_node: Callable[..., ProtoServer]) -> None:
+    a, b = make_node(), make_node()
+    clients = [WSClient(a.base_url, a.issue_token("u1")), WSClient(a.base_url, a.issue_token("u2")),
+               WSClient(b.base_url, b.issue_token("u3"))]
+    try:
+        for c in clients:
+            c.hello()
+        wait_for(lambda: b.get_stats()["activeConnections"] == 3, what="both nodes counted")
+        assert b.broadcast(note(1)) == 1  # reached on this node; the others through Redis
+        a.broadcast(note(2))
+        for c in clients:  # a marker sent after both: anything duplicated would come first
+            b.send_message(c.session_id, {"type": "MARK", "channel": "AGENT", "payload": {}})
+        for c in clients:
+            c.recv_type("MARK")
+            got = [m["payload"]["n"] for m in c.received if m["type"] == "NOTE"]
+            assert sorted(got) == [1, 2], (c.session_id, got)
+    finally:
+        for c in clients:
+            c.close()
+
+
+@pytest.mark.parametrize("cls", [SSEClient, StreamClient], ids=["sse", "stream"])
+def test_a_follow_up_post_to_another_node_reaches_the_session(
+        make_node: Callable[..., ProtoServer], cls: type) -> None:
+    a, b = make_node(), make_node()
+    client = cls(a.base_url, a.issue_token("alice"))
+    try:
+        if cls is StreamClient:
+            client.send("HELLO", "SYSTEM", {"proto_version": "1.1.2", "accept_major": [1],
+                                            "accept_events": []})
+            client.session_id = client.recv_type("HELLO")["payload"]["session"]
+            client.end_body()
+        else:
+            client.hello()
+        env = client.envelopes.make("TOOL_CALL", payload={
+            "call_id": "k1", "tool": "add", "params": {"a": 2, "b": 40}})
+        path = "/proto/sse" if cls is SSEClient else "/proto/stream"
+        resp = requests.post(f"{b.base_url}{path}?session={client.session_id}",
+                             json=env, headers={"Authorization": f"Bearer {client.token}"},
+                             timeout=timeout(5))
+        assert resp.status_code == 202 and resp.json() == {"accepted": 1}
+        done = client.recv_type("TOOL_DONE")
+        assert done["payload"]["result"] == {"result": 42}
+        # the other node checks the owner like its own: another user's token is refused
+        resp = requests.post(f"{b.base_url}{path}?session={client.session_id}",
+                             json=client.envelopes.make("PING", "SYSTEM", {"nonce": "x"}),
+                             headers={"Authorization": f"Bearer {b.issue_token('mallory')}"},
+                             timeout=timeout(5))
+        assert resp.status_code == 404
+        assert resp.json()["error"]["code"] == "SESSION_NOT_FOUND"
+    finally:
+        client.close()
+
+
+def test_get_session_and_stats_answer_for_the_whole_cluster(
+        make_node: Callable[..., ProtoServer]) -> None:
+    a, b = make_node(), make_node()
+    client = WSClient(a.base_url, a.issue_token("alice"))
+    try:
+        client.hello()
+        run = a.start_run(client.session_id, "r1")
+        assert run["runId"] == "r1"
+        client.recv_type("RUN_STARTED")
+
+        def remote_view() -> dict[str, Any] | None:
+            view = b.get_session(client.session_id)
+            return view if view and view["activeRuns"] == {"r1"} else None
+
+        view = wait_for(remote_view, what="the session's record on the other node")
+        assert view["userId"] == "alice" and view["connected"] is True
+        assert view["handshakeCompleted"] is True
+        assert int(view["lastDeliveredSeq"]) >= 2
+        assert b.get_session("nope") is None
+
+        stats = wait_for(lambda: (s := b.get_stats())["activeConnections"] == 1 and s,
+                         what="cluster stats")
+        assert {n["node"] for n in stats["nodes"]} == {a.hub.node_id, b.hub.node_id}
+        assert stats["node"] == b.hub.node_id
+        health = requests.get(b.base_url + "/health", timeout=timeout(5)).json()
+        assert health["status"] == "ok" and health["activeConnections"] == 1
+        assert len(health["nodes"]) == 2
+
+        client.close()
+        wait_for(lambda: b.get_session(client.session_id)["connected"] is False,
+                 what="the disconnect seen from the other node")
+    finally:
+        client.close()
+
+
+def test_resume_on_another_node_moves_the_session_and_replays_what_was_missed(
+        make_node: Callable[..., ProtoServer], transport: str) -> None:
+    from ..support import CLIENTS
+
+    a, b = make_node(), make_node()
+    token = a.issue_token("alice")
+    first = CLIENTS[transport](a.base_url, token)
+    try:
+        first.hello() if transport != "stream" else _stream_hello(first)
+        b.send_message(first.session_id, note(0))
+        notes(first, 1)
+        seen = int(first.received[-1]["seq"])
+        first.drop()
+        wait_for(lambda: a.get_session(first.session_id)["connected"] is False,
+                 what="node a to see the drop")
+        for n in range(1, 4):  # sent while no transport is attached, from either node
+            (a if n % 2 else b).send_message(first.session_id, note(n))
+        second = CLIENTS[transport](b.base_url, token, session=first.session_id,
+                                    last_seq=seen)
+        try:
+            assert notes(second, 3) == [1, 2, 3]
+            seqs = [int(m["seq"]) for m in second.received]
+            assert seqs == sorted(seqs) and seqs[0] == seen + 1
+            assert b.hub.get(first.session_id) is not None
+            assert a.hub.get(first.session_id) is None
+            a.send_message(first.session_id, note(4))  # from the old node: still arrives
+            assert notes(second, 1) == [4]
+            second.envelopes = first.envelopes  # the client's seqs go on where they were
+            second.send("PING", "SYSTEM", {"nonce": "after-move"})
+            second.recv_type("PONG", nonce="after-move")
+        finally:
+            second.close()
+    finally:
+        first.close()
+
+
+def _stream_hello(client: Any) -> None:
+    client.send("HELLO", "SYSTEM", {"proto_version": "1.1.2", "accept_major": [1],
+                                    "accept_events": []})
+    client.session_id = client.recv_type("HELLO")["payload"]["session"]
+
+
+def test_a_live_connection_is_superseded_by_a_resume_on_another_node(
+        make_node: Callable[..., ProtoServer]) -> None:
+    a, b = make_node(), make_node()
+    token = a.issue_token("alice")
+    first = WSClient(a.base_url, token)
+    try:
+        first.hello()
+        second = WSClient(b.base_url, token, session=first.session_id, last_seq=0)
+        try:
+            second.recv_type("HELLO")  # replayed from seq 1
+            wait_for(lambda: first.close_code == 4002 or _closed(first),
+                     what="the old connection closed with 4002")
+            assert first.close_code == 4002
+            # what the client had sent before counts: its next seq is accepted, no resend
+            second.envelopes = first.envelopes
+            second.send("PING", "SYSTEM", {"nonce": "n"})
+            second.recv_type("PONG", nonce="n")
+        finally:
+            second.close()
+    finally:
+        first.close()
+
+
+def _closed(client: WSClient) -> bool:
+    try:
+        client.ws.recv(timeout=0.05)
+    except TimeoutError:
+        return False
+    except Exception:  # noqa: BLE001 - closed
+        return True
+    return False
+
+
+def test_a_tool_still_running_when_its_session_moves_reports_to_the_new_node(
+        make_node: Callable[..., ProtoServer]) -> None:
+    import threading
+
+    release, started = threading.Event(), threading.Event()
+    a, b = make_node(), make_node()
+
+    @a.tool("slow", input_schema={"type": "object"})
+    def slow(params: dict[str, Any], *context: Any) -> dict[str, Any]:
+        import gevent
+        started.set()
+        while not release.is_set():
+            gevent.sleep(0.01)
+        return {"done": True}
+
+    token = a.issue_token("alice")
+    first = WSClient(a.base_url, token)
+    try:
+        first.hello()
+        first.send("TOOL_CALL", payload={"call_id": "s1", "tool": "slow", "params": {}})
+        assert started.wait(timeout(5))
+        seen = int(first.received[-1]["seq"])
+        first.drop()
+        second = WSClient(b.base_url, token, session=first.session_id, last_seq=seen)
+        try:
+            wait_for(lambda: b.hub.get(first.session_id) is not None, what="the move")
+            release.set()
+            done = second.recv_type("TOOL_DONE")
+            assert done["payload"] == {"call_id": "s1", "status": "OK",
+                                       "result": {"done": True}}
+        finally:
+            second.close()
+    finally:
+        release.set()
+        first.close()
+
+
+def test_sessions_of_a_stopped_node_are_resumed_elsewhere(
+        make_node: Callable[..., ProtoServer]) -> None:
+    a, b = make_node(), make_node()
+    token = a.issue_token("alice")
+    client = WSClient(a.base_url, token)
+    try:
+        client.hello()
+        for n in range(3):
+            a.send_message(client.session_id, note(n))
+        assert notes(client, 3) == [0, 1, 2]
+        a.stop()
+        assert client.ws.close_code in (1001, None)
+    finally:
+        client.close()
+    b.send_message(client.session_id, note(3))  # no node holds it: queued in Redis
+    again = WSClient(b.base_url, token, session=client.session_id, last_seq=0)
+    try:
+        assert notes(again, 4) == [0, 1, 2, 3]
+    finally:
+        again.close()
