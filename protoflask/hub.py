@@ -174,12 +174,15 @@ class Hub(abc.ABC):
 
     def bind(self, engine: "Engine") -> None:
         """The engine this hub serves (it builds the sessions a cluster hub takes over)."""
+        return None  # a hook: nothing to do in one process
 
     def start(self) -> None:
         """The server is serving: start any background work (called in its hub)."""
+        return None  # a hook: nothing to do in one process
 
     def stop(self) -> None:
         """The server stopped: end background work, leave the cluster."""
+        return None
 
     def claim(self, session_id: str, user_id: str) -> LiveSession | None:
         """Move a session that lives elsewhere in the cluster into this process."""
@@ -200,6 +203,7 @@ class Hub(abc.ABC):
 
     def changed(self, live: LiveSession) -> None:
         """A session was attached or detached (its shared record may need updating)."""
+        return None  # a hook: nothing to do in one process
 
     def cluster_stats(self, local: dict[str, Any]) -> dict[str, Any]:
         """Statistics for the whole cluster, given this process's own."""

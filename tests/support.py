@@ -216,7 +216,15 @@ class GunicornServer:
         except requests.RequestException:
             return False
 
+    def kill(self) -> None:
+        """SIGKILL: the process dies at once, as a crashed machine would take it."""
+        self.proc.kill()
+        self.proc.communicate()
+        self.listener.close()
+
     def stop(self) -> str:
+        if self.proc.poll() is not None:
+            return ""
         self.proc.terminate()
         try:
             out, _ = self.proc.communicate(timeout=timeout(15))

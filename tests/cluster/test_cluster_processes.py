@@ -1,0 +1,141 @@
+"""The cluster as it is deployed: gunicorn with two workers on one port, and two
+independent server processes on two ports, all on one Redis; one of them SIGKILLed."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+import requests
+
+from protoflask.auth import TokenAuthority
+
+from ..support import SECRET, GunicornServer, SSEClient, WSClient, timeout, wait_for
+
+APP = "tests.fixtures.cluster_app:app"
+
+
+def token(user: str) -> str:
+    return TokenAuthority(SECRET, ("HS256",), "1h").issue(user)
+
+
+def note(n: int) -> dict[str, Any]:
+    return {"type": "NOTE", "channel": "AGENT", "payload": {"n": n}}
+
+
+def notes(client: Any, count: int) -> list[int]:
+    return [client.recv_type("NOTE")["payload"]["n"] for _ in range(count)]
+
+
+def send(base_url: str, session_id: str, message: dict[str, Any]) -> requests.Response:
+    return requests.post(f"{base_url}/test/send", json={"session": session_id,
+                                                        "message": message},
+                         timeout=timeout(10))
+
+
+def stats(base_url: str) -> dict[str, Any]:
+    return requests.get(base_url + "/stats", timeout=timeout(5)).json()
+
+
+@pytest.fixture
+def cluster_env(redis_url: str, prefix: str) -> dict[str, str]:
+    return {"REDIS_URL": redis_url, "REDIS_PREFIX": prefix, "HEARTBEAT_INTERVAL": "1000"}
+
+
+@pytest.fixture
+def two_workers(cluster_env: dict[str, str]) -> Iterator[GunicornServer]:
+    server = GunicornServer({**cluster_env, "WEB_CONCURRENCY": "2"}, app=APP)
+    try:
+        wait_for(lambda: len(stats(server.base_url).get("nodes", [])) == 2, within=10,
+                 what="both workers in the cluster")
+        yield server
+    finally:
+        server.stop()
+
+
+def test_two_workers_on_one_port_share_every_session(two_workers: GunicornServer) -> None:
+    base = two_workers.base_url
+    clients = [WSClient(base, token(f"user{i}")) for i in range(6)]
+    sse = SSEClient(base, token("sse-user"))
+    try:
+        for c in clients:
+            c.hello()
+        sse.hello()
+        pids = set()
+        for n in range(4):  # each request lands on whichever worker accepts it
+            for c in clients:
+                resp = send(base, c.session_id, note(n))
+                assert resp.status_code == 200, resp.text
+                pids.add(resp.json()["pid"])
+        for c in clients:
+            assert notes(c, 4) == [0, 1, 2, 3]
+        for i in range(8):  # SSE POSTs land on either worker too; every one is processed
+            sse.send("PING", "SYSTEM", {"nonce": f"p{i}"})
+            sse.recv_type("PONG", nonce=f"p{i}")
+        resp = requests.post(base + "/test/broadcast", json=note(99), timeout=timeout(10))
+        assert resp.status_code == 200
+        for c in [*clients, sse]:
+            send(base, c.session_id, {"type": "MARK", "channel": "AGENT", "payload": {}})
+        for c in [*clients, sse]:
+            c.recv_type("MARK")
+            assert [m["payload"]["n"] for m in c.received
+                    if m["type"] == "NOTE" and m["payload"]["n"] == 99] == [99]
+        # other nodes' figures are as of their last beat (at most a second old)
+        cluster = wait_for(lambda: (s := stats(base))["activeConnections"] == 7 and s,
+                           what="every connection counted")
+        assert sum(n["activeConnections"] for n in cluster["nodes"]) == 7
+        print(f"requests answered by worker pids {sorted(pids)}")
+    finally:
+        for c in clients:
+            c.close()
+        sse.close()
+
+
+def test_a_client_resumes_on_another_node_after_its_node_is_killed(
+        cluster_env: dict[str, str]) -> None:
+    a = GunicornServer(cluster_env, app=APP)
+    b = GunicornServer(cluster_env, app=APP)
+    client = ghost = None
+    try:
+        wait_for(lambda: len(stats(b.base_url).get("nodes", [])) == 2, within=10,
+                 what="both nodes in the cluster")
+        client = WSClient(a.base_url, token("alice"))
+        client.hello()
+        ghost = WSClient(a.base_url, token("bob"))
+        ghost.hello()
+        for n in range(5):  # sent from the other node
+            assert send(b.base_url, client.session_id, note(n)).status_code == 200
+        assert notes(client, 5) == [0, 1, 2, 3, 4]
+        seen = int(client.received[-1]["seq"])
+        for n in range(5, 8):  # the last ones the client may or may not have read
+            assert send(b.base_url, client.session_id, note(n)).status_code == 200
+
+        a.kill()
+
+        for n in range(8, 11):  # while no node holds the session
+            assert send(b.base_url, client.session_id, note(n)).status_code == 200
+        resumed = WSClient(b.base_url, token("alice"), session=client.session_id,
+                           last_seq=seen)
+        try:
+            assert notes(resumed, 6) == [5, 6, 7, 8, 9, 10]
+            seqs = [int(m["seq"]) for m in resumed.received]
+            assert seqs == list(range(seen + 1, seen + 1 + len(seqs))), seqs
+            resumed.envelopes = client.envelopes
+            resumed.send("PING", "SYSTEM", {"nonce": "alive"})
+            resumed.recv_type("PONG", nonce="alive")
+        finally:
+            resumed.close()
+
+        # no ghosts: the dead node leaves the counts, its other session reads disconnected
+        cluster = wait_for(lambda: (s := stats(b.base_url)) and len(s["nodes"]) == 1 and s,
+                           within=10, what="the dead node to drop out")
+        assert cluster["activeConnections"] == 0
+        view = requests.get(f"{b.base_url}/test/session/{ghost.session_id}",
+                            timeout=timeout(5)).json()
+        assert view["connected"] is False and view["node"] is None
+    finally:
+        for c in (client, ghost):
+            if c is not None:
+                c.drop()
+        a.stop()
+        b.stop()
