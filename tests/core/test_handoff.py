@@ -1,0 +1,85 @@
+"""A session moved to another node (core.handoff): exported as JSON-ready data, rebuilt
+there from that data and its replay entries, it carries on as if it had never moved."""
+
+from __future__ import annotations
+
+import orjson
+
+from protoflask.core import handoff, messages
+from protoflask.core.session import ProtocolSession
+
+from ._support import Client, make_session, seqs, types
+
+
+def moved(session: ProtocolSession, now: int) -> ProtocolSession:
+    """What another node rebuilds: the state through JSON, the window as stored entries."""
+    state = orjson.loads(orjson.dumps(handoff.export_state(session)))
+    entries = [(e.seq, e.stored_at, e.data) for e in session.replay]
+    copy = handoff.restore(state, session.settings, now, entries)
+    handoff.requeue(copy, orjson.loads(orjson.dumps(handoff.pending_outbound(session))))
+    return copy
+
+
+def test_a_moved_session_replays_resumes_and_keeps_its_seqs() -> None:
+    s = make_session(now=1000)
+    c = Client(s, now=1000)
+    c.handshake(accept_events=["RUN_STARTED", "MESSAGE_START", "MESSAGE_PART", "MESSAGE_END"])
+    run = s.start_run(1000, run_id="r1", thread_id="t", metadata={"k": 1})
+    s.open_call("call-1", run.run_id)
+    s.send_text("before the move")
+    s.send(messages.create("NOTE", {"n": 0}))  # not in accept_events: filtered out
+    sent = c.take()
+    assert types(sent) == ["RUN_STARTED", "MESSAGE_START", "MESSAGE_PART", "MESSAGE_END"]
+    s.detach(1100)
+
+    copy = moved(s, now=1200)
+    assert copy.id == s.id and copy.user_id == s.user_id
+    assert copy.handshake_completed and not copy.connected
+    assert copy.upstream_seq == s.upstream_seq and copy.downstream_seq == s.downstream_seq
+    assert copy.accept_events == s.accept_events
+    assert set(copy.runs) == {"r1"} and copy.runs["r1"].metadata == {"k": 1}
+    assert set(copy.calls) == {"call-1"}
+
+    copy.attach(1200, last_seq=seqs(sent)[0])  # resume after RUN_STARTED
+    replayed = Client(copy, now=1200).take()
+    assert replayed == sent[1:]
+    copy.send(messages.create("NOTE", {"n": 1}))  # still filtered after the move
+    copy.send_text("after the move")
+    after = Client(copy, now=1200).take()
+    assert seqs(after) == [s.downstream_seq + 1, s.downstream_seq + 2, s.downstream_seq + 3]
+    assert after[0]["payload"]["message_id"] != sent[1]["payload"]["message_id"]
+    # the client's resends of what the old node processed are still recognised
+    c.s = copy
+    assert c.send("PING", {"nonce": "x"}, seq=c.seq) == []
+    assert types(c.take()) == []
+    # a call opened on the old node can still be finished here, once
+    assert copy.tool_done("call-1", "OK", {"v": 1}) is True
+    assert copy.tool_done("call-1", "OK", {"v": 1}) is False
+
+
+def test_acknowledged_and_expired_entries_do_not_come_back() -> None:
+    s = make_session(now=0, replay_window_time=1000)
+    c = Client(s)
+    c.handshake()
+    for n in range(4):
+        s.send(messages.create("NOTE", {"n": n}))
+    sent = c.take(now=0)
+    s.last_ack = seqs(sent)[1]
+    entries = [(e.seq, e.stored_at, e.data) for e in s.replay]
+    copy = handoff.restore(handoff.export_state(s), s.settings, 500, entries)
+    assert [e.seq for e in copy.replay] == seqs(sent)[2:]
+    late = handoff.restore(handoff.export_state(s), s.settings, 5000, entries)
+    assert len(late.replay) == 0 and late.downstream_seq == s.downstream_seq
+
+
+def test_messages_waiting_for_credit_move_with_the_session() -> None:
+    s = make_session(now=0, credits={"initial_credits": 1})
+    c = Client(s)
+    c.handshake()
+    for n in range(3):
+        s.send(messages.create("NOTE", {"n": n}))
+    assert len(c.take()) == 1  # one credit on AGENT; two wait
+    copy = moved(s, now=10)
+    assert [ob.payload["n"] for ob in copy.pending] == [1, 2]
+    copy.credits.add_client_credit("AGENT", 5, 0)
+    assert [m["payload"]["n"] for m in Client(copy).take()] == [1, 2]
