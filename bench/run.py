@@ -13,6 +13,10 @@ a warning on one CPU, or with --no-pin). Servers:
     gevent-simple-ws    bare gevent WSGIServer + simple-websocket echo
     websockets-asyncio  bare `websockets` asyncio echo
     gevent-sansio       bare gevent StreamServer + `websockets` sans-I/O echo (the ceiling)
+    protoflask-redis    protoflask with REDIS_URL (BENCH_REDIS_URL), one worker
+    protoflask-redis-2w the same with two workers (unpinned: they share both cores)
+
+    python bench/run.py --only ping --servers protoflask,protoflask-redis,protoflask-redis-2w
 
 The load generator is bench/loadgen.c (compiled on first use into bench/build/); see
 docs/PERFORMANCE.md for why, and the "generator check" section of a full run for the
@@ -64,6 +68,7 @@ class ServerSpec:
     chdir: Path = ROOT
     script: Path | None = None  # or: a script taking --fd
     env: dict[str, str] = field(default_factory=dict)
+    workers: int = 1  # gunicorn workers; with more than one, none is pinned or CPU-measured
 
     def command(self, fd: int) -> list[str]:
         if self.gunicorn_app:
@@ -92,7 +97,20 @@ def server_specs(max_connections: int) -> dict[str, ServerSpec]:
         ServerSpec("gevent-sansio", "gevent + websockets sans-I/O echo", "echo",
                    script=SERVERS_DIR / "gevent_sansio_echo.py"),
     ]
+    # Scale-out on Redis (not in the default set: they need a Redis, BENCH_REDIS_URL)
+    for name, label, workers in (("protoflask-redis", "protoflask on Redis, 1 worker", 1),
+                                 ("protoflask-redis-2w", "protoflask on Redis, 2 workers", 2)):
+        specs.append(ServerSpec(
+            name, label, "proto", gunicorn_app="wsgi:app", gunicorn_conf=ROOT / "gunicorn.conf.py",
+            chdir=ROOT, workers=workers,
+            env={**specs[0].env, "WEB_CONCURRENCY": str(workers), "REDIS_URL": REDIS_URL,
+                 "REDIS_PREFIX": f"protoflask-bench-{os.getpid()}-{name}"}))
     return {s.name: s for s in specs}
+
+
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+DEFAULT_SERVERS = ["protoflask", "flask-sock", "gevent-simple-ws", "websockets-asyncio",
+                   "gevent-sansio"]
 
 
 def bench_token() -> str:
@@ -195,10 +213,14 @@ class Server:
                                + self.log_tail())
         self.pid = self.proc.pid
         if self.spec.gunicorn_app:
+            want = self.spec.workers
             kids = proc_children(self.proc.pid)
-            if len(kids) != 1:
-                raise RuntimeError(f"{self.spec.name}: expected one gunicorn worker, got {kids}")
-            self.pid = kids[0]
+            if len(kids) != want:
+                raise RuntimeError(f"{self.spec.name}: expected {want} gunicorn workers, "
+                                   f"got {kids}")
+            self.pid = kids[0] if want == 1 else 0  # 0: no per-process CPU figures
+            if want > 1:
+                return  # several workers share both cores with the generator: unpinned
         if self.cpu is not None:  # every thread of master and worker, whatever started them
             for pid in {self.proc.pid, self.pid}:
                 pin_process(pid, self.cpu)
@@ -435,7 +457,9 @@ class Bench:
     def start_servers(self, names: list[str]) -> dict[str, Server]:
         started = {}
         for name in names:
-            srv = Server(self.specs[name], self.server_cpu, self.logdir, self.token)
+            spec = self.specs[name]
+            srv = Server(spec, self.server_cpu if spec.workers == 1 else None, self.logdir,
+                         self.token)
             srv.start()
             started[name] = srv
             self.servers[f"{name}@{srv.port}"] = srv
@@ -830,7 +854,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: all)")
     p.add_argument("--servers", default="",
                    help="comma list (default: protoflask,flask-sock,gevent-simple-ws,"
-                        "websockets-asyncio,gevent-sansio)")
+                        "websockets-asyncio,gevent-sansio; on Redis: protoflask-redis, "
+                        "protoflask-redis-2w)")
     p.add_argument("--levels", default="", help="PING connection counts (default 1,10,100)")
     p.add_argument("--idle-levels", default="", help="idle session counts (default 1000,10000)")
     p.add_argument("--seconds", type=float, default=None, help="measured seconds per cell")
@@ -873,8 +898,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown sections: {', '.join(sorted(unknown))}")
     specs = server_specs(1)
-    args.server_names = [s for s in (args.servers.split(",") if args.servers else list(specs))
-                         if s]
+    args.server_names = [s for s in (args.servers.split(",") if args.servers
+                                     else DEFAULT_SERVERS) if s]
     unknown = set(args.server_names) - set(specs)
     if unknown:
         p.error(f"unknown servers: {', '.join(sorted(unknown))}")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 import gevent
 import orjson
+import redis
 from gevent.event import Event
 
 from ..core.handoff import export_state
@@ -23,8 +24,6 @@ from .keys import Keys, pack_entry
 from .redis_client import UNAVAILABLE
 
 if TYPE_CHECKING:
-    import redis
-
     from ..hub import LiveSession
 
 log = logging.getLogger("protoflask.cluster")
@@ -54,7 +53,7 @@ class Journal:
         self.ttl_ms = ttl_ms
         self.on_failure = on_failure  # the hub marks itself degraded and resyncs later
         self.paused = False  # degraded: append() only remembers nothing, resync covers it
-        self._script = redis_client.register_script(APPEND_SCRIPT)
+        self._sha: str | None = None  # loaded once; again after Redis restarts empty
         self._batch: dict[str, tuple["LiveSession", list[bytes]]] = {}
         self._committed = Event()
         self._work = Event()
@@ -114,15 +113,25 @@ class Journal:
             committed.set()
             return
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            for sid, (live, entries) in batch.items():
-                state = orjson.dumps(export_state(live.core))
-                self._script(keys=[self.keys.replay(sid), self.keys.session(sid)],
-                             args=[self.window_size, self.ttl_ms, state, *entries],
-                             client=pipe)
-            pipe.execute()
+            try:
+                self._write(batch)
+            except redis.NoScriptError:
+                self._sha = None
+                self._write(batch)
             self.batches += 1
         except UNAVAILABLE as exc:
             self.on_failure(exc, set(batch))
         finally:
             committed.set()
+
+    def _write(self, batch: dict[str, tuple["LiveSession", list[bytes]]]) -> None:
+        # EVALSHA straight into the pipeline: redis-py's Script objects would ask
+        # SCRIPT EXISTS on every execute, a second round trip per batch.
+        if self._sha is None:
+            self._sha = self.redis.script_load(APPEND_SCRIPT)
+        pipe = self.redis.pipeline(transaction=False)
+        for sid, (live, entries) in batch.items():
+            state = orjson.dumps(export_state(live.core))
+            pipe.evalsha(self._sha, 2, self.keys.replay(sid), self.keys.session(sid),
+                         self.window_size, self.ttl_ms, state, *entries)
+        pipe.execute()
