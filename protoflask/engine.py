@@ -256,7 +256,8 @@ class Engine:
             self._emit(signals.handshake, session_id=sid, payload=event.payload)
         elif isinstance(event, ToolCancelRequested):
             assert live.runner is not None
-            live.runner.cancel(event.call_id)
+            if not live.runner.cancel(event.call_id):
+                self.hub.cancel_elsewhere(sid, event.call_id)  # started on another node
         elif isinstance(event, ToolListRequested):
             live.core.send(messages.tool_list(t.to_dict() for t in self.tools))
         elif isinstance(event, RunChanged):
@@ -264,7 +265,8 @@ class Engine:
                       "cancelled": signals.run_cancelled}[event.kind]
             for call_id in event.cancelled_calls:
                 assert live.runner is not None
-                live.runner.cancel(call_id)
+                if not live.runner.cancel(call_id):
+                    self.hub.cancel_elsewhere(sid, call_id)
             self._emit(signal, session_id=sid, run=event.run)
         elif isinstance(event, AudioReceived):
             self._emit(signals.audio_chunk, session_id=sid, message=event.message,

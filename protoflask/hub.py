@@ -201,6 +201,10 @@ class Hub(abc.ABC):
         alone, it ends with the process."""
         self.remove(live.id)
 
+    def cancel_elsewhere(self, session_id: str, call_id: str) -> None:
+        """Stop a tool call that started on the node that held the session before."""
+        return None
+
     def changed(self, live: LiveSession) -> None:
         """A session was attached or detached (its shared record may need updating)."""
         return None  # a hook: nothing to do in one process

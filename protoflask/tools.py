@@ -213,8 +213,9 @@ class SessionToolRunner:
             self.finish(execution, "error", MaxRunsExceeded(
                 f"{len(self.running)} tool calls running and {len(self.waiting)} queued"))
 
-    def cancel(self, call_id: str) -> None:
-        """TOOL_DONE CANCELLED now; a running execution is killed."""
+    def cancel(self, call_id: str) -> bool:
+        """TOOL_DONE CANCELLED now; a running execution is killed. Returns whether the
+        call was executing or waiting here."""
         execution = self.executions.get(call_id)
         if execution is not None:
             execution.status = "cancelled"
@@ -228,6 +229,7 @@ class SessionToolRunner:
             self._start_waiting()
         if execution is not None and execution.on_done is not None:
             execution.on_done(execution, None)
+        return execution is not None
 
     def cancel_all(self) -> None:
         for call_id in list(self.executions):

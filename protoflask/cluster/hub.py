@@ -63,6 +63,8 @@ class RedisHub(Hub):
         self.started_at = now_ms()
         self.degraded = False
         self._local: dict[str, LiveSession] = {}
+        # sessions that moved to another node while tools of theirs still run here
+        self._moved_away: dict[str, LiveSession] = {}
         self._engine: "Engine | None" = None
         self._journal: Journal | None = None
         self._greenlets: list[gevent.Greenlet] = []
@@ -277,6 +279,8 @@ class RedisHub(Hub):
             self.engine._close_transport(live, CLOSE_SUPERSEDED, "resumed on another node")
             self._let_go(live)
             live.moved = self._forward_moved
+            if live.runner is not None and live.runner.executions:
+                self._moved_away[session_id] = live
         try:
             pipe = self.redis.pipeline(transaction=False)
             pipe.rpush(reply, b"released")
@@ -312,6 +316,23 @@ class RedisHub(Hub):
         """This node is stopping: leave the session to the cluster for a resume elsewhere."""
         if live.id in self._local:
             self._let_go(live)
+
+    def cancel_elsewhere(self, session_id: str, call_id: str) -> None:
+        try:
+            self.redis.publish(self.keys.broadcast, orjson.dumps(
+                {"op": "cancel", "from": self.node_id, "sid": session_id, "call": call_id}))
+        except UNAVAILABLE as exc:
+            self._went_down(exc)  # the client has its TOOL_DONE CANCELLED already
+
+    def _on_cancel(self, data: dict[str, Any]) -> None:
+        live = self._moved_away.get(data["sid"])
+        if live is not None and live.runner is not None:
+            live.runner.cancel(data["call"])  # its TOOL_DONE is a no-op at the new node
+
+    def _forget_finished_moves(self) -> None:
+        for sid, live in list(self._moved_away.items()):
+            if live.runner is None or not live.runner.executions:
+                del self._moved_away[sid]
 
     def _forward_moved(self, session_id: str, op: str, args: tuple[Any, ...]) -> bool:
         try:
@@ -392,10 +413,11 @@ class RedisHub(Hub):
                 pipe.zadd(self.keys.nodes, {self.node_id: now})
                 pipe.zremrangebyscore(self.keys.nodes, "-inf", now - 10 * NODE_TTL_MS)
                 if now - refreshed_at >= self.ttl_ms // 3:
-                    for sid in list(self._local):
-                        for key in self.keys.all_of(sid):
-                            pipe.pexpire(key, self.ttl_ms)
+                    for sid in list(self._local):  # (an inbox has its own expiry)
+                        pipe.pexpire(self.keys.session(sid), self.ttl_ms)
+                        pipe.pexpire(self.keys.replay(sid), self.ttl_ms)
                     refreshed_at = now
+                self._forget_finished_moves()
                 pipe.execute()
                 if self.degraded:
                     self._recover()
@@ -440,6 +462,9 @@ class RedisHub(Hub):
                 self._on_upstream(data)
             elif op == "release":
                 self._release(data["sid"], data["reply"])
+            elif op == "cancel":
+                if data["from"] != self.node_id:
+                    self._on_cancel(data)
         except UNAVAILABLE:
             raise
         except Exception:  # one bad message must not stop this node hearing the others

@@ -262,3 +262,44 @@ def test_sessions_of_a_stopped_node_are_resumed_elsewhere(
         assert notes(again, 4) == [0, 1, 2, 3]
     finally:
         again.close()
+
+
+def test_cancelling_a_tool_that_started_on_the_old_node_stops_it_there(
+        make_node: Callable[..., ProtoServer]) -> None:
+    import threading
+
+    started, stopped = threading.Event(), threading.Event()
+    a, b = make_node(), make_node()
+
+    @a.tool("forever", input_schema={"type": "object"})
+    def forever(params: dict[str, Any], *context: Any) -> dict[str, Any]:
+        import gevent
+        started.set()
+        try:
+            while True:
+                gevent.sleep(0.01)
+        finally:
+            stopped.set()
+
+    token = a.issue_token("alice")
+    first = WSClient(a.base_url, token)
+    try:
+        first.hello()
+        first.send("TOOL_CALL", payload={"call_id": "f1", "tool": "forever", "params": {}})
+        assert started.wait(timeout(5))
+        seen = int(first.received[-1]["seq"])
+        first.drop()
+        second = WSClient(b.base_url, token, session=first.session_id, last_seq=seen)
+        try:
+            second.envelopes = first.envelopes
+            second.send("TOOL_CANCEL", payload={"call_id": "f1"})
+            done = second.recv_type("TOOL_DONE")
+            assert done["payload"] == {"call_id": "f1", "status": "CANCELLED"}
+            assert stopped.wait(timeout(5)), "the tool kept running on the old node"
+            second.send("PING", "SYSTEM", {"nonce": "n"})
+            second.recv_type("PONG", nonce="n")
+            assert [m["type"] for m in second.received].count("TOOL_DONE") == 1
+        finally:
+            second.close()
+    finally:
+        first.close()
