@@ -100,6 +100,10 @@ OPTIONS: tuple[Option, ...] = (
        choices=("development", "production", "test")),
     _o("devMode", "dev_mode", "PROTOFLASK_DEV", bool, False,
        "development mode: generate a secret when none is given and print a token"),
+    _o("metrics", "metrics", "PROTOFLASK_METRICS", bool, True,
+       "serve /metrics (Prometheus text format)"),
+    _o("dashboard", "dashboard", "PROTOFLASK_DASHBOARD", bool, True,
+       "serve the dashboard and playground page (/, /dashboard) and /dashboard/data"),
 )
 
 ALL_KEYS = {o.key for o in OPTIONS} | {"flowControl"}
@@ -176,6 +180,8 @@ class ServerConfig:
     enable_logging: bool = True
     node_env: str = "production"
     dev_mode: bool = False
+    metrics: bool = True
+    dashboard: bool = True
 
     def __post_init__(self) -> None:
         for opt in OPTIONS:
