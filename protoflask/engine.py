@@ -66,14 +66,16 @@ class Stats:
         self.runs: dict[str, int] = dict.fromkeys(
             ("started", "finished", "cancelled", "error"), 0)
         self.tools = ToolCounters()
-        #: [second start ms, active connections, messages, mean latency ms, errors]
+        #: [second start ms, most connections open in it, messages, mean latency ms, errors]
         self.history: deque[list[float]] = deque(maxlen=HISTORY_SECONDS)
         self._sampled_second = now // 1000
         self._errors_at_sample = 0
+        self._peak_connections = 0  # since the last sample
 
     def connection_opened(self, kind: str) -> None:
         self.active_connections += 1
         self.total_connections += 1
+        self._peak_connections = max(self._peak_connections, self.active_connections)
         self.connections_active[kind] = self.connections_active.get(kind, 0) + 1
         self.connections_opened[kind] = self.connections_opened.get(kind, 0) + 1
 
@@ -93,10 +95,12 @@ class Stats:
         by_second = {int(b[0]): b for b in self._buckets}
         errors = self.errors_sent - self._errors_at_sample
         self._errors_at_sample = self.errors_sent
+        peak = max(self._peak_connections, self.active_connections)
+        self._peak_connections = self.active_connections
         first = max(self._sampled_second, second - HISTORY_SECONDS)
         for s in range(first, second):
             b = by_second.get(s)
-            self.history.append([s * 1000, self.active_connections, b[1] if b else 0,
+            self.history.append([s * 1000, peak, b[1] if b else 0,
                                  round(b[2] / b[3], 4) if b and b[3] else 0.0,
                                  errors if s == second - 1 else 0])
         self._sampled_second = second
