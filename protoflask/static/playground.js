@@ -15,14 +15,21 @@
   window.playground = {wire: [], chat: [], calls: {}, get client() { return client; }};
 
   // -- wire log --------------------------------------------------------------------------
-  function logLine(dir, text, cls) {
+  function logLine(dir, text, cls, type) {
     const log = $("wire-log");
     const li = document.createElement("li");
     li.className = cls;
     const mark = document.createElement("span");
     mark.className = "dir";
     mark.textContent = dir;
-    li.append(mark, document.createTextNode(text));
+    li.append(mark);
+    if (type) {
+      const name = document.createElement("span");
+      name.className = "type";
+      name.textContent = type;
+      li.append(name);
+    }
+    li.append(document.createTextNode(text));
     log.appendChild(li);
     while (log.children.length > MAX_LOG) log.firstChild.remove();
     log.scrollTop = log.scrollHeight;
@@ -31,7 +38,7 @@
   function onFrame(dir, raw, msg) {
     window.playground.wire.push({dir, type: msg.type, seq: msg.seq, raw});
     if (window.playground.wire.length > 5 * MAX_LOG) window.playground.wire.splice(0, MAX_LOG);
-    logLine(dir === "in" ? "←" : "→", raw, dir);
+    logLine(dir === "in" ? "←" : "→", raw, dir, `${msg.type} #${msg.seq}`);
   }
 
   function note(text) {
