@@ -43,7 +43,7 @@ from .errors import (
     UnsupportedVersion,
 )
 from .replay import ReplayWindow
-from .traffic import INVALID, TrafficCounters
+from .traffic import INVALID, UNKNOWN_TYPE, TrafficCounters
 
 # WebSocket-style close codes the core asks transports to use (CONTRACT 2).
 CLOSE_NORMAL = 1000
@@ -301,7 +301,11 @@ class ProtocolSession:
 
     def receive_message(self, msg: Message, nbytes: int, now: int) -> list[Event]:
         self.last_activity = now
-        self.traffic.count_received(msg.type)
+        received = self.traffic.received  # inline: this runs for every message
+        try:
+            received[msg.type] += 1
+        except KeyError:  # a type no client may send: one bounded label for all of them
+            received[UNKNOWN_TYPE] += 1
         if msg.seq <= self.upstream_seq:
             return self._take_events()  # a retransmission: already seen
         seen_before = self.upstream_seq
@@ -644,7 +648,7 @@ class ProtocolSession:
         paused = self.paused_by_client
         blocked: set[str] = set()
         sid, ts = self.id, str(now)
-        count_sent = self.traffic.count_sent
+        sent = self.traffic.sent
         for ob, size in zip(pending, sizes, strict=True):
             channel = ob.channel
             control = ob.type in CONTROL_TYPES
@@ -666,7 +670,10 @@ class ProtocolSession:
             self.downstream_seq = seq
             self.replay.add(seq, data, now)
             out.append((seq, data))
-            count_sent(ob.type)
+            try:
+                sent[ob.type] += 1
+            except KeyError:  # an application's own type
+                sent[ob.type] = 1
         self._check_pressure()
         return out
 

@@ -15,6 +15,9 @@ INVALID = "invalid"
 
 
 class TrafficCounters:
+    """The session bumps these inline (``received[type] += 1``, falling back to
+    ``unknown`` for a type not listed; ``sent[type]``, adding an application's own type)."""
+
     __slots__ = ("received", "sent", "replays", "replayed_messages")
 
     def __init__(self) -> None:
@@ -28,17 +31,3 @@ class TrafficCounters:
             (source, result): 0 for source in ("resume", "request")
             for result in ("complete", "unavailable")}
         self.replayed_messages = 0
-
-    def count_received(self, mtype: str) -> None:
-        counts = self.received
-        try:
-            counts[mtype] += 1
-        except KeyError:  # a type no client may send: one bounded label for all of them
-            counts[UNKNOWN_TYPE] += 1
-
-    def count_sent(self, mtype: str) -> None:
-        counts = self.sent
-        try:
-            counts[mtype] += 1
-        except KeyError:  # an application's own type
-            counts[mtype] = 1
