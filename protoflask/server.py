@@ -130,7 +130,9 @@ class ProtoServer:
         """The Flask app serving this server (created on first use if none was given)."""
         if self._app is None:
             self._own_app = True
-            self.init_app(Flask("protoflask"))
+            # not "protoflask": the app logger must not be the logger the WSGI server
+            # writes its errors to (Flask logs to wsgi.errors, which logs there: a loop)
+            self.init_app(Flask(__name__))
         assert self._app is not None
         return self._app
 
