@@ -106,7 +106,7 @@
       cell(tr, tool.name, "mono");
       cell(tr, tool.description);
       const props = (tool.inputSchema || {}).properties || {};
-      cell(tr, Object.entries(props).map(([k, v]) => `${k}: ${v.type || "any"}`).join(", ") || "–", "mono");
+      cell(tr, Object.entries(props).map(([k, v]) => `${k}: ${v.type || (v.enum ? "enum" : "any")}`).join(", ") || "–", "mono");
       body.appendChild(tr);
     }
   }
