@@ -105,6 +105,10 @@ OPTIONS: tuple[Option, ...] = (
        "one worker"),
     _o("redisPrefix", "redis_prefix", "REDIS_PREFIX", str, "protoflask",
        "prefix of every Redis key and channel (one per cluster)"),
+    _o("metrics", "metrics", "PROTOFLASK_METRICS", bool, True,
+       "serve /metrics (Prometheus text format)"),
+    _o("dashboard", "dashboard", "PROTOFLASK_DASHBOARD", bool, True,
+       "serve the dashboard and playground page (/, /dashboard) and /dashboard/data"),
 )
 
 ALL_KEYS = {o.key for o in OPTIONS} | {"flowControl"}
@@ -183,6 +187,8 @@ class ServerConfig:
     dev_mode: bool = False
     redis_url: str | None = field(default=None, repr=False)  # may hold a password
     redis_prefix: str = "protoflask"
+    metrics: bool = True
+    dashboard: bool = True
 
     def __post_init__(self) -> None:
         for opt in OPTIONS:

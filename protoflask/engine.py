@@ -30,6 +30,8 @@ from .core.session import (
     SendRefused, SlowConsumer, ToolCancelRequested, ToolListRequested,
 )
 from .hub import Hub, LiveSession, Transport, now_ms
+from .core.traffic import TrafficCounters
+from .metrics import ToolCounters
 from .tools import SessionToolRunner, ToolExecution, ToolRegistry, check_call
 from . import signals
 
@@ -39,10 +41,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("protoflask")
 
 STATS_WINDOW_MS = 10_000
+HISTORY_SECONDS = 300  # per-second samples the dashboard charts (five minutes)
 
 
 class Stats:
-    """SPEC 2.6 counters with CONTRACT 7's definitions."""
+    """SPEC 2.6 counters with CONTRACT 7's definitions, plus the plain counters /metrics
+    and the dashboard read (docs/OPERATIONS.md): bumped where things happen, never
+    through a metrics library on the per-message path."""
 
     def __init__(self, now: int) -> None:
         self.started_at = now
@@ -52,6 +57,53 @@ class Stats:
         self.errors_sent = 0
         # (second, messages, latency sum ms, latency samples) for the last 10 s
         self._buckets: deque[list[float]] = deque()
+        self.traffic = TrafficCounters()  # shared by every session's core
+        self.connections_active: dict[str, int] = {}  # by transport kind
+        self.connections_opened: dict[str, int] = {}
+        self.connections_refused: dict[str, int] = {}  # by error code
+        self.errors_by_code: dict[str, int] = {}  # ERROR messages sent
+        self.outbound_dropped = 0  # OUTBOUND_QUEUE_FULL
+        self.runs: dict[str, int] = dict.fromkeys(
+            ("started", "finished", "cancelled", "error"), 0)
+        self.tools = ToolCounters()
+        #: [second start ms, most connections open in it, messages, mean latency ms, errors]
+        self.history: deque[list[float]] = deque(maxlen=HISTORY_SECONDS)
+        self._sampled_second = now // 1000
+        self._errors_at_sample = 0
+        self._peak_connections = 0  # since the last sample
+
+    def connection_opened(self, kind: str) -> None:
+        self.active_connections += 1
+        self.total_connections += 1
+        self._peak_connections = max(self._peak_connections, self.active_connections)
+        self.connections_active[kind] = self.connections_active.get(kind, 0) + 1
+        self.connections_opened[kind] = self.connections_opened.get(kind, 0) + 1
+
+    def connection_closed(self, kind: str) -> None:
+        self.active_connections -= 1
+        self.connections_active[kind] = self.connections_active.get(kind, 0) - 1
+
+    def count(self, counts: dict[str, int], key: str) -> None:
+        counts[key] = counts.get(key, 0) + 1
+
+    def sample(self, now: int) -> None:
+        """Once a second (the heartbeat ticker calls it): append the seconds completed
+        since the last sample to ``history``, from the 10 s buckets."""
+        second = now // 1000
+        if second <= self._sampled_second:
+            return
+        by_second = {int(b[0]): b for b in self._buckets}
+        errors = self.errors_sent - self._errors_at_sample
+        self._errors_at_sample = self.errors_sent
+        peak = max(self._peak_connections, self.active_connections)
+        self._peak_connections = self.active_connections
+        first = max(self._sampled_second, second - HISTORY_SECONDS)
+        for s in range(first, second):
+            b = by_second.get(s)
+            self.history.append([s * 1000, peak, b[1] if b else 0,
+                                 round(b[2] / b[3], 4) if b and b[3] else 0.0,
+                                 errors if s == second - 1 else 0])
+        self._sampled_second = second
 
     def record(self, now: int, latency_ms: float) -> None:
         self.total_messages += 1
@@ -119,27 +171,31 @@ class Engine:
     def authenticate(self, token: str | None) -> str:
         return self.authority.verify(token)
 
-    def open_connection(self) -> None:
-        """Count a live transport, or refuse it (503 MAX_CONNECTIONS / SHUTTING_DOWN)."""
+    def open_connection(self, kind: str = "unknown") -> None:
+        """Count a live transport of ``kind`` (websocket, sse, stream), or refuse it
+        (503 MAX_CONNECTIONS / SHUTTING_DOWN)."""
         if self.shutting_down:
             raise ShuttingDown()
         if self.stats.active_connections >= self.config.max_connections:
             raise MaxConnections(f"{self.config.max_connections} connections are open")
         self.ensure_running()
-        self.stats.active_connections += 1
-        self.stats.total_connections += 1
+        self.stats.connection_opened(kind)
 
-    def close_connection(self) -> None:
-        self.stats.active_connections -= 1
+    def close_connection(self, kind: str = "unknown") -> None:
+        self.stats.connection_closed(kind)
 
     def admit(self, token: str | None, session_id: str | None,
-              last_seq: int | None) -> Admission:
+              last_seq: int | None, kind: str = "unknown") -> Admission:
         """Let a live transport in, or raise the contract's error (401, 404, 503).
 
-        Counts the connection: the caller owes one ``close_connection``."""
-        user_id = self.authenticate(token)
-        resume = self.find_session(session_id, user_id) if session_id else None
-        self.open_connection()
+        Counts the connection: the caller owes one ``close_connection(kind)``."""
+        try:
+            user_id = self.authenticate(token)
+            resume = self.find_session(session_id, user_id) if session_id else None
+            self.open_connection(kind)
+        except ProtoError as exc:
+            self.stats.count(self.stats.connections_refused, exc.code)
+            raise
         return Admission(user_id, resume, last_seq)
 
     def session_for(self, admission: Admission) -> tuple[LiveSession, int | None]:
@@ -152,15 +208,18 @@ class Engine:
         return admission.resume, admission.resume.core.last_ack if last_seq is None else last_seq
 
     def new_session(self, user_id: str) -> LiveSession:
-        live = self.adopt(ProtocolSession(uuid.uuid4().hex, user_id, self.settings, now_ms()))
+        live = self.adopt(ProtocolSession(uuid.uuid4().hex, user_id, self.settings, now_ms(),
+                                          self.stats.traffic))
         self.hub.add(live)
         return live
 
     def adopt(self, core: ProtocolSession) -> LiveSession:
         """A live session around a protocol session (new, or moved here from another node)."""
+        core.traffic = self.stats.traffic  # this node counts what it carries
         live = LiveSession(core, self._dispatch)
         live.runner = SessionToolRunner(live, self.server, self.config.max_concurrent_runs,
-                                        self.config.tool_queue_size, self.config.tool_timeout)
+                                        self.config.tool_queue_size, self.config.tool_timeout,
+                                        on_finish=self.stats.tools.finished)
         return live
 
     def find_session(self, session_id: str | None, user_id: str, *,
@@ -251,6 +310,7 @@ class Engine:
             self._start_call(live, event)
         elif isinstance(event, ErrorSent):
             self.stats.errors_sent += 1
+            self.stats.count(self.stats.errors_by_code, event.error.code)
             self._emit(signals.error, error=event.error, session_id=sid)
         elif isinstance(event, Handshake):
             self._emit(signals.handshake, session_id=sid, payload=event.payload)
@@ -263,6 +323,7 @@ class Engine:
         elif isinstance(event, RunChanged):
             signal = {"started": signals.run_started, "finished": signals.run_finished,
                       "cancelled": signals.run_cancelled}[event.kind]
+            self.stats.runs[event.kind if event.kind != "finished" else event.run.status] += 1
             for call_id in event.cancelled_calls:
                 assert live.runner is not None
                 if not live.runner.cancel(call_id):
@@ -282,6 +343,7 @@ class Engine:
                         "connection, the session stays for resume", sid, event.unsent_bytes)
             self._close_transport(live, CLOSE_SLOW_CONSUMER, "outbound buffer full")
         elif isinstance(event, SendRefused):
+            self.stats.outbound_dropped += 1
             log.warning("session %s: pending queue full; %s on %s dropped", sid, event.type,
                         event.channel)
             self._emit_error(OutboundQueueFull(
@@ -343,6 +405,7 @@ class Engine:
 
     def tick(self) -> None:
         now = now_ms()
+        self.stats.sample(now)
         for live in self.hub.sessions():
             events = live.core.tick(now)
             if events:

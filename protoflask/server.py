@@ -32,6 +32,7 @@ from .core.errors import InvalidMessage, SessionNotFound
 from .core.session import CLOSE_GOING_AWAY
 from .engine import Engine
 from .hub import Hub, LiveSession, LocalHub, make_hub, now_ms
+from .metrics import create_registry
 from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools, check_call
 from .web import ConnectionTakenOver, create_blueprint
 
@@ -64,7 +65,10 @@ class ProtoServer:
         self._hub_arg = hub
         self._config_arg = config
         self._configure(ServerConfig.load(config, app_config=app.config if app else None))
+        #: /metrics serves this registry; an application may register its own collectors
+        self.metrics_registry = create_registry(self)
         self._app: Flask | None = None
+        self._own_app = False  # the app was created here: the page may take "/"
         self._listeners: list[Callable[..., Any]] = []
         self._wsgi: WSGIServer | None = None
         self._thread: threading.Thread | None = None
@@ -126,7 +130,10 @@ class ProtoServer:
     def app(self) -> Flask:
         """The Flask app serving this server (created on first use if none was given)."""
         if self._app is None:
-            self.init_app(Flask("protoflask"))
+            self._own_app = True
+            # not "protoflask": the app logger must not be the logger the WSGI server
+            # writes its errors to (Flask logs to wsgi.errors, which logs there: a loop)
+            self.init_app(Flask(__name__))
         assert self._app is not None
         return self._app
 

@@ -172,6 +172,8 @@ class ToolExecution:
     #: is then "completed", "error" or "cancelled" (``call_tool`` waits on it)
     on_done: Callable[["ToolExecution", ProtoError | None], None] | None = field(
         default=None, repr=False, compare=False)
+    #: time.perf_counter() when execute was called (None until then): its duration metric
+    run_started: float | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"callId": self.call_id, "toolName": self.tool_name, "arguments": self.arguments,
@@ -190,8 +192,10 @@ class SessionToolRunner:
     """
 
     def __init__(self, live: "LiveSession", server: Any, limit: int, queue_size: int,
-                 default_timeout_ms: int) -> None:
+                 default_timeout_ms: int,
+                 on_finish: Callable[[ToolExecution], None] | None = None) -> None:
         self.live = live
+        self.on_finish = on_finish  # every ended execution (the server's tool metrics)
         self.server = server
         self.limit = limit
         self.queue_size = queue_size
@@ -227,8 +231,11 @@ class SessionToolRunner:
         if greenlet is not None:
             greenlet.kill(block=False)
             self._start_waiting()
-        if execution is not None and execution.on_done is not None:
-            execution.on_done(execution, None)
+        if execution is not None:
+            if self.on_finish is not None:
+                self.on_finish(execution)
+            if execution.on_done is not None:
+                execution.on_done(execution, None)
         return execution is not None
 
     def cancel_all(self) -> None:
@@ -245,6 +252,8 @@ class SessionToolRunner:
             self.live.fail_call(execution.call_id, error)
         else:
             self.live.tool_done(execution.call_id, "OK", result)
+        if self.on_finish is not None:
+            self.on_finish(execution)
         if execution.on_done is not None:
             execution.on_done(execution, error)
 
@@ -279,6 +288,7 @@ class SessionToolRunner:
     def _run(self, execution: ToolExecution, tool: Tool) -> None:
         """Execute, check the result, finish the call; a tool's exception is its failure."""
         execution.status = "running"
+        execution.run_started = time.perf_counter()
         try:
             assert tool.execute is not None
             result = tool.execute(execution.arguments, self.live.id, execution.call_id,

@@ -1,5 +1,6 @@
-"""The Flask blueprint: /health, /stats and the transport routes, plus CORS, gzip for
-JSON responses and connection-level access logs (never one line per message)."""
+"""The Flask blueprint: /health, /stats, /metrics, the dashboard page and the transport
+routes, plus CORS, gzip for JSON responses and connection-level access logs (never one line
+per message)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from flask import Blueprint, Response, g, request
 
 from .auth import token_from_request
 from .core.errors import ProtoError
+from .dashboard import add_dashboard_routes
+from .metrics import metrics_response
 from .transports import sse, stream
 from .transports.http import error_response, json_response, parse_seq_arg
 from .transports.websocket import WebSocketConnection, raw_socket
@@ -73,6 +76,14 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
     def stats() -> Response:
         return json_response(server.get_stats())
 
+    if config.metrics:
+        @bp.get("/metrics")
+        def metrics() -> Response:
+            return metrics_response(server.metrics_registry, request.headers.get("Accept"))
+
+    if config.dashboard:
+        add_dashboard_routes(bp, server, at_root=server._own_app)
+
     @bp.route("/proto/websocket", websocket=True)
     def websocket() -> Response:
         sock = raw_socket(request.environ)
@@ -86,7 +97,8 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
                 token_from_request(request.args.get("token"),
                                    request.headers.get("Authorization")),
                 request.args.get("session") or None,
-                parse_seq_arg(request.args.get("last_seq"), "last_seq"))
+                parse_seq_arg(request.args.get("last_seq"), "last_seq"),
+                kind=WebSocketConnection.kind)
         except ProtoError as exc:
             return error_response(exc)
         g.protoflask_live = True  # logged as open/closed, not as a request
@@ -104,7 +116,7 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
         except OSError:
             pass
         finally:
-            engine.close_connection()
+            engine.close_connection(WebSocketConnection.kind)
         return _TakenOverResponse()
 
     @bp.get("/proto/sse")
@@ -125,7 +137,8 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
             _add_cors(response)
         if config.enable_compression and not response.is_streamed:
             _maybe_gzip(response)
-        if config.enable_logging and not g.get("protoflask_live"):
+        if config.enable_logging and not g.get("protoflask_live") \
+                and not g.get("protoflask_quiet"):
             elapsed = (time.perf_counter() - g.get("protoflask_started", time.perf_counter()))
             query = redacted_query(request.query_string.decode("latin-1"))
             access_log.info("%s %s%s %s %.1fms", request.method, request.path,

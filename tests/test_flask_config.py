@@ -22,7 +22,7 @@ OTHER = {
     "maxMessageSize": 4096, "outboundBufferSize": 65536, "echoMessages": False,
     "enableCORS": False, "enableCompression": False, "enableLogging": False,
     "nodeEnv": "development", "devMode": True, "redisUrl": "redis://127.0.0.1:6379/15",
-    "redisPrefix": "from-app",
+    "redisPrefix": "from-app", "metrics": False, "dashboard": False,
 }
 FLOW_OTHER = {
     "enabled": False, "initialCredits": 300, "minCredits": 20, "maxCredits": 500,

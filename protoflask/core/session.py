@@ -43,6 +43,7 @@ from .errors import (
     UnsupportedVersion,
 )
 from .replay import ReplayWindow
+from .traffic import INVALID, UNKNOWN_TYPE, TrafficCounters
 
 # WebSocket-style close codes the core asks transports to use (CONTRACT 2).
 CLOSE_NORMAL = 1000
@@ -206,7 +207,7 @@ class _Text:
 
 class ProtocolSession:
     def __init__(self, session_id: str, user_id: str, settings: SessionSettings,
-                 now: int) -> None:
+                 now: int, traffic: TrafficCounters | None = None) -> None:
         self.id = session_id
         self.user_id = user_id
         self.settings = settings
@@ -248,6 +249,8 @@ class ProtocolSession:
         self._next_ping_at = now + settings.heartbeat_interval
 
         self._events: list[Event] = []
+        # shared by every session of a server (the server's /metrics); own one otherwise
+        self.traffic = traffic if traffic is not None else TrafficCounters()
 
     # -- connection lifecycle ------------------------------------------------------------
 
@@ -262,7 +265,7 @@ class ProtocolSession:
         self.in_flight = 0
         self._overflowed = False
         if last_seq is not None:
-            self._queue_replay(last_seq + 1, None, now)
+            self._queue_replay(last_seq + 1, None, now, source="resume")
 
     def detach(self, now: int) -> None:
         self.connected = False
@@ -276,10 +279,12 @@ class ProtocolSession:
         try:
             msg = parse_envelope(raw, max_size=self.settings.max_message_size)
         except MessageTooLarge as exc:
+            self.traffic.received[INVALID] += 1
             self._fail(exc)
             self._events.append(CloseRequested(CLOSE_TOO_LARGE, "message too large"))
             return self._take_events()
         except ProtoError as exc:
+            self.traffic.received[INVALID] += 1
             self._fail(exc)
             return self._take_events()
         return self.receive_message(msg, byte_length(raw), now)
@@ -289,12 +294,18 @@ class ProtocolSession:
         try:
             msg = validate_envelope(obj)
         except ProtoError as exc:
+            self.traffic.received[INVALID] += 1
             self._fail(exc)
             return self._take_events()
         return self.receive_message(msg, nbytes, now)
 
     def receive_message(self, msg: Message, nbytes: int, now: int) -> list[Event]:
         self.last_activity = now
+        received = self.traffic.received  # inline: this runs for every message
+        try:
+            received[msg.type] += 1
+        except KeyError:  # a type no client may send: one bounded label for all of them
+            received[UNKNOWN_TYPE] += 1
         if msg.seq <= self.upstream_seq:
             return self._take_events()  # a retransmission: already seen
         seen_before = self.upstream_seq
@@ -458,7 +469,8 @@ class ProtocolSession:
 
     def _on_replay_request(self, msg: Message, seen_before: int, now: int) -> None:
         p = msg.payload
-        self._queue_replay(p["from_seq"], p["to_seq"], now, related_id=msg.id)
+        self._queue_replay(p["from_seq"], p["to_seq"], now, source="request",
+                           related_id=msg.id)
 
     def _on_audio(self, msg: Message, seen_before: int, now: int) -> None:
         try:
@@ -636,6 +648,7 @@ class ProtocolSession:
         paused = self.paused_by_client
         blocked: set[str] = set()
         sid, ts = self.id, str(now)
+        sent = self.traffic.sent
         for ob, size in zip(pending, sizes, strict=True):
             channel = ob.channel
             control = ob.type in CONTROL_TYPES
@@ -657,6 +670,10 @@ class ProtocolSession:
             self.downstream_seq = seq
             self.replay.add(seq, data, now)
             out.append((seq, data))
+            try:
+                sent[ob.type] += 1
+            except KeyError:  # an application's own type
+                sent[ob.type] = 1
         self._check_pressure()
         return out
 
@@ -665,16 +682,23 @@ class ProtocolSession:
         self.pending.append(ob)
         self._pending_sizes.append(size)
 
-    def _queue_replay(self, from_seq: int, to_seq: int | None, now: int,
+    def _queue_replay(self, from_seq: int, to_seq: int | None, now: int, source: str,
                       related_id: str | None = None) -> None:
+        """``source``: "resume" (a reconnect with last_seq) or "request" (REPLAY_REQUEST),
+        for the replay counters."""
+        replays = self.traffic.replays
         if to_seq is not None:
             to_seq = min(to_seq, self.downstream_seq)
         elif from_seq > self.downstream_seq:
-            return  # nothing was sent after it
+            replays[source, "complete"] += 1  # nothing was sent after it
+            return
         self.replay.prune(now)
         stored, complete = self.replay.range(from_seq, to_seq)
         self._resend.extend((e.seq, e.data) for e in stored)
-        if not complete and (to_seq is None or from_seq <= to_seq):
+        self.traffic.replayed_messages += len(stored)
+        unavailable = not complete and (to_seq is None or from_seq <= to_seq)
+        replays[source, "unavailable" if unavailable else "complete"] += 1
+        if unavailable:
             first = self.replay.first_seq
             self._fail(ReplayUnavailable(
                 f"messages from seq {from_seq} are no longer available",
@@ -730,7 +754,9 @@ class ProtocolSession:
         return self._take_events()
 
     def reject(self, exc: ProtoError) -> None:
-        """Report a problem found outside the core (by a transport) as an ERROR."""
+        """Report a problem found outside the core (by a transport) as an ERROR; the
+        message it was about counts as an invalid one received."""
+        self.traffic.received[INVALID] += 1
         self._fail(exc)
 
     def snapshot(self) -> dict[str, Any]:

@@ -411,7 +411,7 @@ class HTTPDownstream:
             if self._attached:
                 self.engine.detach(self.live, self)
         finally:
-            self.engine.close_connection()
+            self.engine.close_connection(self.kind)
             if self.log_connections:
                 access_log.info("%s closed session=%s", self.kind, self.live.id)
 

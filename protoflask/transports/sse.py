@@ -68,7 +68,7 @@ def open_stream(engine: "Engine", request: Request) -> Response:
     try:
         admission = engine.admit(
             token_from_request(request.args.get("token"), request.headers.get("Authorization")),
-            *resume_point(request))
+            *resume_point(request), kind=SSEStream.kind)
     except ProtoError as exc:
         return error_response(exc)
     live, last_seq = engine.session_for(admission)

@@ -103,7 +103,8 @@ def handle_post(engine: "Engine", request: Request) -> Response:
     try:
         admission = engine.admit(
             token_from_request(request.args.get("token"), request.headers.get("Authorization")),
-            session_id, parse_seq_arg(request.args.get("last_seq"), "last_seq"))
+            session_id, parse_seq_arg(request.args.get("last_seq"), "last_seq"),
+            kind=NDJSONStream.kind)
     except ProtoError as exc:
         return error_response(exc)
     live, last_seq = engine.session_for(admission)

@@ -1,0 +1,121 @@
+"""The dashboard and playground page (plain HTML/JS/CSS in ``protoflask/static``, no build
+step) and the JSON it polls.
+
+Routes (config ``dashboard``, on by default):
+
+    GET /                        the page, on protoflask's own app only (an application's
+                                 Flask app keeps its "/")
+    GET /dashboard               the page, always
+    GET /dashboard/static/<f>    its script and style sheet
+    GET /dashboard/data          JSON: public aggregates; sessions and tools with a token
+
+What needs a token: the aggregates (counts, rates, history, queue depths) are as public
+as /stats. The per-session list and the tool list need a valid token (Bearer or
+``?token=``) and list only that user's own sessions; in development mode (``devMode``)
+every session and every tool is listed without a token. A bad token is 401.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flask import Blueprint, Response, g, request, send_from_directory
+
+from .auth import token_from_request
+from .core.errors import InvalidMessage, ProtoError
+from .hub import LiveSession, now_ms
+from .metrics import session_gauges
+from .transports.http import error_response, json_response
+
+if TYPE_CHECKING:
+    from .server import ProtoServer
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+ROOT_PLACEHOLDER = "__PROTOFLASK_ROOT__"
+MAX_LISTED_SESSIONS = 200  # the most recently active ones
+
+
+def add_dashboard_routes(bp: Blueprint, server: "ProtoServer", at_root: bool) -> None:
+    engine = server.engine
+
+    def page() -> Response:
+        # The app may be mounted below a prefix: the page's URLs start from this root.
+        root = html.escape(request.script_root + "/", quote=True)
+        body = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
+        resp = Response(body.replace(ROOT_PLACEHOLDER, root), mimetype="text/html")
+        host = request.host
+        resp.headers["Content-Security-Policy"] = (
+            "default-src 'self'; img-src 'self' data:; "
+            f"connect-src 'self' ws://{host} wss://{host}; frame-ancestors 'none'")
+        resp.headers["Cache-Control"] = "no-cache"
+        return resp
+
+    def static(name: str) -> Response:
+        return send_from_directory(STATIC_DIR, name, max_age=0)
+
+    def data() -> Response:
+        g.protoflask_quiet = True  # polled every second or two: not in the access log
+        try:
+            token = token_from_request(request.args.get("token"),
+                                       request.headers.get("Authorization"))
+            user = engine.authenticate(token) if token else None
+            since = request.args.get("since", "0")
+            if not since.isdigit():
+                raise InvalidMessage(f"since must be a number of ms, got {since!r}")
+        except ProtoError as exc:
+            return error_response(exc)
+        return json_response(dashboard_data(server, user, int(since)))
+
+    if at_root:
+        bp.add_url_rule("/", "dashboard_root", page)
+    bp.add_url_rule("/dashboard", "dashboard", page)
+    bp.add_url_rule("/dashboard/static/<path:name>", "dashboard_static", static)
+    bp.add_url_rule("/dashboard/data", "dashboard_data", data)
+
+
+def dashboard_data(server: "ProtoServer", user: str | None, since: int) -> dict[str, Any]:
+    engine = server.engine
+    stats = engine.stats
+    sessions = list(engine.hub.sessions())
+    everyone = server.config.dev_mode
+    out: dict[str, Any] = {
+        "stats": stats.snapshot(now_ms()),
+        "transports": {kind: {"active": stats.connections_active.get(kind, 0),
+                              "opened": opened}
+                       for kind, opened in sorted(stats.connections_opened.items())},
+        "history": [h for h in stats.history if h[0] > since],
+        "gauges": session_gauges(sessions),
+        "access": {"user": user, "devMode": everyone,
+                   "sessions": "all" if everyone else "own" if user else "none"},
+    }
+    if user is None and not everyone:
+        return out
+    visible = sessions if everyone else [s for s in sessions if s.user_id == user]
+    visible.sort(key=lambda s: s.core.last_activity, reverse=True)
+    out["sessionsListed"] = len(visible)
+    out["sessions"] = [_session_row(s) for s in visible[:MAX_LISTED_SESSIONS]]
+    out["tools"] = [t.to_dict() for t in engine.tools]
+    return out
+
+
+def _session_row(live: LiveSession) -> dict[str, Any]:
+    core = live.core
+    transport = live.transport
+    runner = live.runner
+    return {
+        "id": live.id,
+        "userId": live.user_id,
+        "transport": transport.kind if transport is not None else None,
+        "connected": core.connected,
+        "handshakeCompleted": core.handshake_completed,
+        "lastActivity": core.last_activity,
+        "lastClientSeq": core.upstream_seq,
+        "lastDeliveredSeq": core.downstream_seq,
+        "pendingMessages": len(core.pending),
+        "outboundBytes": core.unsent_bytes,
+        "activeRuns": len(core.runs),
+        "toolsRunning": len(runner.running) if runner is not None else 0,
+        "toolsQueued": len(runner.waiting) if runner is not None else 0,
+    }

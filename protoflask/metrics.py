@@ -1,0 +1,193 @@
+"""/metrics: the server's counters in Prometheus' text format (docs/OPERATIONS.md).
+
+Nothing here runs per message. The numbers are plain ints and dicts kept where things
+happen (``engine.Stats``, the sessions' shared ``TrafficCounters``, the tool runners'
+``ToolCounters``); ``ProtoCollector`` turns them into metric families when a scraper
+asks. Each ProtoServer has its own ``CollectorRegistry`` (``server.metrics_registry``),
+so several servers in one process never collide and an application can register its
+own collectors next to protoflask's.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from flask import Response
+
+    from .hub import LiveSession
+    from .server import ProtoServer
+    from .tools import ToolExecution
+
+#: upper bounds (seconds) of the tool duration histogram's buckets
+TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0)
+
+
+class DurationHistogram:
+    """Bucket counts, sum and count, as a Prometheus histogram needs them."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(TOOL_BUCKETS) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(TOOL_BUCKETS, seconds)] += 1
+        self.sum += seconds
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, total = [], 0
+        for bound, count in zip((*map(str, TOOL_BUCKETS), "+Inf"), self.counts, strict=True):
+            total += count
+            out.append((bound, total))
+        return out
+
+
+class ToolCounters:
+    """Tool executions by tool: how they ended, and how long those that ran took
+    (from ``execute`` being called to the end: queue time excluded)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[tuple[str, str], int] = {}  # (tool, status) -> count
+        self.durations: dict[str, DurationHistogram] = {}
+
+    def finished(self, execution: "ToolExecution") -> None:
+        key = (execution.tool_name, execution.status)
+        self.calls[key] = self.calls.get(key, 0) + 1
+        if execution.run_started is not None:
+            histogram = self.durations.get(execution.tool_name)
+            if histogram is None:
+                histogram = self.durations[execution.tool_name] = DurationHistogram()
+            histogram.observe(time.perf_counter() - execution.run_started)
+
+
+def _labelled(metric: Any, counts: dict[Any, int]) -> Any:
+    for key, value in sorted(counts.items()):
+        metric.add_metric(list(key) if isinstance(key, tuple) else [key], value)
+    return metric
+
+
+class ProtoCollector(Collector):
+    """Reads one server's counters at scrape time (in the server's hub: no locking)."""
+
+    def __init__(self, server: "ProtoServer") -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self.server.engine  # read each time: init_app may rebuild it
+        stats = engine.stats
+        traffic = stats.traffic
+        p = "protoflask_"
+        yield _labelled(GaugeMetricFamily(
+            p + "connections_active", "Live transports now, by transport.",
+            labels=["transport"]), stats.connections_active)
+        yield _labelled(CounterMetricFamily(
+            p + "connections_opened", "Live transports opened since start, by transport.",
+            labels=["transport"]), stats.connections_opened)
+        yield _labelled(CounterMetricFamily(
+            p + "connections_refused", "Connection attempts refused, by error code.",
+            labels=["code"]), stats.connections_refused)
+        yield _labelled(CounterMetricFamily(
+            p + "messages_received", "Upstream messages received, by type (unknown: a type "
+            "no client may send; invalid: the envelope could not be read).",
+            labels=["type"]), traffic.received)
+        yield _labelled(CounterMetricFamily(
+            p + "messages_sent", "Downstream messages sent (given a seq), by type; replays "
+            "are not counted again.", labels=["type"]), traffic.sent)
+        yield _labelled(CounterMetricFamily(
+            p + "errors", "ERROR messages sent, by code.", labels=["code"]),
+            stats.errors_by_code)
+        yield CounterMetricFamily(
+            p + "outbound_dropped", "Server messages dropped because a session's pending "
+            "queue was full (OUTBOUND_QUEUE_FULL).", value=stats.outbound_dropped)
+        yield _labelled(CounterMetricFamily(
+            p + "tool_calls", "Tool executions ended, by tool and status (completed, error, "
+            "cancelled).", labels=["tool", "status"]), stats.tools.calls)
+        durations = HistogramMetricFamily(
+            p + "tool_duration_seconds", "Time from a tool's execute being called to its end.",
+            labels=["tool"])
+        for tool, histogram in sorted(stats.tools.durations.items()):
+            durations.add_metric([tool], histogram.cumulative(), histogram.sum)
+        yield durations
+        yield _labelled(CounterMetricFamily(
+            p + "runs", "Run transitions, by outcome (started, finished, cancelled, error).",
+            labels=["outcome"]), stats.runs)
+        yield _labelled(CounterMetricFamily(
+            p + "replays", "Replays of missed messages by source (resume: a reconnect with "
+            "last_seq; request: REPLAY_REQUEST) and result (complete, or unavailable: "
+            "REPLAY_UNAVAILABLE).", labels=["source", "result"]), traffic.replays)
+        yield CounterMetricFamily(
+            p + "replayed_messages", "Messages resent by replays.",
+            value=traffic.replayed_messages)
+
+        g = session_gauges(engine.hub.sessions())
+        sessions = GaugeMetricFamily(p + "sessions", "Sessions held, by state (disconnected "
+                                     "ones are kept for resume).", labels=["state"])
+        sessions.add_metric(["connected"], g["connected"])
+        sessions.add_metric(["disconnected"], g["disconnected"])
+        yield sessions
+        yield GaugeMetricFamily(p + "runs_active", "Active runs in all sessions.",
+                                value=g["runs"])
+        yield GaugeMetricFamily(
+            p + "pending_outbound_messages", "Server messages waiting in sessions' pending "
+            "queues (for credit, a RESUME_CHANNEL or the transport).", value=g["pending"])
+        yield GaugeMetricFamily(
+            p + "outbound_bytes", "Unsent downstream bytes, queued or being written.",
+            value=g["outboundBytes"])
+        yield GaugeMetricFamily(
+            p + "tool_queue_depth", "Tool calls waiting for a free slot (maxConcurrentRuns).",
+            value=g["toolsQueued"])
+        yield GaugeMetricFamily(p + "tools_running", "Tool executions running now.",
+                                value=g["toolsRunning"])
+
+        snapshot = stats.snapshot(int(time.time() * 1000))
+        yield GaugeMetricFamily(p + "uptime_seconds", "Seconds since the server started.",
+                                value=snapshot["uptime"] / 1000.0)
+        yield GaugeMetricFamily(
+            p + "messages_per_second", "Upstream messages per second over the last 10 s "
+            "(/stats messagesPerSecond).", value=snapshot["messagesPerSecond"])
+        yield GaugeMetricFamily(
+            p + "average_latency_seconds", "Mean time from receiving an upstream message to "
+            "finishing its handling, over the last 10 s (/stats averageLatency).",
+            value=snapshot["averageLatency"] / 1000.0)
+
+
+def session_gauges(sessions: Iterable["LiveSession"]) -> dict[str, int]:
+    """What the sessions hold right now, summed (for /metrics and the dashboard)."""
+    g = dict.fromkeys(("connected", "disconnected", "runs", "pending", "outboundBytes",
+                       "toolsQueued", "toolsRunning"), 0)
+    for live in sessions:
+        core = live.core
+        g["connected" if core.connected else "disconnected"] += 1
+        g["runs"] += len(core.runs)
+        g["pending"] += len(core.pending)
+        g["outboundBytes"] += core.unsent_bytes
+        if live.runner is not None:
+            g["toolsQueued"] += len(live.runner.waiting)
+            g["toolsRunning"] += len(live.runner.running)
+    return g
+
+
+def create_registry(server: "ProtoServer") -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ProtoCollector(server))
+    return registry
+
+
+def metrics_response(registry: CollectorRegistry, accept: str | None) -> "Response":
+    """The exposition format the scraper asked for (text, or OpenMetrics)."""
+    from flask import Response
+
+    encoder, content_type = choose_encoder(accept or "")
+    return Response(encoder(registry), status=200, headers={"Content-Type": content_type})

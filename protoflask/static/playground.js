@@ -1,0 +1,296 @@
+"use strict";
+// The playground: connect with a token over WebSocket or SSE, chat, call a tool through
+// a form built from its inputSchema (TOOL_LIST), and watch every frame in the wire log.
+(function () {
+  const ROOT = document.querySelector('meta[name="protoflask-root"]').content;
+  const MAX_LOG = 500;
+  const $ = (id) => document.getElementById(id);
+  let client = null;
+  let tools = {};
+  let currentCall = null;
+  let counter = 0;
+  const agentTexts = {};  // message_id -> the bubble's text node
+
+  // what tests (and a curious developer in the console) can read
+  window.playground = {wire: [], chat: [], calls: {}, get client() { return client; }};
+
+  // -- wire log --------------------------------------------------------------------------
+  function logLine(dir, text, cls, type) {
+    const log = $("wire-log");
+    const li = document.createElement("li");
+    li.className = cls;
+    const mark = document.createElement("span");
+    mark.className = "dir";
+    mark.textContent = dir;
+    li.append(mark);
+    if (type) {
+      const name = document.createElement("span");
+      name.className = "type";
+      name.textContent = type;
+      li.append(name);
+    }
+    li.append(document.createTextNode(text));
+    log.appendChild(li);
+    while (log.children.length > MAX_LOG) log.firstChild.remove();
+    log.scrollTop = log.scrollHeight;
+  }
+
+  function onFrame(dir, raw, msg) {
+    window.playground.wire.push({dir, type: msg.type, seq: msg.seq, raw});
+    if (window.playground.wire.length > 5 * MAX_LOG) window.playground.wire.splice(0, MAX_LOG);
+    logLine(dir === "in" ? "←" : "→", raw, dir, `${msg.type} #${msg.seq}`);
+  }
+
+  function note(text) {
+    logLine("·", text, "note-line");
+  }
+
+  // -- connection --------------------------------------------------------------------------
+  function setConnected(ready) {
+    $("disconnect").disabled = !client || client.state === "closed";
+    $("chat-send").disabled = !ready;
+    $("tool-select").disabled = !ready;
+    $("tool-call").disabled = !ready || !Object.keys(tools).length;
+  }
+
+  function onState(state, detail) {
+    const status = $("conn-status");
+    status.classList.toggle("bad", state === "closed");
+    status.dataset.state = state;
+    if (state === "ready") {
+      status.textContent = `ready: session ${detail} over ${client.transport}`;
+      client.send("TOOL_LIST", "SYSTEM", {});
+    } else {
+      status.textContent = detail ? `${state}: ${detail}` : state;
+    }
+    setConnected(state === "ready");
+  }
+
+  $("connect").addEventListener("click", () => {
+    const token = window.protoflaskToken();
+    if (!token) {
+      onState("closed", "enter a token first");
+      return;
+    }
+    if (client) client.close();
+    tools = {};
+    client = new ProtoClient(ROOT, token, $("transport").value,
+                             {onFrame, onState, onMessage, onNote: note});
+    client.connect();
+    setConnected(false);
+  });
+
+  $("disconnect").addEventListener("click", () => client && client.close());
+  $("log-clear").addEventListener("click", () => $("wire-log").replaceChildren());
+
+  // -- incoming ------------------------------------------------------------------------------
+  function onMessage(msg) {
+    const p = msg.payload || {};
+    switch (msg.type) {
+      case "MESSAGE_START": bubble("agent", p.message_id, ""); break;
+      case "MESSAGE_PART": {
+        const node = agentTexts[p.message_id] || bubble("agent", p.message_id, "");
+        node.textContent += p.content;
+        break;
+      }
+      case "MESSAGE_END": {
+        const node = agentTexts[p.message_id];
+        if (node) window.playground.chat.push({who: "agent", text: node.textContent});
+        delete agentTexts[p.message_id];
+        break;
+      }
+      case "TOOL_LIST": setTools(p.tools || []); break;
+      case "TOOL_UPDATE": onToolUpdate(p); break;
+      case "TOOL_DONE": onToolDone(p); break;
+      case "ERROR":
+        note(`ERROR ${p.code}: ${p.message}`);
+        break;
+      default: break;
+    }
+  }
+
+  // -- chat --------------------------------------------------------------------------------
+  function bubble(who, messageId, text) {
+    const div = document.createElement("div");
+    div.className = `bubble ${who}`;
+    const name = document.createElement("span");
+    name.className = "who";
+    name.textContent = who === "me" ? "you" : "agent";
+    const body = document.createElement("span");
+    body.className = "text";
+    body.textContent = text;
+    div.append(name, body);
+    $("chat").appendChild(div);
+    $("chat").scrollTop = $("chat").scrollHeight;
+    if (messageId && who === "agent") agentTexts[messageId] = body;
+    return body;
+  }
+
+  $("chat-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const input = $("chat-input");
+    const text = input.value;
+    if (!text || !client || client.state !== "ready") return;
+    const id = `web-text-${++counter}`;
+    client.send("MESSAGE_START", "USER", {message_id: id, content_type: "text/plain"});
+    client.send("MESSAGE_PART", "USER", {message_id: id, content: text});
+    client.send("MESSAGE_END", "USER", {message_id: id});
+    bubble("me", null, text);
+    window.playground.chat.push({who: "me", text});
+    input.value = "";
+  });
+
+  // -- tools: a form from the inputSchema ----------------------------------------------------
+  function setTools(list) {
+    tools = {};
+    const select = $("tool-select");
+    const previous = select.value;
+    select.replaceChildren();
+    for (const tool of list) {
+      tools[tool.name] = tool;
+      const option = document.createElement("option");
+      option.value = tool.name;
+      option.textContent = tool.name;
+      select.appendChild(option);
+    }
+    if (previous && tools[previous]) select.value = previous;
+    buildForm();
+    setConnected(client && client.state === "ready");
+  }
+
+  function fieldKind(schema) {
+    if (Array.isArray(schema.enum)) return "enum";
+    const type = Array.isArray(schema.type) ? schema.type.find((t) => t !== "null") : schema.type;
+    return ["string", "number", "integer", "boolean"].includes(type) ? type : "json";
+  }
+
+  function buildForm() {
+    const form = $("tool-form");
+    form.replaceChildren();
+    const tool = tools[$("tool-select").value];
+    $("tool-description").textContent = tool ? tool.description : "";
+    if (!tool) return;
+    const schema = tool.inputSchema || {};
+    const props = schema.properties || {};
+    const required = new Set(schema.required || []);
+    const names = Object.keys(props);
+    if (!names.length) {
+      addField(form, "params", "json", {}, false, "params (JSON object)");
+      return;
+    }
+    for (const name of names) {
+      addField(form, name, fieldKind(props[name]), props[name], required.has(name));
+    }
+  }
+
+  function addField(form, name, kind, schema, required, labelText) {
+    const label = document.createElement("label");
+    label.htmlFor = `param-${name}`;
+    label.textContent = (labelText || name) + (required ? " *" : "");
+    if (schema.description) label.title = schema.description;
+    let input;
+    if (kind === "enum") {
+      input = document.createElement("select");
+      for (const value of schema.enum) {
+        const option = document.createElement("option");
+        option.value = JSON.stringify(value);
+        option.textContent = String(value);
+        input.appendChild(option);
+      }
+    } else if (kind === "json") {
+      input = document.createElement("textarea");
+      input.placeholder = "JSON";
+      if (schema.default !== undefined) input.value = JSON.stringify(schema.default);
+      else if (name === "params") input.value = "{}";
+    } else {
+      input = document.createElement("input");
+      input.type = kind === "boolean" ? "checkbox" : kind === "string" ? "text" : "number";
+      if (kind === "integer") input.step = "1";
+      if (kind === "number") input.step = "any";
+      if (schema.default !== undefined) {
+        if (kind === "boolean") input.checked = !!schema.default;
+        else input.value = String(schema.default);
+      }
+    }
+    input.id = `param-${name}`;
+    input.name = name;
+    input.dataset.kind = kind;
+    input.dataset.required = required ? "1" : "";
+    form.append(label, input);
+  }
+
+  function readParams() {
+    const tool = tools[$("tool-select").value];
+    const params = {};
+    for (const input of $("tool-form").querySelectorAll("[data-kind]")) {
+      const {kind, required} = input.dataset;
+      const empty = kind !== "boolean" && input.value.trim() === "";
+      if (empty && !required) continue;
+      let value;
+      if (kind === "boolean") value = input.checked;
+      else if (kind === "number" || kind === "integer") value = Number(input.value);
+      else if (kind === "enum" || kind === "json") {
+        try { value = JSON.parse(input.value); } catch (e) {
+          throw new Error(`${input.name}: not valid JSON (${e.message})`);
+        }
+      } else value = input.value;
+      if (input.name === "params" && !Object.keys((tool.inputSchema || {}).properties || {}).length) {
+        return value;
+      }
+      params[input.name] = value;
+    }
+    return params;
+  }
+
+  $("tool-select").addEventListener("change", buildForm);
+
+  $("tool-call").addEventListener("click", () => {
+    const result = $("tool-result");
+    let params;
+    try {
+      params = readParams();
+    } catch (e) {
+      result.textContent = e.message;
+      result.classList.add("bad");
+      return;
+    }
+    const callId = `web-call-${++counter}`;
+    currentCall = callId;
+    window.playground.calls[callId] = {tool: $("tool-select").value, params, updates: [], done: null};
+    $("tool-progress").value = 0;
+    $("tool-status").textContent = "sent";
+    result.textContent = "";
+    result.classList.remove("bad");
+    $("tool-cancel").disabled = false;
+    client.send("TOOL_CALL", "USER", {call_id: callId, tool: $("tool-select").value, params});
+  });
+
+  $("tool-cancel").addEventListener("click", () => {
+    if (currentCall && client) client.send("TOOL_CANCEL", "USER", {call_id: currentCall});
+  });
+
+  function onToolUpdate(p) {
+    const call = window.playground.calls[p.call_id];
+    if (call) call.updates.push(p);
+    if (p.call_id !== currentCall) return;
+    if (typeof p.progress === "number") $("tool-progress").value = p.progress;
+    $("tool-status").textContent = p.status + (typeof p.progress === "number" ? ` ${p.progress}%` : "");
+  }
+
+  function onToolDone(p) {
+    const call = window.playground.calls[p.call_id];
+    if (call) call.done = p;
+    if (p.call_id !== currentCall) return;
+    const result = $("tool-result");
+    $("tool-status").textContent = p.status;
+    $("tool-cancel").disabled = true;
+    if (p.status === "OK") {
+      $("tool-progress").value = 100;
+      result.textContent = JSON.stringify(p.result, null, 2);
+      result.classList.remove("bad");
+    } else {
+      result.textContent = p.error ? `${p.error.code}: ${p.error.message}` : p.status;
+      result.classList.add("bad");
+    }
+  }
+})();
