@@ -205,41 +205,53 @@ def _closed(client: WSClient) -> bool:
     return False
 
 
+class ToolOnTheMove:
+    """A tool on node a that runs until released; its session moves to node b mid-call."""
+
+    def __init__(self, a: ProtoServer, b: ProtoServer) -> None:
+        import threading
+
+        self.started, self.release, self.stopped = (threading.Event(), threading.Event(),
+                                                    threading.Event())
+
+        @a.tool("slow", input_schema={"type": "object"})
+        def slow(params: dict[str, Any], *context: Any) -> dict[str, Any]:
+            import gevent
+            self.started.set()
+            try:
+                while not self.release.is_set():
+                    gevent.sleep(0.01)
+            finally:
+                self.stopped.set()
+            return {"done": True}
+
+        token = a.issue_token("alice")
+        self.first = WSClient(a.base_url, token)
+        self.first.hello()
+        self.first.send("TOOL_CALL", payload={"call_id": "s1", "tool": "slow", "params": {}})
+        assert self.started.wait(timeout(5))
+        seen = int(self.first.received[-1]["seq"])
+        self.first.drop()
+        self.second = WSClient(b.base_url, token, session=self.first.session_id,
+                               last_seq=seen)
+        self.second.envelopes = self.first.envelopes  # the client's seqs go on
+        wait_for(lambda: b.hub.get(self.first.session_id) is not None, what="the move")
+
+    def close(self) -> None:
+        self.release.set()
+        self.first.close()
+        self.second.close()
+
+
 def test_a_tool_still_running_when_its_session_moves_reports_to_the_new_node(
         make_node: Callable[..., ProtoServer]) -> None:
-    import threading
-
-    release, started = threading.Event(), threading.Event()
-    a, b = make_node(), make_node()
-
-    @a.tool("slow", input_schema={"type": "object"})
-    def slow(params: dict[str, Any], *context: Any) -> dict[str, Any]:
-        import gevent
-        started.set()
-        while not release.is_set():
-            gevent.sleep(0.01)
-        return {"done": True}
-
-    token = a.issue_token("alice")
-    first = WSClient(a.base_url, token)
+    move = ToolOnTheMove(make_node(), make_node())
     try:
-        first.hello()
-        first.send("TOOL_CALL", payload={"call_id": "s1", "tool": "slow", "params": {}})
-        assert started.wait(timeout(5))
-        seen = int(first.received[-1]["seq"])
-        first.drop()
-        second = WSClient(b.base_url, token, session=first.session_id, last_seq=seen)
-        try:
-            wait_for(lambda: b.hub.get(first.session_id) is not None, what="the move")
-            release.set()
-            done = second.recv_type("TOOL_DONE")
-            assert done["payload"] == {"call_id": "s1", "status": "OK",
-                                       "result": {"done": True}}
-        finally:
-            second.close()
+        move.release.set()
+        done = move.second.recv_type("TOOL_DONE")
+        assert done["payload"] == {"call_id": "s1", "status": "OK", "result": {"done": True}}
     finally:
-        release.set()
-        first.close()
+        move.close()
 
 
 def test_sessions_of_a_stopped_node_are_resumed_elsewhere(
@@ -266,40 +278,14 @@ def test_sessions_of_a_stopped_node_are_resumed_elsewhere(
 
 def test_cancelling_a_tool_that_started_on_the_old_node_stops_it_there(
         make_node: Callable[..., ProtoServer]) -> None:
-    import threading
-
-    started, stopped = threading.Event(), threading.Event()
-    a, b = make_node(), make_node()
-
-    @a.tool("forever", input_schema={"type": "object"})
-    def forever(params: dict[str, Any], *context: Any) -> dict[str, Any]:
-        import gevent
-        started.set()
-        try:
-            while True:
-                gevent.sleep(0.01)
-        finally:
-            stopped.set()
-
-    token = a.issue_token("alice")
-    first = WSClient(a.base_url, token)
+    move = ToolOnTheMove(make_node(), make_node())
     try:
-        first.hello()
-        first.send("TOOL_CALL", payload={"call_id": "f1", "tool": "forever", "params": {}})
-        assert started.wait(timeout(5))
-        seen = int(first.received[-1]["seq"])
-        first.drop()
-        second = WSClient(b.base_url, token, session=first.session_id, last_seq=seen)
-        try:
-            second.envelopes = first.envelopes
-            second.send("TOOL_CANCEL", payload={"call_id": "f1"})
-            done = second.recv_type("TOOL_DONE")
-            assert done["payload"] == {"call_id": "f1", "status": "CANCELLED"}
-            assert stopped.wait(timeout(5)), "the tool kept running on the old node"
-            second.send("PING", "SYSTEM", {"nonce": "n"})
-            second.recv_type("PONG", nonce="n")
-            assert [m["type"] for m in second.received].count("TOOL_DONE") == 1
-        finally:
-            second.close()
+        move.second.send("TOOL_CANCEL", payload={"call_id": "s1"})
+        done = move.second.recv_type("TOOL_DONE")
+        assert done["payload"] == {"call_id": "s1", "status": "CANCELLED"}
+        assert move.stopped.wait(timeout(5)), "the tool kept running on the old node"
+        move.second.send("PING", "SYSTEM", {"nonce": "n"})
+        move.second.recv_type("PONG", nonce="n")
+        assert [m["type"] for m in move.second.received].count("TOOL_DONE") == 1
     finally:
-        first.close()
+        move.close()
