@@ -49,6 +49,16 @@ DELIVERY_WAIT = 3.0  # s a delivery to another node waits for that node to confi
 MAX_HOPS = 3  # re-routing of a delivery that raced a session's move
 
 
+# KEYS: session hash, replay list, inbox. ARGV: this node's id.
+DELETE_IF_HELD = """
+local node = redis.call('HGET', KEYS[1], 'node')
+if node == false or node == ARGV[1] then
+  return redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+end
+return 0
+"""
+
+
 def default_node_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -122,8 +132,9 @@ class RedisHub(Hub):
         live = self._local.pop(session_id, None)
         if live is not None:
             live.journal = None
-            try:
-                self.redis.delete(*self.keys.all_of(session_id))
+            try:  # only if it is still ours (a node that lost it late must not delete it)
+                self.redis.eval(DELETE_IF_HELD, 3, *self.keys.all_of(session_id),
+                                self.node_id)
             except UNAVAILABLE as exc:
                 self._went_down(exc)
         return live

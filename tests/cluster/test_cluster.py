@@ -289,3 +289,18 @@ def test_cancelling_a_tool_that_started_on_the_old_node_stops_it_there(
         assert [m["type"] for m in move.second.received].count("TOOL_DONE") == 1
     finally:
         move.close()
+
+
+def test_an_expired_session_leaves_no_keys_behind(make_node: Callable[..., ProtoServer],
+                                                   rdb, prefix: str) -> None:
+    a = make_node(replayWindowTime=300)
+    client = WSClient(a.base_url, a.issue_token("alice"))
+    try:
+        client.hello()
+        a.send_message(client.session_id, note(1))
+        client.recv_type("NOTE")
+        assert rdb.exists(f"{prefix}:s:{client.session_id}", f"{prefix}:r:{client.session_id}") == 2
+    finally:
+        client.close()
+    wait_for(lambda: a.hub.get(client.session_id) is None, what="the session to expire")
+    assert rdb.keys(f"{prefix}:*:{client.session_id}") == []
