@@ -17,6 +17,8 @@ from .core.errors import ProtoError, SessionNotFound
 from .core.session import ProtocolSession
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from .config import ServerConfig
     from .engine import Engine
     from .tools import SessionToolRunner
@@ -211,6 +213,11 @@ class Hub(abc.ABC):
 
     def cluster_stats(self, local: dict[str, Any]) -> dict[str, Any]:
         """Statistics for the whole cluster, given this process's own."""
+        return local
+
+    def metrics_registry(self, local: "CollectorRegistry") -> "CollectorRegistry":
+        """What /metrics serves, given this process's registry: a cluster merges every
+        node's, each sample labelled with its node."""
         return local
 
     def health(self) -> str:

@@ -98,7 +98,14 @@ class ProtoServer:
         if self.config.dev_mode:
             self.dev_token = self.authority.issue("dev")
         self.hub = self._hub_arg or make_hub(self.config)
+        if self.config.metrics and hasattr(self.hub, "publish_metrics"):
+            self.hub.publish_metrics = self._metrics_text
         self.engine = Engine(self, self.config, self.hub, self.tools, self.authority)
+
+    def _metrics_text(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.metrics_registry)
 
     # -- Flask integration -----------------------------------------------------------
 

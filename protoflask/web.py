@@ -79,7 +79,10 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
     if config.metrics:
         @bp.get("/metrics")
         def metrics() -> Response:
-            return metrics_response(server.metrics_registry, request.headers.get("Accept"))
+            registry = server.metrics_registry
+            if request.args.get("scope") != "node":  # in a cluster: every node's, labelled
+                registry = server.hub.metrics_registry(registry)
+            return metrics_response(registry, request.headers.get("Accept"))
 
     if config.dashboard:
         add_dashboard_routes(bp, server, at_root=server._own_app)

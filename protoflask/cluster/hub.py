@@ -23,7 +23,7 @@ import logging
 import os
 import socket
 import uuid
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import gevent
 import orjson
@@ -38,6 +38,8 @@ from .nodes import aggregate_stats
 from .redis_client import UNAVAILABLE, connect
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from ..engine import Engine
 
 log = logging.getLogger("protoflask.cluster")
@@ -79,6 +81,8 @@ class RedisHub(Hub):
         self._journal: Journal | None = None
         self._greenlets: list[gevent.Greenlet] = []
         self._channel = self.keys.node_channel(self.node_id)
+        #: the node's /metrics text, stored every beat for the others' /metrics to merge
+        self.publish_metrics: Callable[[], bytes] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -400,6 +404,25 @@ class RedisHub(Hub):
         return {**aggregate_stats([own, *others]), "node": self.node_id,
                 "cluster": "degraded" if self.degraded else "ok"}
 
+    def metrics_registry(self, local: "CollectorRegistry") -> "CollectorRegistry":
+        from prometheus_client import generate_latest
+
+        from .metrics import cluster_registry
+
+        return cluster_registry({self.node_id: generate_latest(local).decode(),
+                                 **self.node_metrics()})
+
+    def node_metrics(self) -> dict[str, str]:
+        """The other live nodes' stored /metrics texts, by node id."""
+        try:
+            ids = [n.decode() for n in self.redis.zrangebyscore(
+                self.keys.nodes, now_ms() - NODE_TTL_MS, "+inf") if n.decode() != self.node_id]
+            texts = self.redis.mget([self.keys.node_metrics(n) for n in ids]) if ids else []
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
+            return {}
+        return {n: t.decode() for n, t in zip(ids, texts, strict=True) if t}
+
     def health(self) -> str:
         return "degraded" if self.degraded else "ok"
 
@@ -421,6 +444,9 @@ class RedisHub(Hub):
                 report = {**self.engine.stats.snapshot(now), **self._node_meta()}
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.set(self.keys.node(self.node_id), orjson.dumps(report), px=NODE_TTL_MS)
+                if self.publish_metrics is not None:
+                    pipe.set(self.keys.node_metrics(self.node_id), self.publish_metrics(),
+                             px=NODE_TTL_MS)
                 pipe.zadd(self.keys.nodes, {self.node_id: now})
                 pipe.zremrangebyscore(self.keys.nodes, "-inf", now - 10 * NODE_TTL_MS)
                 if now - refreshed_at >= self.ttl_ms // 3:

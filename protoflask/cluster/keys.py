@@ -3,6 +3,7 @@ are packed into list items.
 
     {p}:nodes             zset   node id -> last beat (ms)
     {p}:node:{node}       string the node's statistics, expiring unless it beats
+    {p}:metrics:{node}    string the node's /metrics text, likewise
     {p}:s:{session}       hash   user, node (empty when no node holds it), connected,
                                  transport, state (core.handoff's JSON)
     {p}:r:{session}       list   the replay window: "seq stored_at data" items
@@ -23,6 +24,9 @@ class Keys:
 
     def node(self, node_id: str) -> str:
         return f"{self.prefix}:node:{node_id}"
+
+    def node_metrics(self, node_id: str) -> str:
+        return f"{self.prefix}:metrics:{node_id}"
 
     def node_channel(self, node_id: str) -> str:
         return f"{self.prefix}:to:{node_id}"

@@ -304,3 +304,29 @@ def test_an_expired_session_leaves_no_keys_behind(make_node: Callable[..., Proto
         client.close()
     wait_for(lambda: a.hub.get(client.session_id) is None, what="the session to expire")
     assert rdb.keys(f"{prefix}:*:{client.session_id}") == []
+
+
+def test_metrics_on_any_node_cover_every_node(make_node: Callable[..., ProtoServer]) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    a, b = make_node(), make_node()
+    clients = [WSClient(a.base_url, a.issue_token("u1")), WSClient(a.base_url, a.issue_token("u2")),
+               WSClient(b.base_url, b.issue_token("u3"))]
+    try:
+        for c in clients:
+            c.hello()
+
+        def active() -> dict[str, float]:
+            text = requests.get(b.base_url + "/metrics", timeout=timeout(5)).text
+            family = next(f for f in text_string_to_metric_families(text)
+                          if f.name == "protoflask_connections_active")
+            return {s.labels["node"]: s.value for s in family.samples
+                    if s.labels["transport"] == "websocket"}
+
+        assert wait_for(lambda: active() == {a.hub.node_id: 2, b.hub.node_id: 1} or None,
+                        what="both nodes' connections in b's /metrics")
+        local = requests.get(b.base_url + "/metrics?scope=node", timeout=timeout(5)).text
+        assert a.hub.node_id not in local and 'transport="websocket"' in local
+    finally:
+        for c in clients:
+            c.close()
