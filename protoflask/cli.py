@@ -315,15 +315,17 @@ def _stats(args: argparse.Namespace) -> int:
     from .client._http import BaseURL, failed, refused
 
     base = BaseURL(args.url)
-    conn = base.http(args.timeout)
+    conn = None
     try:
+        conn = base.http(args.timeout)
         conn.request("GET", base.path("/stats"), headers={"Accept": "application/json"})
         resp = conn.getresponse()
         body = resp.read()
     except (OSError, http.client.HTTPException) as exc:
         raise failed(exc, base) from None
     finally:
-        conn.close()
+        if conn is not None:
+            conn.close()
     if resp.status != 200:
         raise refused(resp.status, body)
     print(json.dumps(json.loads(body), indent=2))

@@ -173,6 +173,7 @@ class Client:
         self._closed = False
         self._fatal: ProtoClientError | None = None
         self._writing = False
+        self._dirty = False  # set with every wake-up, so the writer cannot miss one
         self._flow = True
         self._up: dict[str, list[int]] = {}  # channel -> [messages, bytes] we may send
         self._up_initial = (0, 0)
@@ -202,7 +203,7 @@ class Client:
         except BaseException:
             with self._lock:
                 self._closed = True
-                self._wake.notify_all()
+                self._poke()
             raise
         hello = self._hello
         assert hello is not None
@@ -283,7 +284,7 @@ class Client:
                     self._wake.wait(0.1)
                     self._check()
                 self._data.append(entry)
-            self._wake.notify_all()
+            self._poke()
         return entry.id
 
     def send_text(self, text: str | Iterable[str], content_type: str = "text/plain",
@@ -380,7 +381,7 @@ class Client:
             entry = _Entry("PING", "SYSTEM", {"nonce": nonce}, f"{self._prefix}-{nonce}")
             self._pings[nonce] = (waiter, entry, 0.0)
             self._control.append(entry)
-            self._wake.notify_all()
+            self._poke()
         try:
             return waiter.wait(self._t(timeout), "PING")
         finally:
@@ -426,7 +427,7 @@ class Client:
         self._requests.clear()
         self.texts.put(_ENDED)
         self.inbox.put(_ENDED)
-        self._wake.notify_all()
+        self._poke()
 
     def _die(self, error: ProtoClientError) -> None:
         with self._lock:
@@ -537,7 +538,7 @@ class Client:
                     self._transmit(conn, batch)
                     continue
             with self._wake:
-                if not self._closed and self._fatal is None:
+                if not self._closed and self._fatal is None and not self._dirty:
                     self._wake.wait(0.25)
                     if self._ready and self._last_seq > self._acked and not self._control:
                         self._ack()
@@ -547,6 +548,7 @@ class Client:
         Control messages first; data messages while their channel has credit."""
         if self._closed or self._fatal is not None:
             return None
+        self._dirty = False
         if not self._ready or self._conn is None:
             return []
         batch: list[_Entry] = []
@@ -601,7 +603,7 @@ class Client:
             # HELLO reply of the next one.
             with self._wake:
                 self._writing = False
-                self._wake.notify_all()
+                self._poke()
             if isinstance(exc, ConnectionRefused) and exc.status in _FINAL_STATUSES:
                 self._die(exc)
             else:
@@ -611,7 +613,12 @@ class Client:
             if conn.confirms_on_send:
                 self._confirm(batch[-1].seq)
             self._writing = False
-            self._wake.notify_all()
+            self._poke()
+
+    def _poke(self) -> None:
+        """Under the lock: something changed that the writer (or flush) must look at."""
+        self._dirty = True
+        self._wake.notify_all()
 
     def _confirm(self, seq: int) -> None:
         while self._unconfirmed and self._unconfirmed[0].seq <= seq:
@@ -621,7 +628,7 @@ class Client:
         self._acked = self._last_seq
         self._control.append(_Entry("ACK", "SYSTEM", {"seq": str(self._last_seq)},
                                     f"{self._prefix}-{next(self._ids)}"))
-        self._wake.notify_all()
+        self._poke()
 
     def _encode(self, entry: _Entry) -> bytes:
         return orjson.dumps({"id": entry.id, "session": self.session_id or "",
@@ -663,7 +670,7 @@ class Client:
                  "add_bytes": self.credit_bytes - left[1]},
                 f"{self._prefix}-{next(self._ids)}"))
             left[0], left[1] = self.credit_messages, self.credit_bytes
-            self._wake.notify_all()
+            self._poke()
 
     def _dispatch(self, mtype: str, p: dict[str, Any], msg: dict[str, Any]) -> bool:
         """Under the lock: hand a message to whoever waits for it. False: nobody did."""
@@ -688,7 +695,7 @@ class Client:
             self._data.appendleft(entry)
         self._down.clear()  # the HELLO's announcement restarts the server's count
         self._ready = True
-        self._wake.notify_all()
+        self._poke()
         if self._hello is not None:
             self._hello.resolve(p)
         return True
@@ -703,7 +710,7 @@ class Client:
     def _on_ping(self, p: dict[str, Any], msg: dict[str, Any]) -> bool:
         self._control.append(_Entry("PONG", "SYSTEM", {"nonce": p.get("nonce", "")},
                                     f"{self._prefix}-{next(self._ids)}"))
-        self._wake.notify_all()
+        self._poke()
         return True
 
     def _on_pong(self, p: dict[str, Any], msg: dict[str, Any]) -> bool:
@@ -723,7 +730,7 @@ class Client:
         credit = self._up.setdefault(p.get("channel", ""), list(self._up_initial))
         credit[0] += int(p.get("add_messages") or 0)
         credit[1] += int(p.get("add_bytes") or 0)
-        self._wake.notify_all()
+        self._poke()
         return True
 
     def _on_pause(self, p: dict[str, Any], msg: dict[str, Any]) -> bool:
@@ -731,7 +738,7 @@ class Client:
             self._paused_up.add(p.get("channel", ""))
         else:
             self._paused_up.discard(p.get("channel", ""))
-            self._wake.notify_all()
+            self._poke()
         return True
 
     def _on_text(self, p: dict[str, Any], msg: dict[str, Any]) -> bool:

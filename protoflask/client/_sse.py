@@ -23,9 +23,10 @@ class SSEConnection:
                  last_seq: int | None, first: list[bytes], on_frame: FrameHandler,
                  on_close: CloseHandler, timeout: float, max_body: int) -> None:
         self._on_frame, self._on_close = on_frame, on_close
-        self.conn = base.http(timeout)
         path = base.path("/proto/sse", {"session": session, "last_seq": last_seq})
+        self.conn: http.client.HTTPConnection | None = None
         try:
+            self.conn = base.http(timeout)
             self.conn.request("GET", path, headers={"Accept": "text/event-stream",
                                                     **bearer(token)})
             self.resp = self.conn.getresponse()
@@ -33,10 +34,10 @@ class SSEConnection:
                 raise refused(self.resp.status, self.resp.read())
             event = self._next_event()
         except (OSError, http.client.HTTPException) as exc:
-            self.conn.close()
+            shutdown(self.conn)
             raise failed(exc, base) from None
         except BaseException:
-            self.conn.close()
+            shutdown(self.conn)
             raise
         if event is None or event[0] != "session":
             shutdown(self.conn)

@@ -24,7 +24,6 @@ class StreamConnection:
                  last_seq: int | None, first: list[bytes], on_frame: FrameHandler,
                  on_close: CloseHandler, timeout: float, max_body: int) -> None:
         self._on_frame, self._on_close = on_frame, on_close
-        self.conn = base.http(timeout)
         path = base.path("/proto/stream", {"session": session, "last_seq": last_seq})
         headers = {"Content-Type": "application/x-ndjson", **bearer(token)}
         try:
@@ -34,10 +33,10 @@ class StreamConnection:
             if self.resp.status != 200:
                 raise refused(self.resp.status, self.resp.read())
         except (OSError, http.client.HTTPException) as exc:
-            self.conn.close()
+            shutdown(self.conn)
             raise failed(exc, base) from None
         except BaseException:
-            self.conn.close()
+            shutdown(self.conn)
             raise
         self.session_id = self.resp.getheader("Proto-Session") or session or ""
         self.conn.sock.settimeout(None)

@@ -25,8 +25,9 @@ class WSConnection:
         url = base.ws("/proto/websocket",
                       {"token": token, "session": session, "last_seq": last_seq})
         try:
+            # entered as a context manager: what websockets 13 and 17 both support
             self.ws = connect(url, open_timeout=timeout, max_size=None, compression=None,
-                              ping_interval=None, proxy=None, close_timeout=2)
+                              ping_interval=None, proxy=None, close_timeout=2).__enter__()
         except InvalidStatus as exc:
             raise refused(exc.response.status_code, exc.response.body or b"") from None
         except (OSError, InvalidHandshake, TimeoutError) as exc:
