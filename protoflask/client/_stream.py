@@ -26,7 +26,9 @@ class StreamConnection:
         self._on_frame, self._on_close = on_frame, on_close
         path = base.path("/proto/stream", {"session": session, "last_seq": last_seq})
         headers = {"Content-Type": "application/x-ndjson", **bearer(token)}
+        self.conn: http.client.HTTPConnection | None = None
         try:
+            self.conn = base.http(timeout)
             # The response head comes with its first line: the HELLO reply at the latest.
             self.conn.request("POST", path, b"\n".join(first), headers)
             self.resp = self.conn.getresponse()
