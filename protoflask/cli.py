@@ -282,12 +282,17 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _progress_bar(progress: float | None, status: str, partial: Any) -> None:
-    _progress_bar.drawn = True  # type: ignore[attr-defined]
+    """TOOL_UPDATE on stderr: a bar redrawn in place on a terminal, a line each otherwise."""
     if progress is None:
-        sys.stderr.write(f"\r{status.lower():<8}")
+        line = f"{status.lower():<8}"
     else:
         filled = int(max(0.0, min(100.0, progress)) / 5)
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (20 - filled)}] {progress:5.1f}%")
+        line = f"[{'#' * filled}{'.' * (20 - filled)}] {progress:5.1f}%"
+    if sys.stderr.isatty():
+        _progress_bar.drawn = True  # type: ignore[attr-defined]
+        sys.stderr.write("\r" + line)
+    else:
+        sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
 
@@ -303,8 +308,8 @@ def _call(args: argparse.Namespace) -> int:
             result = client.call_tool(args.tool, params, on_progress=_progress_bar,
                                       timeout=args.call_timeout)
         finally:
-            if getattr(_progress_bar, "drawn", False):  # end the bar's line
-                sys.stderr.write("\r\033[K" if sys.stderr.isatty() else "\n")
+            if getattr(_progress_bar, "drawn", False):  # clear the terminal's bar
+                sys.stderr.write("\r\033[K")
     print(json.dumps(result, indent=2 if sys.stdout.isatty() else None))
     return 0
 

@@ -70,15 +70,17 @@ def bearer(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def shutdown(conn: http.client.HTTPConnection | None) -> None:
-    """Drop a connection at once (no graceful end): the reader sees EOF."""
+def shutdown(conn: http.client.HTTPConnection | None, close: bool = True) -> None:
+    """Drop a connection at once (no graceful end): its reader sees EOF. With
+    ``close=False`` the reader closes it when it sees that (closing a response another
+    thread or greenlet is reading raises "reentrant call" in the reader)."""
     sock = getattr(conn, "sock", None)
     if sock is not None:
         try:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-    if conn is not None:
+    if conn is not None and close:
         conn.close()
 
 

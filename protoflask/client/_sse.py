@@ -95,12 +95,14 @@ class SSEConnection:
         except Exception as exc:  # noqa: BLE001 - any failure ends this connection
             error = exc
         self.upstream.close()
+        if self.conn is not None:
+            self.conn.close()
         self._on_close(self, self.close_code, error)
 
     def send(self, frames: list[bytes]) -> None:
         self.upstream.post(frames)
 
     def close(self) -> None:
-        shutdown(self.conn)
+        shutdown(self.conn, close=False)  # the reader closes it
 
     abort = close  # closing the event stream's socket is all a network failure does

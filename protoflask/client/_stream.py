@@ -63,12 +63,14 @@ class StreamConnection:
         except Exception as exc:  # noqa: BLE001 - any failure ends this connection
             error = exc
         self.upstream.close()
+        if self.conn is not None:
+            self.conn.close()
         self._on_close(self, None, error)
 
     def send(self, frames: list[bytes]) -> None:
         self.upstream.post(frames)
 
     def close(self) -> None:
-        shutdown(self.conn)
+        shutdown(self.conn, close=False)  # the reader closes it
 
     abort = close
