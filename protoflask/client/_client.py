@@ -58,8 +58,11 @@ TRANSPORTS: dict[str, type] = {
 #: Close codes after which reconnecting would be wrong (CONTRACT 2).
 _FINAL_CLOSES = {4001: "UNSUPPORTED_VERSION", 4002: "SUPERSEDED"}
 #: HTTP refusals that no retry will fix: the token or the session is gone.
-_FINAL_STATUSES = {400, 401, 403, 404}
+_FINAL_STATUSES = {400, 401, 403, 404, 413}
+#: What the client itself needs to receive, added to a non-empty ``accept_events``.
+_NEEDED_EVENTS = ("PONG", "FLOW_UPDATE", "PAUSE_CHANNEL", "RESUME_CHANNEL")
 _ENDED = object()
+_ENVELOPE_OVERHEAD = 200  # bytes an envelope adds around its payload, generously
 
 
 @dataclass
@@ -146,7 +149,9 @@ class Client:
         self.base = BaseURL(url)
         self.token = token
         self.transport = transport
-        self.accept_events = list(accept_events)
+        wanted = list(accept_events)
+        self.accept_events = wanted + [t for t in _NEEDED_EVENTS if t not in wanted] \
+            if wanted else []
         self.credit_messages, self.credit_bytes = credit_messages, credit_bytes
         self.reconnect, self.timeout = reconnect, timeout
         self.reconnect_timeout = reconnect_timeout
@@ -178,6 +183,7 @@ class Client:
         self._up: dict[str, list[int]] = {}  # channel -> [messages, bytes] we may send
         self._up_initial = (0, 0)
         self._paused_up: set[str] = set()
+        self._retry: list[_Entry] = []  # refused with CHANNEL_PAUSED: sent again on resume
         self._down: dict[str, list[int]] = {}  # channel -> [messages, bytes] granted
         self._last_seq = 0  # last downstream seq delivered
         self._acked = 0
@@ -275,6 +281,10 @@ class Client:
         ``related_id``). Data messages wait for credit; this waits only while more than
         1000 of them are queued."""
         entry = _Entry(type, channel, dict(payload or {}), f"{self._prefix}-{next(self._ids)}")
+        limit = (self.server_hello or {}).get("capabilities", {}).get("max_message_size")
+        if limit and len(orjson.dumps(entry.payload)) + _ENVELOPE_OVERHEAD > limit:
+            raise ProtoClientError("MESSAGE_TOO_LARGE",
+                                   f"a {type} this large exceeds the server's {limit} bytes")
         with self._wake:
             self._check()
             if type in CONTROL_TYPES:
@@ -734,10 +744,14 @@ class Client:
         return True
 
     def _on_pause(self, p: dict[str, Any], msg: dict[str, Any]) -> bool:
+        channel = p.get("channel", "")
         if msg["type"] == "PAUSE_CHANNEL":
-            self._paused_up.add(p.get("channel", ""))
+            self._paused_up.add(channel)
         else:
-            self._paused_up.discard(p.get("channel", ""))
+            self._paused_up.discard(channel)
+            retry = [e for e in self._retry if e.channel == channel]
+            self._retry = [e for e in self._retry if e.channel != channel]
+            self._data.extendleft(reversed(retry))  # first, in their original order
             self._poke()
         return True
 
@@ -817,7 +831,7 @@ class Client:
             entry = self._recent.pop(related)
             if entry in self._unconfirmed:
                 self._unconfirmed.remove(entry)
-            self._data.appendleft(entry)
+            self._retry.append(entry)
             self._paused_up.add(entry.channel)
             return True
         target = self._requests.pop(related, None) if related else None

@@ -211,3 +211,26 @@ def test_one_client_from_many_plain_threads(server, connect_client):
 def test_unknown_transport_is_a_value_error():
     with pytest.raises(ValueError, match="unknown transport"):
         Client("http://127.0.0.1:1", "t", transport="carrier-pigeon")
+
+
+def test_back_pressure_pause_and_resend(make_server, connect_client):
+    """A tiny outbound buffer and little downstream credit make the server pause USER;
+    texts it refused with CHANNEL_PAUSED are sent again after RESUME_CHANNEL, once each
+    and in order."""
+    server = make_server(outboundBufferSize=1024)
+    got_up: list[str] = []
+    server.on("textMessage", lambda sid, m: got_up.append(m["payload"]["text"])
+              if m["type"] == "MESSAGE_END" else None)
+    seen: list[str] = []
+    client = connect_client(server, credit_messages=2,
+                            on_message=lambda m: seen.append(m["type"]))
+    for n in range(40):
+        agent_text(server, client.session_id, f"d{n}", ["x" * 100])
+    sent = [f"up {n}" for n in range(30)]
+    for text in sent:
+        client.send_text(text)
+    texts = [client.next_text(timeout(10)).text for _ in range(70)]
+    assert [t for t in texts if t.startswith("x")] == ["x" * 100] * 40
+    assert [t for t in texts if t.startswith("up")] == sent
+    wait_for(lambda: got_up == sent, what="every text at the server once, in order")
+    assert "PAUSE_CHANNEL" in seen and "RESUME_CHANNEL" in seen
