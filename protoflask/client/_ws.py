@@ -10,7 +10,7 @@ import threading
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.sync.client import connect
 
-from ._http import BaseURL, CloseHandler, FrameHandler, failed, refused
+from ._http import BaseURL, CloseHandler, FrameHandler, bearer, failed, refused
 
 
 class WSConnection:
@@ -22,12 +22,14 @@ class WSConnection:
                  on_close: CloseHandler, timeout: float, max_body: int) -> None:
         self.session_id = session
         self._on_frame, self._on_close = on_frame, on_close
-        url = base.ws("/proto/websocket",
-                      {"token": token, "session": session, "last_seq": last_seq})
+        # The token goes in the Authorization header, not the URL (proxies log URLs).
+        url = base.ws("/proto/websocket", {"session": session, "last_seq": last_seq})
         try:
-            # entered as a context manager: what websockets 13 and 17 both support
-            self.ws = connect(url, open_timeout=timeout, max_size=None, compression=None,
-                              ping_interval=None, proxy=None, close_timeout=2).__enter__()
+            # entered as a context manager, as websockets 17 wants; heartbeats are the
+            # protocol's PING/PONG, so the library's own pings are off
+            self.ws = connect(url, additional_headers=bearer(token), open_timeout=timeout,
+                              max_size=None, compression=None, ping_interval=None,
+                              proxy=None, close_timeout=2).__enter__()
         except InvalidStatus as exc:
             raise refused(exc.response.status_code, exc.response.body or b"") from None
         except (OSError, InvalidHandshake, TimeoutError) as exc:
