@@ -549,9 +549,9 @@ class Client:
                     continue
             with self._wake:
                 if not self._closed and self._fatal is None and not self._dirty:
-                    self._wake.wait(0.25)
-                    if self._ready and self._last_seq > self._acked and not self._control:
-                        self._ack()
+                    idle = not self._wake.wait(0.25)
+                    if idle and self._ready and self._last_seq > self._acked:
+                        self._ack()  # quiet for a while: acknowledge the rest
 
     def _take_batch(self) -> list[_Entry] | None:
         """Under both locks: the next messages to write, with their seqs; None to stop.
