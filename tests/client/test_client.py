@@ -234,3 +234,42 @@ def test_back_pressure_pause_and_resend(make_server, connect_client):
     assert [t for t in texts if t.startswith("up")] == sent
     wait_for(lambda: got_up == sent, what="every text at the server once, in order")
     assert "PAUSE_CHANNEL" in seen and "RESUME_CHANNEL" in seen
+
+
+@pytest.mark.parametrize("transport", ["ws", "sse"])
+def test_a_session_taken_over_elsewhere_is_lost_not_stolen_back(server, transport):
+    """Another connection resuming our session closes ours with 4002; the client stops
+    (ConnectionLost SUPERSEDED) rather than resuming and stealing it back."""
+    from ..support import WSClient
+
+    token = server.issue_token("alice")
+    client = connect(server.base_url, token, transport=transport, timeout=timeout(5))
+    try:
+        other = WSClient(server.base_url, token, session=client.session_id,
+                         last_seq=client.last_seq)
+        try:
+            with pytest.raises(ConnectionLost) as lost:
+                client.next_text(timeout(5))
+            assert lost.value.code == "SUPERSEDED"
+            assert client.reconnects == 0
+            assert server.get_session(client.session_id)["connected"]
+        finally:
+            other.close()
+    finally:
+        client.close()
+
+
+def test_importing_the_client_loads_no_flask_or_gevent():
+    import json
+    import subprocess
+    import sys
+
+    from ..support import ROOT
+
+    probe = ("import sys, json; import protoflask.client; "
+             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout(60))
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout))
+    assert not loaded & {"flask", "werkzeug", "gevent", "gunicorn", "jwt", "blinker"}
