@@ -14,6 +14,7 @@ import concurrent.futures
 import logging
 import secrets
 import signal
+import socket
 import threading
 import uuid
 from typing import Any, Callable, Mapping
@@ -43,6 +44,15 @@ STOP_TIMEOUT = 3.0
 
 class _Handler(WSGIHandler):
     """gevent's handler, exposing the client socket to the WebSocket route."""
+
+    def handle(self) -> None:
+        # pywsgi writes a response's head and a small body separately; with Nagle on,
+        # the body waited for the client's delayed ACK of the head (~40 ms per POST).
+        try:
+            self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (OSError, AttributeError):
+            pass  # not TCP (a Unix socket)
+        super().handle()
 
     def get_environ(self) -> dict[str, Any]:
         environ = super().get_environ()
