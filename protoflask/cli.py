@@ -174,7 +174,8 @@ def _serve(args: argparse.Namespace) -> int:
         print("development mode: random secret; a token for user 'dev':\n"
               f"  {token}\n"
               f"  ws://{host}:{server.port}/proto/websocket?token={token}\n"
-              f"dashboard: {base}/\n"
+              # in the fragment: the page reads it, the browser never sends it
+              f"dashboard: {base}/#token={token}\n"
               f"export PROTOFLASK_TOKEN={token}\n"
               + (f"(saved to {saved}: `protoflask chat --url {base}` in another terminal "
                  "uses it)" if saved else ""),

@@ -147,7 +147,7 @@ def test_quickstart_serve_dev_then_chat(tmp_path):
                  for _ in range(7)]
         assert lines[0].startswith(f"protoflask listening on http://127.0.0.1:{port}")
         token = lines[2].strip()
-        assert f"dashboard: http://127.0.0.1:{port}/\n" in lines
+        assert f"dashboard: http://127.0.0.1:{port}/#token={token}\n" in lines
         assert f"export PROTOFLASK_TOKEN={token}\n" in lines
         url = f"http://127.0.0.1:{port}"
         chat = subprocess.run([*console_script(), "chat", "--url", url], input="hi there\n",
