@@ -15,6 +15,7 @@ import logging
 import secrets
 import signal
 import threading
+import time
 import uuid
 from typing import Any, Callable, Mapping
 
@@ -32,6 +33,7 @@ from .core.errors import InvalidMessage, SessionNotFound
 from .core.session import CLOSE_GOING_AWAY
 from .engine import Engine
 from .hub import Hub, LiveSession, LocalHub, now_ms
+from .logs import RedactTokens
 from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools, check_call
 from .web import ConnectionTakenOver, create_blueprint
 
@@ -125,7 +127,12 @@ class ProtoServer:
     def app(self) -> Flask:
         """The Flask app serving this server (created on first use if none was given)."""
         if self._app is None:
-            self.init_app(Flask("protoflask"))
+            app = Flask("protoflask")
+            # That app's logger is protoflask's own: Flask's default handler there writes
+            # to wsgi.errors, which the embedded server logs to protoflask again, forever.
+            from flask.logging import default_handler
+            app.logger.removeHandler(default_handler)
+            self.init_app(app)
         assert self._app is not None
         return self._app
 
@@ -157,10 +164,18 @@ class ProtoServer:
                 self._thread = None
                 raise failure[0]
         self.engine.shutting_down = False
+        self._warn_about_open_origins()
         if self.dev_token:
             log.warning("development mode: a random jwtSecret was generated (never use this "
                         "in production); server.dev_token holds a token for user 'dev'")
         self._emit(signals.started)
+
+    def _warn_about_open_origins(self) -> None:
+        if not self.config.allowed_origins and not self.config.dev_mode \
+                and self.config.node_env == "production":
+            log.warning("allowedOrigins is empty: browser pages of any origin may open "
+                        "/proto/* connections with a token they hold; set ALLOWED_ORIGINS "
+                        "to your app's origins (or '*' to allow any and silence this)")
 
     def serve_forever(self) -> None:
         """Serve until SIGINT or SIGTERM, then ``stop()``: for scripts and examples
@@ -179,8 +194,11 @@ class ProtoServer:
             self.stop()
 
     def _listen(self) -> None:
+        error_log = logging.getLogger("protoflask.wsgi")  # quotes raw request lines:
+        if not any(isinstance(f, RedactTokens) for f in error_log.filters):
+            error_log.addFilter(RedactTokens())  # never with their tokens
         self._wsgi = WSGIServer((self.config.host, self.config.port), self.app,
-                                handler_class=_Handler, log=None, error_log=log)
+                                handler_class=_Handler, log=None, error_log=error_log)
         self._wsgi.start()
         self._port = self._wsgi.server_port
         self.engine.ensure_running()
@@ -198,12 +216,16 @@ class ProtoServer:
         ready.set()
         self._stop_event.wait()
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 0.0) -> None:
         """Close every connection (1001), cancel running tools, stop listening; emits
-        ``stopped``."""
+        ``stopped``. With ``grace`` (seconds), drain first: new connections are refused
+        (503 SHUTTING_DOWN, /health 503 draining) while running tool calls get up to
+        ``grace`` to finish."""
         if self._wsgi is None:
+            self.drain(grace)
             self.serving_stopped()
             return
+        self.drain(grace)
         self._call(self._stop_in_hub)
         if self._thread is not None:
             self._thread.join(STOP_TIMEOUT + 2)
@@ -227,9 +249,22 @@ class ProtoServer:
         if self._stop_event is not None:
             self._stop_event.set()
 
+    def drain(self, grace: float) -> None:
+        """Refuse new connections and wait up to ``grace`` seconds for running and queued
+        tool calls to finish (their clients stay connected to receive the results)."""
+        def wait() -> None:
+            self.engine.shutting_down = True
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(
+                    live.runner is not None and (live.runner.running or live.runner.waiting)
+                    for live in self.hub.sessions()):
+                gevent.sleep(0.05)
+        self._call(wait)
+
     def serving_started(self) -> None:
         """For hosting servers that are not ``start()`` (gunicorn's post_worker_init)."""
         self.engine.ensure_running()
+        self._warn_about_open_origins()
         self._emit(signals.started)
 
     def serving_stopped(self) -> None:

@@ -1,5 +1,6 @@
-"""The Flask blueprint: /health, /stats and the transport routes, plus CORS, gzip for
-JSON responses and connection-level access logs (never one line per message)."""
+"""The Flask blueprint: /health, /stats and the transport routes, plus the Origin
+allow-list, CORS, gzip for JSON responses and connection-level access logs (never one line
+per message), and the debug-only /debug/vitals."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from flask import Blueprint, Response, g, request
 
+from . import vitals
 from .auth import token_from_request
-from .core.errors import ProtoError
+from .core.errors import InvalidMessage, OriginNotAllowed, ProtoError
+from .logs import redacted_query
+from .origins import OriginPolicy
 from .transports import sse, stream
 from .transports.http import error_response, json_response, parse_seq_arg
 from .transports.websocket import WebSocketConnection, raw_socket
@@ -22,13 +26,18 @@ if TYPE_CHECKING:
 
 access_log = logging.getLogger("protoflask.access")
 
-_TOKEN_IN_QUERY = re.compile(r"(token=)[^&]*")
 GZIP_MIN_BYTES = 100
+#: The endpoints an Origin outside allowedOrigins is refused on (403 ORIGIN_NOT_ALLOWED).
+TRANSPORT_ENDPOINTS = frozenset({"protoflask.websocket", "protoflask.sse_stream",
+                                 "protoflask.sse_post", "protoflask.http_stream"})
+#: A Host header value: a name, an IPv4 address or a bracketed IPv6 address, and a port.
+#: (Commas are refused: that is how a WSGI server joins two Host headers.)
+_HOST = re.compile(r"([A-Za-z0-9._~!$&'()*+;=%-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{0,5})?\Z")
 
 
-def redacted_query(query: str) -> str:
-    """The query string with any token value hidden, for logs."""
-    return _TOKEN_IN_QUERY.sub(r"\1***", query)
+def valid_host(value: str | None) -> bool:
+    """Whether a Host header is present and well formed (RFC 7230 5.4, RFC 6455 4.2.1)."""
+    return bool(value) and _HOST.match(value) is not None  # type: ignore[arg-type]
 
 
 class ConnectionTakenOver(StopIteration):
@@ -47,10 +56,16 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
     bp = Blueprint("protoflask", __name__)
     engine = server.engine
     config = server.config
+    origins = OriginPolicy(config.allowed_origins)
 
     @bp.before_request
-    def _start_timer() -> None:
+    def _start_timer() -> Response | None:
         g.protoflask_started = time.perf_counter()
+        if request.endpoint in TRANSPORT_ENDPOINTS \
+                and not origins.allows(request.headers.get("Origin")):
+            return error_response(OriginNotAllowed(
+                f"Origin {request.headers.get('Origin')!r} is not in allowedOrigins"))
+        return None
 
     @bp.get("/health")
     def health() -> Response:
@@ -66,8 +81,16 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
     def stats() -> Response:
         return json_response(server.get_stats())
 
+    if config.debug_vitals:
+        @bp.get("/debug/vitals")
+        def debug_vitals() -> Response:
+            return json_response(vitals.snapshot(server))
+
     @bp.route("/proto/websocket", websocket=True)
     def websocket() -> Response:
+        if not valid_host(request.environ.get("HTTP_HOST")):
+            return error_response(InvalidMessage("a WebSocket upgrade needs one valid Host "
+                                                 "header"))
         sock = raw_socket(request.environ)
         if sock is None:
             return json_response({"error": {
@@ -115,7 +138,7 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
     @bp.after_request
     def _finish(response: Response) -> Response:
         if config.enable_cors:
-            _add_cors(response)
+            _add_cors(response, origins)
         if config.enable_compression and not response.is_streamed:
             _maybe_gzip(response)
         if config.enable_logging and not g.get("protoflask_live"):
@@ -135,10 +158,16 @@ def _live(response: Response) -> Response:
     return response
 
 
-def _add_cors(response: Response) -> None:
+def _add_cors(response: Response, origins: OriginPolicy) -> None:
     headers = response.headers
-    headers["Access-Control-Allow-Origin"] = request.headers.get("Origin", "*")
     headers.add("Vary", "Origin")
+    origin = request.headers.get("Origin")
+    if origins.restricted:
+        if origin is None or not origins.allows(origin):
+            return  # no CORS headers: the browser keeps the response from that page
+        headers["Access-Control-Allow-Origin"] = origin
+    else:
+        headers["Access-Control-Allow-Origin"] = origin or "*"
     headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
     headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, Last-Event-ID"
     headers["Access-Control-Expose-Headers"] = "Proto-Session"

@@ -21,7 +21,8 @@ OTHER = {
     "toolTimeout": 900, "replayWindowSize": 50, "replayWindowTime": 2500,
     "maxMessageSize": 4096, "outboundBufferSize": 65536, "echoMessages": False,
     "enableCORS": False, "enableCompression": False, "enableLogging": False,
-    "nodeEnv": "development", "devMode": True,
+    "nodeEnv": "development", "devMode": True, "maxJsonDepth": 16, "rateLimit": 50,
+    "rateLimitBurst": 10, "allowedOrigins": ["https://app.example.com"], "debugVitals": True,
 }
 FLOW_OTHER = {
     "enabled": False, "initialCredits": 300, "minCredits": 20, "maxCredits": 500,
