@@ -190,6 +190,9 @@ def rst_close(sock: socket.socket) -> None:
     """Close with a TCP reset (SO_LINGER 0): a client killed, not one that said goodbye."""
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        # wakes a thread of the client blocked reading it (which would otherwise keep the
+        # socket open past close()), and sends nothing: the close then sends the RST
+        sock.shutdown(socket.SHUT_RD)
     except OSError:
         pass
     sock.close()
@@ -244,3 +247,64 @@ def forged_token(header: dict[str, Any], claims: dict[str, Any], signature: byte
 
 
 Check = Callable[[], Any]
+
+
+# -- servers of both kinds ----------------------------------------------------------------
+
+
+def sleep_tool(params: dict[str, Any], *_: Any) -> dict[str, Any]:
+    """tests/fixtures/hardening_app.py's ``sleep`` tool, for the embedded server."""
+    import gevent
+
+    gevent.sleep(params["seconds"])
+    return {"slept": params["seconds"]}
+
+
+SLEEP_SCHEMA = {"type": "object", "properties": {"seconds": {"type": "number", "minimum": 0,
+                                                             "maximum": 30}},
+                "required": ["seconds"]}
+
+
+class Live:
+    """A running server of either kind, seen from outside (URL, tokens, vitals): the
+    embedded ``ProtoServer.start()`` or gunicorn running tests/fixtures/hardening_app.py,
+    both with /debug/vitals on and the ``sleep`` tool registered."""
+
+    def __init__(self, kind: str, **config: Any) -> None:
+        from protoflask import ProtoServer
+        from protoflask.auth import TokenAuthority
+        from protoflask.config import OPTIONS
+
+        from .support import ROOT, SECRET, GunicornServer
+
+        self.kind = kind
+        config = {"debugVitals": True, "replayWindowTime": 1000, **config}
+        if kind == "embedded":
+            self.server = ProtoServer({"port": 0, "host": "127.0.0.1", "jwtSecret": SECRET,
+                                       "enableLogging": False, **config})
+            self.server.register_tool(sleeping_tool())
+            self.server.start()
+            self.base_url = f"http://127.0.0.1:{self.server.port}"
+        else:
+            env_of = {o.key: o.env for o in OPTIONS}
+            env = {env_of[k]: str(v).lower() if isinstance(v, bool) else str(v)
+                   for k, v in config.items()}
+            self.gunicorn = GunicornServer(env=env, app="hardening_app:app",
+                                           chdir=ROOT / "tests" / "fixtures")
+            self.base_url = self.gunicorn.base_url
+        self.authority = TokenAuthority(SECRET)
+
+    def token(self, user: str = "fuzz") -> str:
+        return self.authority.issue(user)
+
+    def stop(self) -> str:
+        if self.kind == "embedded":
+            self.server.stop()
+            return ""
+        return self.gunicorn.stop()
+
+
+def sleeping_tool() -> Any:
+    from protoflask import Tool
+
+    return Tool("sleep", "Sleeps, then answers.", SLEEP_SCHEMA, execute=sleep_tool)

@@ -20,14 +20,11 @@ import time
 import orjson
 import pytest
 
-from protoflask import ProtoServer
-from protoflask.auth import TokenAuthority
-
 from ..hardening_support import (
-    HELLO, answers, envelope, raw_exchange, rst_close, settled, status_of, vitals, ws_frame,
+    HELLO, Live, answers, envelope, raw_exchange, rst_close, settled, status_of, vitals, ws_frame,
     ws_hello, ws_open,
 )
-from ..support import SECRET, CLIENTS, GunicornServer, SSEClient, timeout, wait_for
+from ..support import CLIENTS, SSEClient, timeout, wait_for
 
 SEED = int(os.environ.get("PROTOFLASK_FUZZ_SEED", "7"))
 CASES = int(os.environ.get("PROTOFLASK_FUZZ_CASES", "40"))
@@ -35,37 +32,9 @@ CASES = int(os.environ.get("PROTOFLASK_FUZZ_CASES", "40"))
 TRIED: dict[str, int] = {}
 
 
-class Live:
-    """A running server of either kind, seen from outside: URL, tokens, vitals."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        env = {"PROTOFLASK_DEBUG_VITALS": "1", "REPLAY_WINDOW_TIME": "1000",
-               "RATE_LIMIT": "0"}
-        if kind == "embedded":
-            self._server = ProtoServer({"port": 0, "host": "127.0.0.1", "jwtSecret": SECRET,
-                                        "enableLogging": False, "debugVitals": True,
-                                        "replayWindowTime": 1000, "rateLimit": 0})
-            self._server.start()
-            self.base_url = f"http://127.0.0.1:{self._server.port}"
-        else:
-            self._gunicorn = GunicornServer(env=env)
-            self.base_url = self._gunicorn.base_url
-        self.authority = TokenAuthority(SECRET)
-
-    def token(self, user: str = "fuzz") -> str:
-        return self.authority.issue(user)
-
-    def stop(self) -> None:
-        if self.kind == "embedded":
-            self._server.stop()
-        else:
-            self._gunicorn.stop()
-
-
 @pytest.fixture(scope="module", params=["embedded", "gunicorn"])
 def live(request):
-    server = Live(request.param)
+    server = Live(request.param, rateLimit=0)
     try:
         answers(server.base_url, server.token())
         server.baseline = settled(server.base_url, vitals(server.base_url))  # type: ignore
