@@ -59,7 +59,8 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
     origins = OriginPolicy(config.allowed_origins)
 
     @bp.before_request
-    def _start_timer() -> Response | None:
+    def _start_request() -> Response | None:
+        """Start the access-log timer; refuse an Origin outside allowedOrigins."""
         g.protoflask_started = time.perf_counter()
         if request.endpoint in TRANSPORT_ENDPOINTS \
                 and not origins.allows(request.headers.get("Origin")):
