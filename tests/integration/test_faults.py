@@ -16,7 +16,9 @@ import requests
 from ..hardening_support import (
     HELLO, Live, answers, envelope, rst_close, settled, vitals, ws_frame, ws_hello, ws_open,
 )
-from ..support import SSEClient, StreamClient, WSClient, open_http, timeout, wait_for
+from ..support import (
+    HTTPResponseReader, SSEClient, StreamClient, WSClient, open_http, timeout, wait_for,
+)
 
 
 @pytest.fixture(scope="module", params=["embedded", "gunicorn"])
@@ -87,7 +89,6 @@ def test_client_killed_mid_sse_post(live):
         sock = open_http(live.base_url, "POST", f"/proto/sse?session={client.session_id}",
                          {"Authorization": f"Bearer {client.token}",
                           "Content-Length": str(len(body) + 500)}, body)
-        time.sleep(0.05)  # let the server start reading the body; the cut is the point
         rst_close(sock)
         # the stream and its session are untouched: the next message is answered
         client.send("PING", "SYSTEM", {"nonce": "after-cut"}, seq="3")
@@ -125,21 +126,29 @@ def keepalive_health(base_url: str) -> socket.socket:
     """A keep-alive connection that already asked /health once (and got 200): gunicorn
     still answers a request on it after SIGTERM, when it no longer accepts new ones."""
     sock = open_http(base_url, "GET", "/health")
-    data = sock.recv(65536)
-    assert data.startswith(b"HTTP/1.1 200"), data
+    status, body = read_response(sock)
+    assert status == 200, body
     return sock
+
+
+def read_response(sock: socket.socket) -> tuple[int, bytes]:
+    reader = HTTPResponseReader(sock)
+    status, _ = reader.read_head()
+    return status, reader.read_body()
 
 
 def test_sigterm_drains_gracefully():
     live = Live("gunicorn", replayWindowTime=60000, heartbeatInterval=60000)
     output = ""
+    probes: list[socket.socket] = []
+    clients: list = []
     try:
         token = live.token("drain")
-        probes = [keepalive_health(live.base_url) for _ in range(10)]
-        ws = WSClient(live.base_url, token)
-        sse = SSEClient(live.base_url, token)
-        stream = StreamClient(live.base_url, token)
-        for client in (ws, sse, stream):
+        probes += [keepalive_health(live.base_url) for _ in range(20)]
+        ws, sse, stream = (WSClient(live.base_url, token), SSEClient(live.base_url, token),
+                           StreamClient(live.base_url, token))
+        clients += [ws, sse, stream]
+        for client in clients:
             client.hello()
         ws.send("TOOL_CALL", payload={"call_id": "in-flight", "tool": "sleep",
                                       "params": {"seconds": 1.5}})
@@ -149,13 +158,13 @@ def test_sigterm_drains_gracefully():
         statuses = []
         for sock in probes:  # one request each: gunicorn closes it after answering
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            reply = sock.recv(65536)
-            statuses.append(reply.split(b"\r\n", 1)[0])
-            if b" 503 " in statuses[-1]:
-                assert b'"status":"draining"' in reply
+            status, body = read_response(sock)
+            statuses.append(status)
+            if status == 503:
+                assert orjson.loads(body)["status"] == "draining"
                 break
-            time.sleep(0.1)
-        assert statuses and b" 503 " in statuses[-1], statuses
+            time.sleep(timeout(0.1))  # spread the probes over the first seconds
+        assert statuses and statuses[-1] == 503, statuses
 
         # the running tool finishes within the grace period, then every client is closed
         done = ws.recv_type("TOOL_DONE", within=10)
@@ -167,13 +176,13 @@ def test_sigterm_drains_gracefully():
         sse.wait_ended(within=10)
         assert sse.close_code == 1001
         stream.wait_ended(within=10)
-        for client in (ws, sse, stream):
-            client.close()
-        for sock in probes:
-            sock.close()
         live.gunicorn.proc.wait(timeout=timeout(15))
         assert live.gunicorn.proc.returncode == 0
     finally:
+        for client in clients:
+            client.close()
+        for sock in probes:
+            sock.close()
         output = live.stop()
     assert "PROTOFLASK-STOPPED" in output, output[-2000:]
 
