@@ -8,7 +8,7 @@ import base64
 import os
 import socket
 import struct
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 import requests
@@ -245,8 +245,6 @@ def forged_token(header: dict[str, Any], claims: dict[str, Any], signature: byte
         return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
     return ".".join((b64(orjson.dumps(header)), b64(orjson.dumps(claims)), b64(signature)))
 
-
-Check = Callable[[], Any]
 
 
 # -- servers of both kinds ----------------------------------------------------------------

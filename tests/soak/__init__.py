@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..hardening_support import vitals
-from ..support import CLIENTS, BaseClient, SSEClient, StreamClient, WSClient
+from ..support import CLIENTS, BaseClient
 
 TRANSPORTS = ("websocket", "sse", "stream")
 
@@ -207,4 +207,4 @@ def run_soak(base_url: str, token_for: Callable[[str], str], seconds: float,
     return figures
 
 
-__all__ = ["Figures", "run_soak", "SSEClient", "StreamClient", "WSClient"]
+__all__ = ["Figures", "run_soak"]
