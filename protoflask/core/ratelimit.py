@@ -36,8 +36,9 @@ class RateLimiter:
         """Take a token for one message received at ``now`` (ms)."""
         if self.rate <= 0:
             return Verdict.ALLOW
+        # a clock that steps back refills nothing this once, and does not stall refills
         elapsed = max(0, now - self._at)
-        self._at = max(self._at, now)
+        self._at = now
         refill = elapsed * self.rate / 1000.0
         if refill:
             self._tokens = min(float(self.burst), self._tokens + refill)
