@@ -56,6 +56,14 @@ class _Handler(WSGIHandler):
         except ConnectionTakenOver:
             self.close_connection = True
 
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (BrokenPipeError, ConnectionResetError):
+            # the client left while gevent answered it (a 400 to a malformed request, say):
+            # not worth the traceback gevent's hub would print for it
+            self.close_connection = True
+
 
 class ProtoServer:
     def __init__(self, config: ServerConfig | Mapping[str, Any] | None = None,

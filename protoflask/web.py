@@ -60,12 +60,18 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
 
     @bp.before_request
     def _start_request() -> Response | None:
-        """Start the access-log timer; refuse an Origin outside allowedOrigins."""
+        """Start the access-log timer; refuse an Origin outside allowedOrigins, and a query
+        string that is not UTF-8 (werkzeug's ``request.args`` raises on it: a 500)."""
         g.protoflask_started = time.perf_counter()
-        if request.endpoint in TRANSPORT_ENDPOINTS \
-                and not origins.allows(request.headers.get("Origin")):
+        if request.endpoint not in TRANSPORT_ENDPOINTS:
+            return None
+        if not origins.allows(request.headers.get("Origin")):
             return error_response(OriginNotAllowed(
                 f"Origin {request.headers.get('Origin')!r} is not in allowedOrigins"))
+        try:
+            request.args.get("token")  # parses (and caches) the query
+        except UnicodeDecodeError:
+            return error_response(InvalidMessage("the query string is not UTF-8"))
         return None
 
     @bp.get("/health")

@@ -402,6 +402,24 @@ def test_malformed_seq_arguments_are_400(server, path, headers):
     assert (status, error_code(body)) == (400, "INVALID_MESSAGE"), body
 
 
+@pytest.mark.parametrize("endpoint", sorted(endpoints()))
+def test_a_query_string_that_is_not_utf8_is_400(shared_server, endpoint):
+    """Was a 500 on every transport: werkzeug's request.args raises UnicodeDecodeError."""
+    method, path, body = endpoints()[endpoint]
+    token = shared_server.issue_token("alice").encode()
+    raw_path = path.encode() + (b"&" if b"?" in path.encode() else b"?") + \
+        b"token=" + token[:20] + b"\xb9" + token[20:]
+    head = b"%s %s HTTP/1.1\r\nHost: x\r\n" % (method.encode(), raw_path)
+    if endpoint == "websocket":
+        head += b"".join(b"%s: %s\r\n" % (k.encode(), v.encode())
+                         for k, v in UPGRADE_HEADERS.items())
+    if body is not None:
+        head += b"Content-Length: %d\r\n" % len(body)
+    response = raw_exchange(shared_server.base_url, head + b"\r\n" + (body or b""))
+    assert status_of(response) == 400, response[:300]
+    assert b"INVALID_MESSAGE" in response
+
+
 def test_stream_resume_with_a_huge_last_seq_is_400(server):
     token = server.issue_token("alice")
     status, _, body = request(server.base_url, "POST",
