@@ -1,9 +1,12 @@
 """gunicorn settings: ``gunicorn -k gevent wsgi:app`` picks this file up by itself."""
 
+import logging
 import os
+import re
 import sys
 
 import gevent
+from gunicorn.glogging import Logger
 
 worker_class = "gevent"
 bind = [f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8080')}"]
@@ -15,6 +18,52 @@ preload_app = False
 workers = int(os.environ.get("WEB_CONCURRENCY", "1"))
 graceful_timeout = 10
 keepalive = 5
+#: Seconds of graceful_timeout kept for closing connections after the drain (close
+#: handshakes, the ends of streams) before gunicorn kills what is left.
+CLOSE_MARGIN = 3
+
+# The rules of protoflask.logs.redact, repeated here: importing protoflask in gunicorn's
+# master would load Flask and gevent's pywsgi before the worker monkey-patches.
+_TOKEN_PARAM = re.compile(r"((?:t|%74)(?:o|%6f)(?:k|%6b)(?:e|%65)(?:n|%6e)=)[^&\s'\"]*",
+                          re.IGNORECASE)
+_BEARER = re.compile(r"(bearer\s+)[^\s'\",]+", re.IGNORECASE)
+
+
+def _redact(text):
+    return _BEARER.sub(r"\1***", _TOKEN_PARAM.sub(r"\1***", text))
+
+
+class _RedactTokens(logging.Filter):
+    def filter(self, record):
+        message = record.getMessage()
+        clean = _redact(message)
+        if clean != message:
+            record.msg, record.args = clean, ()
+        return True
+
+
+class RedactingLogger(Logger):
+    """gunicorn's logger, with tokens kept out of its lines: the access log's request line
+    and query (``%(r)s``, ``%(q)s``, ``%(U)s``...) and headers (``%({authorization}i)s``),
+    and error lines that quote a malformed request line."""
+
+    def setup(self, cfg):
+        super().setup(cfg)
+        for logger in (self.error_log, self.access_log):
+            if not any(isinstance(f, _RedactTokens) for f in logger.filters):
+                logger.addFilter(_RedactTokens())
+
+    def atoms(self, resp, req, environ, request_time):
+        atoms = super().atoms(resp, req, environ, request_time)
+        for key, value in atoms.items():
+            if key == "{authorization}i" and value != "-":
+                atoms[key] = "***"
+            elif isinstance(value, str):
+                atoms[key] = _redact(value)
+        return atoms
+
+
+logger_class = RedactingLogger
 
 
 def on_starting(server):
@@ -36,7 +85,11 @@ def _protoserver(worker):
 
 
 def post_worker_init(worker):
-    """Start protoflask's timers in the worker and close sessions when it is told to quit."""
+    """Start protoflask's timers in the worker, and drain when it is told to quit
+    (SIGTERM): gunicorn stops accepting, protoflask refuses new connections (503
+    SHUTTING_DOWN, /health 503 draining) and gives running tools the graceful timeout less
+    CLOSE_MARGIN to finish, then closes every client (1001, or the end of its stream),
+    cancels what is left and emits ``stopped``."""
     server = _protoserver(worker)
     if server is None:
         return
@@ -48,7 +101,8 @@ def post_worker_init(worker):
 
     def watch_for_quit():
         while worker.alive:
-            gevent.sleep(0.25)
+            gevent.sleep(0.1)
+        server.drain(max(0.0, worker.cfg.graceful_timeout - CLOSE_MARGIN))
         server.serving_stopped()
 
     gevent.spawn(watch_for_quit)

@@ -84,7 +84,7 @@ def server_specs(max_connections: int) -> dict[str, ServerSpec]:
         ServerSpec("protoflask", "protoflask (full protocol)", "proto",
                    gunicorn_app="wsgi:app", gunicorn_conf=ROOT / "gunicorn.conf.py", chdir=ROOT,
                    env={"JWT_SECRET": SECRET, "ENABLE_LOGGING": "false",
-                        "ENABLE_COMPRESSION": "false", "ECHO_MESSAGES": "false",
+                        "ENABLE_COMPRESSION": "false", "ECHO_MESSAGES": "false", "RATE_LIMIT": "0",
                         "MAX_CONNECTIONS": limit, "WEB_CONCURRENCY": "1"}),
         ServerSpec("flask-sock", "Flask + flask-sock echo (gunicorn gevent -w 1)", "echo",
                    gunicorn_app="flask_sock_echo:app",

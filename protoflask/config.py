@@ -89,6 +89,14 @@ OPTIONS: tuple[Option, ...] = (
        "bytes per envelope", 64),
     _o("outboundBufferSize", "outbound_buffer_size", "OUTBOUND_BUFFER_SIZE", int, 4194304,
        "unsent bytes a session may hold for a slow client", 1024),
+    _o("maxJsonDepth", "max_json_depth", "MAX_JSON_DEPTH", int, 64,
+       "deepest JSON nesting accepted in an envelope (INVALID_MESSAGE beyond)", 2, 200),
+    _o("rateLimit", "rate_limit", "RATE_LIMIT", int, 1000,
+       "upstream messages per second per session (RATE_LIMITED beyond; 0 = off)", 0),
+    _o("rateLimitBurst", "rate_limit_burst", "RATE_LIMIT_BURST", int, 2000,
+       "messages a session may send at once before rateLimit applies", 1),
+    _o("allowedOrigins", "allowed_origins", "ALLOWED_ORIGINS", list, (),
+       "browser Origins allowed on /proto/* (comma-separated in the env; empty = any)"),
     _o("echoMessages", "echo_messages", "ECHO_MESSAGES", bool, True,
        "answer each completed text with the same text on AGENT"),
     _o("enableCORS", "enable_cors", "ENABLE_CORS", bool, True, "CORS headers and preflight"),
@@ -109,6 +117,8 @@ OPTIONS: tuple[Option, ...] = (
        "serve /metrics (Prometheus text format)"),
     _o("dashboard", "dashboard", "PROTOFLASK_DASHBOARD", bool, True,
        "serve the dashboard and playground page (/, /dashboard) and /dashboard/data"),
+    _o("debugVitals", "debug_vitals", "PROTOFLASK_DEBUG_VITALS", bool, False,
+       "serve GET /debug/vitals (RSS, greenlets, sessions) for soak tests; never in production"),
 )
 
 ALL_KEYS = {o.key for o in OPTIONS} | {"flowControl"}
@@ -179,6 +189,10 @@ class ServerConfig:
     replay_window_time: int = 60000
     max_message_size: int = 1048576
     outbound_buffer_size: int = 4194304
+    max_json_depth: int = 64
+    rate_limit: int = 1000
+    rate_limit_burst: int = 2000
+    allowed_origins: tuple[str, ...] = ()
     echo_messages: bool = True
     enable_cors: bool = True
     enable_compression: bool = True
@@ -189,6 +203,7 @@ class ServerConfig:
     redis_prefix: str = "protoflask"
     metrics: bool = True
     dashboard: bool = True
+    debug_vitals: bool = False
 
     def __post_init__(self) -> None:
         for opt in OPTIONS:
@@ -205,6 +220,13 @@ class ServerConfig:
                 object.__setattr__(self, "redis_url", None)
             elif not url.startswith(("redis://", "rediss://", "unix://")):
                 raise ConfigError("redisUrl must be a redis://, rediss:// or unix:// URL")
+        from .origins import normalize_origin
+
+        try:
+            object.__setattr__(self, "allowed_origins",
+                               tuple(normalize_origin(o) for o in self.allowed_origins))
+        except ValueError as exc:
+            raise ConfigError(f"allowedOrigins: {exc}") from None
         if "none" in (a.lower() for a in self.jwt_algorithms):
             raise ConfigError("jwtAlgorithms must not contain 'none'")
         from .auth import parse_duration  # late: auth imports nothing from here at load
@@ -275,6 +297,9 @@ class ServerConfig:
             heartbeat_timeout=self.heartbeat_timeout,
             outbound_buffer_size=self.outbound_buffer_size,
             back_pressure_threshold=fc.back_pressure_threshold,
+            rate_limit=self.rate_limit,
+            rate_limit_burst=self.rate_limit_burst,
+            max_json_depth=self.max_json_depth,
             credits=CreditSettings(
                 enabled=fc.enabled, initial_credits=fc.initial_credits,
                 min_credits=fc.min_credits, max_credits=fc.max_credits,
@@ -421,9 +446,11 @@ def _coerce(opt: Option, value: Any, name: str) -> Any:
     elif kind is list:
         if isinstance(value, str):
             value = tuple(p.strip() for p in value.split(",") if p.strip())
-        if not isinstance(value, (list, tuple)) or not value or \
+        may_be_empty = opt.default == ()
+        if not isinstance(value, (list, tuple)) or (not value and not may_be_empty) or \
                 not all(isinstance(v, str) and v for v in value):
-            raise ConfigError(f"{name} must be a non-empty list of strings, got {value!r}")
+            raise ConfigError(f"{name} must be a{'' if may_be_empty else ' non-empty'} list of "
+                              f"strings, got {value!r}")
         value = tuple(value)
     if opt.low is not None and value < opt.low:
         raise ConfigError(f"{name} must be >= {opt.low:g}, got {value!r}")
@@ -440,7 +467,8 @@ def options_table() -> str:
             "|---|---|---|---|---|---|"]
     for prefix, opts in (("", OPTIONS), ("flowControl.", FLOW_OPTIONS)):
         for o in opts:
-            default = ",".join(o.default) if isinstance(o.default, tuple) else o.default
+            default = (",".join(o.default) or "empty") if isinstance(o.default, tuple) \
+                else o.default
             rows.append(f"| {prefix}{o.key} | {app_config_key(o, bool(prefix))} | "
                         f"{o.env or ''} | {o.kind.__name__} | "
                         f"{'none' if default is None else default} | {o.doc} |")

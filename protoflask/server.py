@@ -16,6 +16,7 @@ import secrets
 import signal
 import socket
 import threading
+import time
 import uuid
 from typing import Any, Callable, Mapping
 
@@ -34,6 +35,7 @@ from .core.session import CLOSE_GOING_AWAY
 from .engine import Engine
 from .hub import Hub, LiveSession, LocalHub, make_hub, now_ms
 from .metrics import create_registry
+from .logs import RedactTokens
 from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools, check_call
 from .web import ConnectionTakenOver, create_blueprint
 
@@ -52,7 +54,12 @@ class _Handler(WSGIHandler):
             self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except (OSError, AttributeError):
             pass  # not TCP (a Unix socket)
-        super().handle()
+        try:
+            super().handle()
+        except (BrokenPipeError, ConnectionResetError):
+            # the client left while gevent answered it (a 400 to a malformed request, say):
+            # not worth the traceback gevent's hub would print for it
+            self.close_connection = True
 
     def get_environ(self) -> dict[str, Any]:
         environ = super().get_environ()
@@ -187,10 +194,18 @@ class ProtoServer:
                 self._thread = None
                 raise failure[0]
         self.engine.shutting_down = False
+        self._warn_about_open_origins()
         if self.dev_token:
             log.warning("development mode: a random jwtSecret was generated (never use this "
                         "in production); server.dev_token holds a token for user 'dev'")
         self._emit(signals.started)
+
+    def _warn_about_open_origins(self) -> None:
+        if not self.config.allowed_origins and not self.config.dev_mode \
+                and self.config.node_env == "production":
+            log.warning("allowedOrigins is empty: browser pages of any origin may open "
+                        "/proto/* connections with a token they hold; set ALLOWED_ORIGINS "
+                        "to your app's origins (or '*' to allow any and silence this)")
 
     def serve_forever(self) -> None:
         """Serve until SIGINT or SIGTERM, then ``stop()``: for scripts and examples
@@ -209,8 +224,11 @@ class ProtoServer:
             self.stop()
 
     def _listen(self) -> None:
+        error_log = logging.getLogger("protoflask.wsgi")  # quotes raw request lines:
+        if not any(isinstance(f, RedactTokens) for f in error_log.filters):
+            error_log.addFilter(RedactTokens())  # never with their tokens
         self._wsgi = WSGIServer((self.config.host, self.config.port), self.app,
-                                handler_class=_Handler, log=None, error_log=log)
+                                handler_class=_Handler, log=None, error_log=error_log)
         self._wsgi.start()
         self._port = self._wsgi.server_port
         self.engine.ensure_running()
@@ -228,12 +246,16 @@ class ProtoServer:
         ready.set()
         self._stop_event.wait()
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 0.0) -> None:
         """Close every connection (1001), cancel running tools, stop listening; emits
-        ``stopped``."""
+        ``stopped``. With ``grace`` (seconds), drain first: new connections are refused
+        (503 SHUTTING_DOWN, /health 503 draining) while running tool calls get up to
+        ``grace`` to finish."""
         if self._wsgi is None:
+            self.drain(grace)
             self.serving_stopped()
             return
+        self.drain(grace)
         self._call(self._stop_in_hub)
         if self._thread is not None:
             self._thread.join(STOP_TIMEOUT + 2)
@@ -257,9 +279,22 @@ class ProtoServer:
         if self._stop_event is not None:
             self._stop_event.set()
 
+    def drain(self, grace: float) -> None:
+        """Refuse new connections and wait up to ``grace`` seconds for running and queued
+        tool calls to finish (their clients stay connected to receive the results)."""
+        def wait() -> None:
+            self.engine.shutting_down = True
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and any(
+                    live.runner is not None and (live.runner.running or live.runner.waiting)
+                    for live in self.hub.sessions()):
+                gevent.sleep(0.05)
+        self._call(wait)
+
     def serving_started(self) -> None:
         """For hosting servers that are not ``start()`` (gunicorn's post_worker_init)."""
         self.engine.ensure_running()
+        self._warn_about_open_origins()
         self._emit(signals.started)
 
     def serving_stopped(self) -> None:

@@ -1,6 +1,6 @@
 """The Flask blueprint: /health, /stats, /metrics, the dashboard page and the transport
-routes, plus CORS, gzip for JSON responses and connection-level access logs (never one line
-per message)."""
+routes, plus the Origin allow-list, CORS, gzip for JSON responses and connection-level
+access logs (never one line per message), and the debug-only /debug/vitals."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from flask import Blueprint, Response, g, request
 
+from . import vitals
 from .auth import token_from_request
-from .core.errors import ProtoError
+from .core.errors import InvalidMessage, OriginNotAllowed, ProtoError
 from .dashboard import add_dashboard_routes
+from .logs import redacted_query
 from .metrics import metrics_response
+from .origins import OriginPolicy
 from .transports import sse, stream
 from .transports.http import error_response, json_response, parse_seq_arg
 from .transports.websocket import WebSocketConnection, raw_socket
@@ -25,13 +28,18 @@ if TYPE_CHECKING:
 
 access_log = logging.getLogger("protoflask.access")
 
-_TOKEN_IN_QUERY = re.compile(r"(token=)[^&]*")
 GZIP_MIN_BYTES = 100
+#: The endpoints an Origin outside allowedOrigins is refused on (403 ORIGIN_NOT_ALLOWED).
+TRANSPORT_ENDPOINTS = frozenset({"protoflask.websocket", "protoflask.sse_stream",
+                                 "protoflask.sse_post", "protoflask.http_stream"})
+#: A Host header value: a name, an IPv4 address or a bracketed IPv6 address, and a port.
+#: (Commas are refused: that is how a WSGI server joins two Host headers.)
+_HOST = re.compile(r"([A-Za-z0-9._~!$&'()*+;=%-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{0,5})?\Z")
 
 
-def redacted_query(query: str) -> str:
-    """The query string with any token value hidden, for logs."""
-    return _TOKEN_IN_QUERY.sub(r"\1***", query)
+def valid_host(value: str | None) -> bool:
+    """Whether a Host header is present and well formed (RFC 7230 5.4, RFC 6455 4.2.1)."""
+    return bool(value) and _HOST.match(value) is not None  # type: ignore[arg-type]
 
 
 class ConnectionTakenOver(StopIteration):
@@ -50,10 +58,23 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
     bp = Blueprint("protoflask", __name__)
     engine = server.engine
     config = server.config
+    origins = OriginPolicy(config.allowed_origins)
 
     @bp.before_request
-    def _start_timer() -> None:
+    def _start_request() -> Response | None:
+        """Start the access-log timer; refuse an Origin outside allowedOrigins, and a query
+        string that is not UTF-8 (werkzeug's ``request.args`` raises on it: a 500)."""
         g.protoflask_started = time.perf_counter()
+        if request.endpoint not in TRANSPORT_ENDPOINTS:
+            return None
+        if not origins.allows(request.headers.get("Origin")):
+            return error_response(OriginNotAllowed(
+                f"Origin {request.headers.get('Origin')!r} is not in allowedOrigins"))
+        try:
+            request.args.get("token")  # parses (and caches) the query
+        except UnicodeDecodeError:
+            return error_response(InvalidMessage("the query string is not UTF-8"))
+        return None
 
     @bp.get("/health")
     def health() -> Response:
@@ -87,8 +108,16 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
     if config.dashboard:
         add_dashboard_routes(bp, server, at_root=server._own_app)
 
+    if config.debug_vitals:
+        @bp.get("/debug/vitals")
+        def debug_vitals() -> Response:
+            return json_response(vitals.snapshot(server))
+
     @bp.route("/proto/websocket", websocket=True)
     def websocket() -> Response:
+        if not valid_host(request.environ.get("HTTP_HOST")):
+            return error_response(InvalidMessage("a WebSocket upgrade needs one valid Host "
+                                                 "header"))
         sock = raw_socket(request.environ)
         if sock is None:
             return json_response({"error": {
@@ -137,7 +166,7 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
     @bp.after_request
     def _finish(response: Response) -> Response:
         if config.enable_cors:
-            _add_cors(response)
+            _add_cors(response, origins)
         if config.enable_compression and not response.is_streamed:
             _maybe_gzip(response)
         if config.enable_logging and not g.get("protoflask_live") \
@@ -158,10 +187,16 @@ def _live(response: Response) -> Response:
     return response
 
 
-def _add_cors(response: Response) -> None:
+def _add_cors(response: Response, origins: OriginPolicy) -> None:
     headers = response.headers
-    headers["Access-Control-Allow-Origin"] = request.headers.get("Origin", "*")
     headers.add("Vary", "Origin")
+    origin = request.headers.get("Origin")
+    if origins.restricted:
+        if origin is None or not origins.allows(origin):
+            return  # no CORS headers: the browser keeps the response from that page
+        headers["Access-Control-Allow-Origin"] = origin
+    else:
+        headers["Access-Control-Allow-Origin"] = origin or "*"
     headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
     headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, Last-Event-ID"
     headers["Access-Control-Expose-Headers"] = "Proto-Session"

@@ -219,13 +219,14 @@ class GunicornServer:
     def kill(self) -> None:
         """SIGKILL: the process dies at once, as a crashed machine would take it."""
         self.proc.kill()
-        self.proc.communicate()
+        self._killed_output, _ = self.proc.communicate()
         self.listener.close()
 
     def stop(self) -> str:
-        if self.proc.poll() is not None:
-            return ""
-        self.proc.terminate()
+        if hasattr(self, "_killed_output"):
+            return self._killed_output.decode() if self._killed_output else ""
+        if self.proc.poll() is None:
+            self.proc.terminate()
         try:
             out, _ = self.proc.communicate(timeout=timeout(15))
         except subprocess.TimeoutExpired:

@@ -23,6 +23,8 @@ OTHER = {
     "enableCORS": False, "enableCompression": False, "enableLogging": False,
     "nodeEnv": "development", "devMode": True, "redisUrl": "redis://127.0.0.1:6379/15",
     "redisPrefix": "from-app", "metrics": False, "dashboard": False,
+    "maxJsonDepth": 16, "rateLimit": 50,
+    "rateLimitBurst": 10, "allowedOrigins": ["https://app.example.com"], "debugVitals": True,
 }
 FLOW_OTHER = {
     "enabled": False, "initialCredits": 300, "minCredits": 20, "maxCredits": 500,

@@ -38,9 +38,18 @@ SERVER_TYPES = frozenset({
     "RESUME_CHANNEL", "ERROR", "AUDIO_CHUNK",
 })
 
-_POSITIVE_INT = re.compile(r"[1-9][0-9]*\Z")
-_NON_NEGATIVE_INT = re.compile(r"(0|[1-9][0-9]*)\Z")
-_DECIMAL = re.compile(r"[0-9]+\Z")
+#: Longest decimal string accepted for a seq or ts. Python refuses to convert strings of
+#: more than 4300 digits (a ValueError no schema expects), and no clock or counter needs
+#: more than 20; 64 leaves clients room for any counter they keep.
+MAX_DIGITS = 64
+#: Deepest JSON nesting accepted in an envelope (the envelope object is level 1, its
+#: payload level 2). orjson itself refuses more than 1024 levels on reading and encodes
+#: at most 254, so anything a client nests is cut well before either (maxJsonDepth).
+MAX_JSON_DEPTH = 64
+
+_POSITIVE_INT = re.compile(r"[1-9][0-9]{0,%d}\Z" % (MAX_DIGITS - 1), re.ASCII)
+_NON_NEGATIVE_INT = re.compile(r"(0|[1-9][0-9]{0,%d})\Z" % (MAX_DIGITS - 1), re.ASCII)
+_DECIMAL = re.compile(r"[0-9]{1,%d}\Z" % MAX_DIGITS, re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +111,8 @@ class SeqField(fields.Field):
         elif isinstance(value, str) and _NON_NEGATIVE_INT.match(value):
             number = int(value)
         else:
-            raise ValidationError("must be a decimal string or an integer")
+            raise ValidationError(f"must be a decimal string (at most {MAX_DIGITS} digits) "
+                                  "or an integer")
         if number < 0 or (number == 0 and not self.allow_zero):
             raise ValidationError("must be a positive number")
         return number
@@ -143,9 +153,9 @@ class EnvelopeSchema(Schema):
     id = _required_str()
     session = fields.String(required=True)
     seq = fields.String(required=True, validate=validate.Regexp(
-        _POSITIVE_INT, error="must be a positive decimal string"))
+        _POSITIVE_INT, error=f"must be a positive decimal string of at most {MAX_DIGITS} digits"))
     ts = fields.String(required=True, validate=validate.Regexp(
-        _DECIMAL, error="must be a decimal string"))
+        _DECIMAL, error=f"must be a decimal string of at most {MAX_DIGITS} digits"))
     type = fields.String(required=True)
     channel = fields.String(required=True, validate=validate.OneOf(CHANNELS))
     payload = fields.Dict(required=True)
@@ -261,13 +271,14 @@ assert set(PAYLOAD_SCHEMAS) == CLIENT_TYPES
 _ENVELOPE = EnvelopeSchema()
 
 
-def parse(raw: bytes | bytearray | memoryview | str, *, max_size: int | None = None) -> Message:
+def parse(raw: bytes | bytearray | memoryview | str, *, max_size: int | None = None,
+          max_depth: int = MAX_JSON_DEPTH) -> Message:
     """Validate one client envelope and its payload (CONTRACT 1 and 4) into a Message."""
-    return validate_payload(parse_envelope(raw, max_size=max_size))
+    return validate_payload(parse_envelope(raw, max_size=max_size, max_depth=max_depth))
 
 
 def parse_envelope(raw: bytes | bytearray | memoryview | str, *,
-                   max_size: int | None = None) -> Message:
+                   max_size: int | None = None, max_depth: int = MAX_JSON_DEPTH) -> Message:
     """Validate the envelope only; the payload stays the raw dict.
 
     Raises MessageTooLarge or InvalidMessage (marshmallow's errors in ``detail``,
@@ -277,7 +288,7 @@ def parse_envelope(raw: bytes | bytearray | memoryview | str, *,
         size = byte_length(raw)
         if size > max_size:
             raise MessageTooLarge(f"message of {size} bytes exceeds {max_size}")
-    return validate_envelope(decode_json(raw))
+    return validate_envelope(decode_json(raw), max_depth=max_depth)
 
 
 def byte_length(raw: bytes | bytearray | memoryview | str) -> int:
@@ -289,14 +300,31 @@ def byte_length(raw: bytes | bytearray | memoryview | str) -> int:
     return len(raw)
 
 
-def validate_envelope(obj: Any) -> Message:
+def validate_envelope(obj: Any, *, max_depth: int = MAX_JSON_DEPTH) -> Message:
     """An already decoded JSON value as an envelope (payload not yet validated)."""
     if not isinstance(obj, dict):
         raise InvalidMessage("an envelope must be a JSON object")
-    fast = _accept_envelope(obj)
-    if fast is not None:
-        return fast
-    return _load_envelope(obj)
+    msg = _accept_envelope(obj)
+    if msg is None:
+        msg = _load_envelope(obj)
+    if _nested_deeper_than(msg.payload, max_depth - 1):
+        raise InvalidMessage(f"JSON nested deeper than {max_depth} levels",
+                             related_id=msg.id)
+    return msg
+
+
+def _nested_deeper_than(value: dict[str, Any], limit: int) -> bool:
+    """Whether containers nest more than ``limit`` levels below and including ``value``
+    (no recursion: a hostile depth must not cost stack)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        container, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in container.values() if type(container) is dict else container:
+            if type(child) is dict or type(child) is list:
+                stack.append((child, depth + 1))
+    return False
 
 
 def _load_envelope(obj: dict[str, Any]) -> Message:

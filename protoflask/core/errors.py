@@ -22,6 +22,8 @@ or an HTTP error body without a lookup table elsewhere::
     ├── MissingToken                MISSING_TOKEN      401
     ├── InvalidToken                INVALID_TOKEN      401
     ├── MaxConnections              MAX_CONNECTIONS    503
+    ├── RateLimited                 RATE_LIMITED       429
+    ├── OriginNotAllowed            ORIGIN_NOT_ALLOWED 403
     ├── OutboundQueueFull           OUTBOUND_QUEUE_FULL (application side only)
     ├── ClusterUnavailable          CLUSTER_UNAVAILABLE 503
     └── ShuttingDown                SHUTTING_DOWN      503
@@ -142,6 +144,16 @@ class InvalidToken(ProtoError):
 
 class MaxConnections(ProtoError):
     code, http_status, default_message = "MAX_CONNECTIONS", 503, "too many connections"
+
+
+class RateLimited(ProtoError):
+    code, http_status, default_message = (
+        "RATE_LIMITED", 429, "too many messages; this one was dropped")
+
+
+class OriginNotAllowed(ProtoError):
+    code, http_status, default_message = (
+        "ORIGIN_NOT_ALLOWED", 403, "the request's Origin is not in allowedOrigins")
 
 
 class OutboundQueueFull(ProtoError):

@@ -9,6 +9,8 @@ No I/O and no clock: the caller passes ``now`` (ms) and pumps:
 
 Rules, in the order a received message meets them (CONTRACT 1, 4, 5, 6):
 
+0. Over the rate limit                  -> ERROR RATE_LIMITED, dropped unread (close 1008
+                                           when the client keeps flooding)
 1. Envelope invalid                      -> ERROR INVALID_MESSAGE (or MESSAGE_TOO_LARGE)
 2. seq <= last seen upstream seq         -> dropped silently (a resend); else seq is recorded
 3. Unknown type                          -> ERROR UNSUPPORTED_TYPE
@@ -34,20 +36,22 @@ from typing import Any
 from . import messages
 from .credits import CreditLedger, CreditSettings
 from .envelope import (
-    CLIENT_TYPES, CONTROL_TYPES, SERVER_TYPES, Message, byte_length, decode_json, encode,
-    parse_envelope, validate_envelope, validate_payload,
+    CLIENT_TYPES, CONTROL_TYPES, MAX_JSON_DEPTH, SERVER_TYPES, Message, byte_length,
+    decode_json, encode, parse_envelope, validate_envelope, validate_payload,
 )
 from .errors import (
     ChannelPaused, DuplicateCallId, HandshakeRequired, InvalidMessage, MaxRunsExceeded,
-    MessageTooLarge, ProtoError, ReplayUnavailable, RunNotFound, UnsupportedType,
+    MessageTooLarge, ProtoError, RateLimited, ReplayUnavailable, RunNotFound, UnsupportedType,
     UnsupportedVersion,
 )
+from .ratelimit import RateLimiter, Verdict
 from .replay import ReplayWindow
 from .traffic import INVALID, UNKNOWN_TYPE, TrafficCounters
 
 # WebSocket-style close codes the core asks transports to use (CONTRACT 2).
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY_VIOLATION = 1008  # kept flooding past the rate limit
 CLOSE_TOO_LARGE = 1009
 CLOSE_HEARTBEAT = 4000
 CLOSE_UNSUPPORTED_VERSION = 4001
@@ -76,6 +80,9 @@ class SessionSettings:
     back_pressure_threshold: float = 0.8  # fraction of it at which USER is paused
     max_open_texts: int = 64
     max_text_bytes: int = 16 * 1048576
+    rate_limit: float = 1000.0  # upstream messages per second; 0 turns the limit off
+    rate_limit_burst: int = 2000
+    max_json_depth: int = MAX_JSON_DEPTH
 
 
 # -- events handed to the application layer ------------------------------------------------
@@ -223,6 +230,8 @@ class ProtocolSession:
         self.accept_events: frozenset[str] | None = None
 
         self.replay = ReplayWindow(settings.replay_window_size, settings.replay_window_time)
+        self.rate = RateLimiter(settings.rate_limit, settings.rate_limit_burst, now)
+        self._flooding = False  # closed for flooding: later messages are dropped silently
         self.credits = CreditLedger(settings.credits)
         self.paused_by_client: set[str] = set()
         self.paused_by_server: set[str] = set()
@@ -264,6 +273,7 @@ class ProtocolSession:
         self._resend.clear()
         self.in_flight = 0
         self._overflowed = False
+        self._flooding = False
         if last_seq is not None:
             self._queue_replay(last_seq + 1, None, now, source="resume")
 
@@ -276,8 +286,11 @@ class ProtocolSession:
 
     def receive(self, raw: bytes | str, now: int) -> list[Event]:
         """One client frame / line / body element. Returns the events it caused."""
+        if self._rate_limited(now):
+            return self._take_events()
         try:
-            msg = parse_envelope(raw, max_size=self.settings.max_message_size)
+            msg = parse_envelope(raw, max_size=self.settings.max_message_size,
+                                 max_depth=self.settings.max_json_depth)
         except MessageTooLarge as exc:
             self.traffic.received[INVALID] += 1
             self._fail(exc)
@@ -291,13 +304,32 @@ class ProtocolSession:
 
     def receive_decoded(self, obj: Any, nbytes: int, now: int) -> list[Event]:
         """An element already decoded from a JSON array body."""
+        if self._rate_limited(now):
+            return self._take_events()
         try:
-            msg = validate_envelope(obj)
+            msg = validate_envelope(obj, max_depth=self.settings.max_json_depth)
         except ProtoError as exc:
             self.traffic.received[INVALID] += 1
             self._fail(exc)
             return self._take_events()
         return self.receive_message(msg, nbytes, now)
+
+    def _rate_limited(self, now: int) -> bool:
+        """Take a token for one upstream message; without one the message is dropped
+        unread (so its seq is not recorded and it may be resent as it was)."""
+        verdict = self.rate.check(now)
+        if verdict is Verdict.ALLOW:
+            return False
+        if not self._flooding:
+            self._fail(RateLimited(
+                f"more than {self.settings.rate_limit:g} messages per second (burst "
+                f"{self.settings.rate_limit_burst}); message dropped",
+                detail={"retry_after_ms": self.rate.retry_after_ms()}))
+            if verdict is Verdict.CLOSE:
+                self._flooding = True
+                self._events.append(CloseRequested(CLOSE_POLICY_VIOLATION,
+                                                   "rate limit exceeded"))
+        return True
 
     def receive_message(self, msg: Message, nbytes: int, now: int) -> list[Event]:
         self.last_activity = now

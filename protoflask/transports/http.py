@@ -31,6 +31,7 @@ import orjson
 from flask import Request, Response
 
 from ..auth import token_from_request
+from ..core.envelope import MAX_DIGITS
 from ..core.errors import InvalidMessage, MessageTooLarge, ProtoError
 from ..hub import now_ms
 from .websocket import raw_socket
@@ -67,9 +68,16 @@ def error_response(exc: ProtoError) -> Response:
 def parse_seq_arg(value: str | None, name: str) -> int | None:
     if value is None or value == "":
         return None
-    if not value.isdigit():
-        raise InvalidMessage(f"{name} must be a decimal number, got {value!r}")
+    if not is_seq(value):
+        raise InvalidMessage(f"{name} must be a decimal number of at most {MAX_DIGITS} "
+                             f"digits, got {value[:80]!r}")
     return int(value)
+
+
+def is_seq(value: str) -> bool:
+    """ASCII digits only (str.isdigit also takes '²', which int() refuses), and few enough
+    for int() (it refuses more than 4300)."""
+    return 0 < len(value) <= MAX_DIGITS and value.isascii() and value.isdigit()
 
 
 # -- upstream: POST bodies ------------------------------------------------------------
@@ -103,6 +111,15 @@ def _loads(data: bytes) -> Any:
         return _NOT_JSON
 
 
+def _encoded_size(item: Any, whole: int) -> int:
+    """An array element's size in bytes for credit; ``whole`` (the body's size) when it
+    cannot be encoded again (nested past orjson's limit: the session refuses it anyway)."""
+    try:
+        return len(orjson.dumps(item))
+    except orjson.JSONEncodeError:
+        return whole
+
+
 def deliver_body(engine: "Engine", live: "LiveSession", body: bytes) -> int:
     """Hand every message of a POST body to the session; returns how many.
 
@@ -113,7 +130,7 @@ def deliver_body(engine: "Engine", live: "LiveSession", body: bytes) -> int:
     whole = _loads(body)
     if isinstance(whole, list):
         for item in whole:
-            engine.receive_decoded(live, item, len(orjson.dumps(item)))
+            engine.receive_decoded(live, item, _encoded_size(item, len(body)))
         return len(whole)
     if whole is not _NOT_JSON:
         engine.receive(live, body)

@@ -21,7 +21,7 @@ from flask import Request, Response
 
 from ..auth import token_from_request
 from ..core.errors import InvalidMessage, ProtoError
-from .http import HTTPDownstream, error_response, parse_seq_arg
+from .http import HTTPDownstream, error_response, is_seq, parse_seq_arg
 from .http import post_messages as post_messages  # POST /proto/sse is the shared upstream
 
 if TYPE_CHECKING:
@@ -56,8 +56,8 @@ def resume_point(request: Request) -> tuple[str | None, int | None]:
     header = request.headers.get("Last-Event-ID", "").strip()
     if header:
         sid, sep, seq = header.rpartition(":")
-        if not sep or not sid or not seq.isdigit():
-            raise InvalidMessage(f"Last-Event-ID must be <session>:<seq>, got {header!r}")
+        if not sep or not sid or not is_seq(seq):
+            raise InvalidMessage(f"Last-Event-ID must be <session>:<seq>, got {header[:80]!r}")
         if session_id is None or session_id == sid:
             session_id, last_seq = sid, int(seq)
     return session_id, last_seq

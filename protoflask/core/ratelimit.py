@@ -1,0 +1,56 @@
+"""Per-session upstream message rate limit: a token bucket, plus a second bucket of
+strikes that tells a client over its limit now and then from one that keeps flooding.
+
+Time is passed in (ms), like everywhere in the core.
+
+* Each received message takes one token; tokens refill at ``rate`` per second up to
+  ``burst``. A message that finds no token is dropped (the session answers it with
+  ``ERROR RATE_LIMITED``).
+* Each dropped message adds a strike; strikes leak at ``rate`` per second. More than
+  ``burst`` strikes means the client sent well over twice its limit for a while: the
+  session asks for the connection to be closed (1008).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Verdict(Enum):
+    ALLOW = "allow"
+    DROP = "drop"
+    CLOSE = "close"
+
+
+class RateLimiter:
+    __slots__ = ("rate", "burst", "_tokens", "_strikes", "_at")
+
+    def __init__(self, rate: float, burst: int, now: int) -> None:
+        self.rate = rate  # messages per second; 0 turns the limit off
+        self.burst = burst
+        self._tokens = float(burst)
+        self._strikes = 0.0
+        self._at = now
+
+    def check(self, now: int) -> Verdict:
+        """Take a token for one message received at ``now`` (ms)."""
+        if self.rate <= 0:
+            return Verdict.ALLOW
+        # a clock that steps back refills nothing this once, and does not stall refills
+        elapsed = max(0, now - self._at)
+        self._at = now
+        refill = elapsed * self.rate / 1000.0
+        if refill:
+            self._tokens = min(float(self.burst), self._tokens + refill)
+            self._strikes = max(0.0, self._strikes - refill)
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return Verdict.ALLOW
+        self._strikes += 1.0
+        return Verdict.CLOSE if self._strikes > self.burst else Verdict.DROP
+
+    def retry_after_ms(self) -> int:
+        """How long until the next token (for the ERROR's detail)."""
+        if self.rate <= 0 or self._tokens >= 1.0:
+            return 0
+        return max(1, int((1.0 - self._tokens) * 1000.0 / self.rate + 0.999))

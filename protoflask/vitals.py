@@ -1,0 +1,59 @@
+"""What a soak or fuzz test needs to see inside a running server process: its memory, its
+greenlets and its sessions. Served at GET /debug/vitals only when ``debugVitals`` is on
+(env PROTOFLASK_DEBUG_VITALS=1): walking every object is slow, and none of this is for
+the public."""
+
+from __future__ import annotations
+
+import gc
+import resource
+from typing import TYPE_CHECKING, Any
+
+import gevent
+
+from .hub import now_ms
+
+if TYPE_CHECKING:
+    from .server import ProtoServer
+
+
+def rss_bytes() -> int:
+    """Resident set size now (Linux /proc), else the peak."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def greenlets() -> tuple[int, int]:
+    """(gevent Greenlet objects alive, of which not finished), after a full collection.
+    Objects frozen by gc.freeze() at start-up are not seen: compare counts, not totals."""
+    gc.collect()
+    found = [o for o in gc.get_objects() if isinstance(o, gevent.Greenlet)]
+    return len(found), sum(1 for g in found if not g.dead)
+
+
+def snapshot(server: "ProtoServer") -> dict[str, Any]:
+    total, running = greenlets()
+    sessions = list(server.hub.sessions())
+    stats = server.engine.stats.snapshot(now_ms())
+    return {
+        "rss": rss_bytes(),
+        "peakRss": peak_rss_bytes(),
+        "greenlets": total,
+        "greenletsRunning": running,
+        "sessions": len(sessions),
+        "connectedSessions": sum(1 for s in sessions if s.transport is not None),
+        "runningTools": sum(len(s.runner.running) for s in sessions if s.runner is not None),
+        "queuedTools": sum(len(s.runner.waiting) for s in sessions if s.runner is not None),
+        "activeConnections": stats["activeConnections"],
+        "totalConnections": stats["totalConnections"],
+        "totalMessages": stats["totalMessages"],
+        "errorsSent": server.engine.stats.errors_sent,
+    }
