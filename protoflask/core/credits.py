@@ -106,6 +106,21 @@ class CreditLedger:
         acct.bytes += add_bytes
         return add_messages, add_bytes
 
+    def top_up_bytes(self, channel: str, needed_bytes: int) -> tuple[int, int] | None:
+        """A message of ``needed_bytes`` was refused for want of byte credit while message
+        credit was left: (0, add_bytes) restoring the channel's bytes, so that it can be
+        sent again (the usual top-up waits for a quarter to be left, which a large
+        message may never let happen). None when that would not help or not be needed."""
+        if not self.settings.enabled:
+            return None
+        acct = self._up_account(channel)
+        assert acct.bytes is not None
+        add_bytes = self.settings.initial_credit_bytes - acct.bytes
+        if acct.messages < 1 or add_bytes <= 0 or acct.bytes >= needed_bytes:
+            return None
+        acct.bytes += add_bytes
+        return 0, add_bytes
+
     def upstream(self) -> dict[str, tuple[int, int]]:
         """Remaining upstream credit per channel that has been used: (messages, bytes)."""
         return {ch: (a.messages, a.bytes or 0) for ch, a in self._up.items()}

@@ -40,9 +40,9 @@ from .envelope import (
     decode_json, encode, parse_envelope, validate_envelope, validate_payload,
 )
 from .errors import (
-    ChannelPaused, DuplicateCallId, HandshakeRequired, InvalidMessage, MaxRunsExceeded,
-    MessageTooLarge, ProtoError, RateLimited, ReplayUnavailable, RunNotFound, UnsupportedType,
-    UnsupportedVersion,
+    ChannelPaused, DuplicateCallId, HandshakeRequired, InsufficientCredits, InvalidMessage,
+    MaxRunsExceeded, MessageTooLarge, ProtoError, RateLimited, ReplayUnavailable, RunNotFound,
+    UnsupportedType, UnsupportedVersion,
 )
 from .ratelimit import RateLimiter, Verdict
 from .replay import ReplayWindow
@@ -355,6 +355,13 @@ class ProtocolSession:
                 if msg.channel in self.paused_by_server:
                     raise ChannelPaused(f"channel {msg.channel} is paused", related_id=msg.id)
             self._process(msg, seen_before, now)
+        except InsufficientCredits as exc:
+            exc.related_id = exc.related_id or msg.id
+            self._fail(exc)
+            # refused for its size: top the bytes up so the client can send it again
+            grant = self.credits.top_up_bytes(msg.channel, nbytes)
+            if grant is not None:
+                self.send(messages.flow_update(msg.channel, *grant))
         except ProtoError as exc:
             if exc.related_id is None:
                 exc.related_id = msg.id

@@ -445,3 +445,32 @@ def test_pending_queue_is_bounded_except_for_control():
         True, True, True, False]
     assert s.send(messages.ping("p")) is True
     assert types(c.take()) == ["PING"]
+
+
+def test_a_message_too_large_for_the_bytes_left_gets_them_topped_up():
+    # 1000 bytes granted; after ~400 are spent, 600 remain (above the 250 trigger), and
+    # the client's next message needs 700: refused, but the bytes are topped up at once,
+    # so sending it again succeeds (without the top-up it would never fit).
+    s = make_session(credits={"initial_credit_bytes": 1000})
+    c = Client(s)
+    c.handshake()
+    start(c, "a" * 250)
+    c.take()
+    left = s.snapshot()["byteCredits"]["USER"]
+    assert 250 < left < 700
+    start(c, "b" * 600)
+    out = c.take()
+    assert types(out) == ["ERROR", "FLOW_UPDATE"]
+    assert out[0]["payload"]["code"] == "INSUFFICIENT_CREDITS"
+    assert out[1]["payload"] == {"channel": "USER", "add_messages": 0, "add_bytes": 1000 - left}
+    events = start(c, "b" * 600)
+    assert [type(e) for e in events] == [TextReceived]
+
+
+def test_no_byte_top_up_for_a_message_refused_for_want_of_message_credit():
+    led = CreditLedger(CreditSettings(initial_credit_messages=1, initial_credit_bytes=100))
+    led.charge("USER", 90)
+    with pytest.raises(errors.InsufficientCredits):
+        led.charge("USER", 50)
+    assert led.top_up_bytes("USER", 50) is None
+    assert led.replenish("USER") == (led.settings.credit_threshold + led.grant, 90)
