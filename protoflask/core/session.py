@@ -416,6 +416,10 @@ class ProtocolSession:
             "replay_window": {"size": s.replay_window_size, "time_ms": s.replay_window_time},
             "heartbeat_interval_ms": s.heartbeat_interval,
             "max_message_size": s.max_message_size,
+            # so a client can pace itself instead of learning the limit from RATE_LIMITED
+            "rate_limit": {"messages_per_second": s.rate_limit, "burst": s.rate_limit_burst}
+            if s.rate_limit else None,
+            "max_json_depth": s.max_json_depth,
         }
 
     def _on_ping(self, msg: Message, seen_before: int, now: int) -> None:

@@ -60,6 +60,8 @@ def test_hello_reply_fields():
     assert caps["replay_window"] == {"size": 77, "time_ms": 4321}
     assert caps["heartbeat_interval_ms"] == 1234
     assert caps["max_message_size"] == 5555
+    assert caps["rate_limit"] == {"messages_per_second": 1000.0, "burst": 2000}
+    assert caps["max_json_depth"] == 64
 
 
 def test_last_client_seq_is_the_highest_seq_seen_before_the_hello():
