@@ -207,10 +207,11 @@ class ProtoServer:
                         "/proto/* connections with a token they hold; set ALLOWED_ORIGINS "
                         "to your app's origins (or '*' to allow any and silence this)")
 
-    def serve_forever(self) -> None:
-        """Serve until SIGINT or SIGTERM, then ``stop()``: for scripts and examples
-        (production runs gunicorn). Starts the server unless it already runs; call it
-        from the main thread."""
+    def serve_forever(self, grace: float = 7.0) -> None:
+        """Serve until SIGINT or SIGTERM, then ``stop(grace)``: running tools get up to
+        ``grace`` seconds (as under gunicorn's default graceful timeout) while new
+        connections are refused. For scripts and examples (production runs gunicorn).
+        Starts the server unless it already runs; call it from the main thread."""
         if self._wsgi is None:
             self.start()
         done = threading.Event()  # gevent's own when the process is monkey-patched
@@ -221,7 +222,7 @@ class ProtoServer:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self.stop()
+            self.stop(grace)
 
     def _listen(self) -> None:
         error_log = logging.getLogger("protoflask.wsgi")  # quotes raw request lines:
