@@ -8,7 +8,7 @@ import base64
 import os
 import socket
 import struct
-from typing import Any
+from typing import Any, Iterator
 
 import orjson
 import requests
@@ -300,6 +300,18 @@ class Live:
             self.server.stop()
             return ""
         return self.gunicorn.stop()
+
+
+def live_with_baseline(kind: str, **config: Any) -> Iterator[Live]:
+    """For module fixtures: a Live server known to answer, with its settled vitals as
+    ``baseline`` (what each test's end state is compared with); stopped afterwards."""
+    server = Live(kind, **config)
+    try:
+        answers(server.base_url, server.token())
+        server.baseline = settled(server.base_url, vitals(server.base_url))  # type: ignore
+        yield server
+    finally:
+        server.stop()
 
 
 def sleeping_tool() -> Any:

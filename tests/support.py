@@ -176,6 +176,17 @@ class WSClient(BaseClient):
     def close_code(self) -> int | None:
         return self.ws.close_code
 
+    def is_open(self) -> bool:
+        """Whether the connection still stands (reads, and keeps, one message if any)."""
+        try:
+            msg = self.ws.recv(timeout=0.05)
+        except TimeoutError:
+            return True
+        except Exception:  # noqa: BLE001 - closed, however it ended
+            return False
+        self.received.append(orjson.loads(msg))
+        return True
+
 
 def free_listener() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

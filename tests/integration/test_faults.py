@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from ..hardening_support import (
+    live_with_baseline,
     HELLO, Live, answers, envelope, rst_close, settled, vitals, ws_frame, ws_hello, ws_open,
 )
 from ..support import (
@@ -23,13 +24,7 @@ from ..support import (
 
 @pytest.fixture(scope="module", params=["embedded", "gunicorn"])
 def live(request):
-    server = Live(request.param, replayWindowTime=1500)
-    try:
-        answers(server.base_url, server.token())
-        server.baseline = settled(server.base_url, vitals(server.base_url))  # type: ignore
-        yield server
-    finally:
-        server.stop()
+    yield from live_with_baseline(request.param, replayWindowTime=1500)
 
 
 def kept_then_gone(live: Live, sid: str | None = None) -> None:

@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from ..hardening_support import (
+    live_with_baseline,
     HELLO, Live, answers, envelope, raw_exchange, rst_close, settled, status_of, vitals, ws_frame,
     ws_hello, ws_open,
 )
@@ -34,13 +35,7 @@ TRIED: dict[str, int] = {}
 
 @pytest.fixture(scope="module", params=["embedded", "gunicorn"])
 def live(request):
-    server = Live(request.param, rateLimit=0)
-    try:
-        answers(server.base_url, server.token())
-        server.baseline = settled(server.base_url, vitals(server.base_url))  # type: ignore
-        yield server
-    finally:
-        server.stop()
+    yield from live_with_baseline(request.param, rateLimit=0)
 
 
 def after_fuzz(live: Live) -> None:

@@ -10,7 +10,8 @@ import collections
 import pytest
 
 from ..hardening_support import (
-    Live, answers, call_endpoint, error_code, settled, vitals,
+    live_with_baseline,
+    call_endpoint, error_code, settled, vitals,
 )
 from ..support import SSEClient, StreamClient, WSClient, wait_for
 
@@ -19,13 +20,8 @@ CLIENT_OF = {"websocket": WSClient, "sse": SSEClient, "stream": StreamClient}
 
 @pytest.fixture(scope="module", params=["embedded", "gunicorn"])
 def small(request):
-    server = Live(request.param, maxConnections=3, maxConcurrentRuns=3, toolQueueSize=5)
-    try:
-        answers(server.base_url, server.token())
-        server.baseline = settled(server.base_url, vitals(server.base_url))  # type: ignore
-        yield server
-    finally:
-        server.stop()
+    yield from live_with_baseline(request.param, maxConnections=3, maxConcurrentRuns=3,
+                                  toolQueueSize=5)
 
 
 def test_connections_beyond_max_are_refused_and_the_count_recovers(small):
