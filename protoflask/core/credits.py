@@ -116,7 +116,8 @@ class CreditLedger:
         acct = self._up_account(channel)
         assert acct.bytes is not None
         add_bytes = self.settings.initial_credit_bytes - acct.bytes
-        if acct.messages < 1 or add_bytes <= 0 or acct.bytes >= needed_bytes:
+        if acct.messages < 1 or add_bytes <= 0 or acct.bytes >= needed_bytes \
+                or needed_bytes > self.settings.initial_credit_bytes:  # would never fit
             return None
         acct.bytes += add_bytes
         return 0, add_bytes
