@@ -71,6 +71,8 @@ class LiveSession:
         ready = self.core.take_writable(now)
         if ready and self.journal is not None:
             self.journal(self, ready, now)
+            if self.moved is not None:
+                return []  # taken over by another node meanwhile: not this node's to send
         return ready
 
     def notify(self) -> None:

@@ -19,11 +19,13 @@ and once Redis answers again every local session is copied over again.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import gevent
 import orjson
@@ -46,6 +48,7 @@ log = logging.getLogger("protoflask.cluster")
 
 BEAT_MS = 1000  # how often a node says it is alive
 NODE_TTL_MS = 3000  # a node that missed this long is gone (its sessions read disconnected)
+MARKER_TTL_MS = 60_000  # a marker that outlives any beat: gone means Redis lost our data
 RELEASE_WAIT = 3.0  # s a resume waits for the holder to hand its session over
 DELIVERY_WAIT = 3.0  # s a delivery to another node waits for that node to confirm it
 MAX_HOPS = 3  # re-routing of a delivery that raced a session's move
@@ -58,6 +61,27 @@ if node == false or node == ARGV[1] then
   return redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 end
 return 0
+"""
+
+
+# KEYS: a lock. ARGV: the value it must still have.
+DELETE_IF_VALUE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# Let a session go, unless another node took it meanwhile (a late release must not undo
+# the new holder's record). KEYS: session hash, inbox. ARGV: node, user, ttl ms, state,
+# then messages still waiting for credit, in order (they go before anything queued since).
+LET_GO = """
+local holder = redis.call('HGET', KEYS[1], 'node')
+if holder and holder ~= '' and holder ~= ARGV[1] then return 0 end
+for i = #ARGV, 5, -1 do redis.call('LPUSH', KEYS[2], ARGV[i]) end
+if #ARGV >= 5 then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
+redis.call('HSET', KEYS[1], 'user', ARGV[2], 'node', '', 'connected', 0, 'transport', '',
+           'state', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
 """
 
 
@@ -90,8 +114,8 @@ class RedisHub(Hub):
         self._engine = engine
         s = engine.settings
         self.ttl_ms = s.replay_window_time + NODE_TTL_MS + BEAT_MS
-        self._journal = Journal(self.redis, self.keys, s.replay_window_size, self.ttl_ms,
-                                self._journal_failed)
+        self._journal = Journal(self.redis, self.keys, self.node_id, s.replay_window_size,
+                                self.ttl_ms, self._journal_failed, self._fenced)
 
     @property
     def engine(self) -> "Engine":
@@ -116,7 +140,7 @@ class RedisHub(Hub):
             self._journal.stop()
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.delete(self.keys.node(self.node_id))
+            pipe.delete(self.keys.node(self.node_id), self.keys.node_marker(self.node_id))
             pipe.zrem(self.keys.nodes, self.node_id)
             pipe.execute()
         except UNAVAILABLE:
@@ -247,23 +271,45 @@ class RedisHub(Hub):
         """Take over a session held elsewhere (asking its holder to let go) or by no one."""
         key = self.keys.session(session_id)
         try:
-            user, node = self.redis.hmget(key, "user", "node")
+            user = self.redis.hget(key, "user")
             if user is None or user.decode() != user_id:
                 return None
-            holder = node.decode() if node else ""
-            if holder and holder != self.node_id and self._node_alive(holder):
-                self._ask_release(holder, session_id)
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.hset(key, "node", self.node_id)
-            pipe.hget(key, "state")
-            pipe.lrange(self.keys.replay(session_id), 0, -1)
-            pipe.lrange(self.keys.inbox(session_id), 0, -1)
-            pipe.delete(self.keys.inbox(session_id))
-            _, state, replay, inbox, _ = pipe.execute()
+            with self._claim_lock(session_id):
+                return self._take_over(session_id, key)
         except UNAVAILABLE as exc:
             self._went_down(exc)
             raise ClusterUnavailable("cannot resume a session held elsewhere: Redis is "
                                      "unreachable") from exc
+
+    @contextlib.contextmanager
+    def _claim_lock(self, session_id: str) -> Iterator[None]:
+        """One node at a time takes a session over: two resumes racing on two nodes are
+        served one after the other (the later supersedes the earlier, as on one node)."""
+        lock = self.keys.claim(session_id)
+        deadline = time.monotonic() + RELEASE_WAIT + 2
+        while not self.redis.set(lock, self.node_id, nx=True, px=int(RELEASE_WAIT * 3000)):
+            if time.monotonic() > deadline:
+                raise ClusterUnavailable(f"session {session_id!r} is being resumed elsewhere")
+            gevent.sleep(0.02)
+        try:
+            yield
+        finally:
+            self.redis.eval(DELETE_IF_VALUE, 1, lock, self.node_id)
+
+    def _take_over(self, session_id: str, key: str) -> LiveSession | None:
+        """Under the claim lock: ask a live holder to let go, then take the session's
+        record, state, window and queued deliveries in one transaction."""
+        node = self.redis.hget(key, "node")
+        holder = node.decode() if node else ""
+        if holder and holder != self.node_id and self._node_alive(holder):
+            self._ask_release(holder, session_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(key, "node", self.node_id)
+        pipe.hget(key, "state")
+        pipe.lrange(self.keys.replay(session_id), 0, -1)
+        pipe.lrange(self.keys.inbox(session_id), 0, -1)
+        pipe.delete(self.keys.inbox(session_id))
+        _, state, replay, inbox, _ = pipe.execute()
         if state is None:
             return None
         now = now_ms()
@@ -313,19 +359,43 @@ class RedisHub(Hub):
         live.core.pending.clear()
         self._local.pop(live.id, None)
         live.journal = None
-        key = self.keys.session(live.id)
         try:
-            pipe = self.redis.pipeline(transaction=True)
-            if waiting:
-                pipe.lpush(self.keys.inbox(live.id), *(orjson.dumps(
-                    {"name": "send", "args": [ob]}) for ob in reversed(waiting)))
-                pipe.pexpire(self.keys.inbox(live.id), self.ttl_ms)
-            pipe.hset(key, mapping={"node": "", "connected": 0, "transport": "",
-                                    "state": orjson.dumps(handoff.export_state(live.core))})
-            pipe.pexpire(key, self.ttl_ms)
-            pipe.execute()
+            written = self.redis.eval(
+                LET_GO, 2, self.keys.session(live.id), self.keys.inbox(live.id), self.node_id,
+                live.user_id, self.ttl_ms, orjson.dumps(handoff.export_state(live.core)),
+                *(orjson.dumps({"name": "send", "args": [ob]}) for ob in waiting))
+            if not written:
+                log.warning("session %s was taken over by another node before this one let "
+                            "it go; its state here is dropped", live.id)
         except UNAVAILABLE as exc:
             self._went_down(exc)
+
+    def _fenced(self, taken: list[str], missing: list[str]) -> None:
+        self._lost(taken)
+        if missing:
+            self._data_lost(f"the records of {len(missing)} sessions are gone")
+
+    def _data_lost(self, what: str) -> None:
+        """Redis answers but lost what this node wrote (restarted without persistence):
+        handled like an outage, so the next beat copies every session over again."""
+        if not self.degraded:
+            log.error("Redis at %s lost this node's data (%s; restarted?); copying every "
+                      "session over again", self.url, what)
+        self.degraded = True
+        if self._journal is not None:
+            self._journal.paused = True
+
+    def _lost(self, session_ids: list[str]) -> None:
+        """Another node took these sessions over while this one still held them (it was
+        slow to answer, or cut off from Redis): stop serving them here, write nothing."""
+        for sid in session_ids:
+            live = self._local.pop(sid, None)
+            if live is None:
+                continue
+            log.warning("session %s is held by another node now; dropping it here", sid)
+            live.journal = None
+            live.moved = self._forward_moved
+            self.engine._close_transport(live, CLOSE_SUPERSEDED, "resumed on another node")
 
     def hand_off(self, live: LiveSession) -> None:
         """This node is stopping: leave the session to the cluster for a resume elsewhere."""
@@ -436,6 +506,7 @@ class RedisHub(Hub):
     # -- background: beat, listen, recover ---------------------------------------------
 
     def _beat_forever(self) -> None:
+        beats = 0
         failures = 0
         refreshed_at = 0
         while True:
@@ -443,6 +514,10 @@ class RedisHub(Hub):
                 now = now_ms()
                 report = {**self.engine.stats.snapshot(now), **self._node_meta()}
                 pipe = self.redis.pipeline(transaction=False)
+                # The marker set by the previous beat still there says Redis kept our data.
+                marker = self.keys.node_marker(self.node_id)
+                pipe.exists(marker)
+                pipe.set(marker, 1, px=MARKER_TTL_MS)
                 pipe.set(self.keys.node(self.node_id), orjson.dumps(report), px=NODE_TTL_MS)
                 if self.publish_metrics is not None:
                     pipe.set(self.keys.node_metrics(self.node_id), self.publish_metrics(),
@@ -455,7 +530,10 @@ class RedisHub(Hub):
                         pipe.pexpire(self.keys.replay(sid), self.ttl_ms)
                     refreshed_at = now
                 self._forget_finished_moves()
-                pipe.execute()
+                kept = pipe.execute()[0]
+                if not kept and beats and not self.degraded:
+                    self._data_lost("this node's marker key is gone")
+                beats += 1
                 if self.degraded:
                     self._recover()
                 failures = 0
@@ -557,6 +635,10 @@ class RedisHub(Hub):
 
     def _rewrite(self, live: LiveSession) -> None:
         sid = live.id
+        holder = self.redis.hget(self.keys.session(sid), "node")
+        if holder and holder.decode() not in ("", self.node_id):
+            self._lost([sid])  # taken over while this node could not reach Redis
+            return
         entries = [pack_entry(e.seq, e.stored_at, e.data) for e in live.core.replay]
         pipe = self.redis.pipeline(transaction=True)
         pipe.delete(self.keys.replay(sid))

@@ -31,40 +31,55 @@ log = logging.getLogger("protoflask.cluster")
 # One call per batch, whatever the number of sessions in it (redis-py spends most of a
 # command's cost packing its arguments, so fewer, larger arguments are much cheaper).
 # KEYS: replay list and session hash of each session, in pairs. ARGV: max entries, ttl ms,
-# then per session one blob: its state JSON, then its packed entries, newline-separated
-# (orjson never writes a raw newline).
+# this node's id, then per session one blob: its state JSON, then its packed entries,
+# newline-separated (orjson never writes a raw newline). A session another node has taken
+# over is left alone (fenced), and so is one whose record is gone (Redis lost its data):
+# the script returns the positions of the first, and of the second negated.
 APPEND_SCRIPT = """
-local window, ttl = tonumber(ARGV[1]), ARGV[2]
-for i = 3, #ARGV do
-  local replay, session = KEYS[2 * i - 5], KEYS[2 * i - 4]
-  local blob = ARGV[i]
-  local nl = string.find(blob, "\\n", 1, true)
-  local items = {}
-  local pos = nl and nl + 1
-  while pos and pos <= #blob do
-    local e = string.find(blob, "\\n", pos, true)
-    items[#items + 1] = string.sub(blob, pos, (e or #blob + 1) - 1)
-    pos = e and e + 1
+local window, ttl, node = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local fenced = {}
+for i = 4, #ARGV do
+  local replay, session = KEYS[2 * i - 7], KEYS[2 * i - 6]
+  local holder = redis.call('HGET', session, 'node')
+  if not holder then
+    fenced[#fenced + 1] = 3 - i
+  elseif holder ~= node then
+    fenced[#fenced + 1] = i - 3
+  else
+    local blob = ARGV[i]
+    local nl = string.find(blob, "\\n", 1, true)
+    local items = {}
+    local pos = nl and nl + 1
+    while pos and pos <= #blob do
+      local e = string.find(blob, "\\n", pos, true)
+      items[#items + 1] = string.sub(blob, pos, (e or #blob + 1) - 1)
+      pos = e and e + 1
+    end
+    for j = 1, #items, 4000 do
+      redis.call('RPUSH', replay, unpack(items, j, math.min(j + 3999, #items)))
+    end
+    if #items > 0 then redis.call('LTRIM', replay, -window, -1) end
+    redis.call('PEXPIRE', replay, ttl)
+    redis.call('HSET', session, 'state', nl and string.sub(blob, 1, nl - 1) or blob)
+    redis.call('PEXPIRE', session, ttl)
   end
-  for j = 1, #items, 4000 do
-    redis.call('RPUSH', replay, unpack(items, j, math.min(j + 3999, #items)))
-  end
-  if #items > 0 then redis.call('LTRIM', replay, -window, -1) end
-  redis.call('PEXPIRE', replay, ttl)
-  redis.call('HSET', session, 'state', nl and string.sub(blob, 1, nl - 1) or blob)
-  redis.call('PEXPIRE', session, ttl)
 end
-return #ARGV - 2
+return fenced
 """
 
 WAIT_LIMIT = 2.0  # s a writer waits for Redis before it gives up and carries on
 
 
 class Journal:
-    def __init__(self, redis_client: "redis.Redis", keys: Keys, window_size: int,
-                 ttl_ms: int, on_failure: Callable[[BaseException, set[str]], None]) -> None:
+    def __init__(self, redis_client: "redis.Redis", keys: Keys, node_id: str, window_size: int,
+                 ttl_ms: int, on_failure: Callable[[BaseException, set[str]], None],
+                 on_fenced: Callable[[list[str], list[str]], None]) -> None:
         self.redis = redis_client
         self.keys = keys
+        self.node_id = node_id
+        # (sessions another node took over, sessions whose record is gone): the hub drops
+        # the first and copies the second over again
+        self.on_fenced = on_fenced
         self.window_size = window_size
         self.ttl_ms = ttl_ms
         self.on_failure = on_failure  # the hub marks itself degraded and resyncs later
@@ -149,4 +164,9 @@ class Journal:
         for sid, (live, entries) in batch.items():
             keys += (self.keys.replay(sid), self.keys.session(sid))
             blobs.append(b"\n".join((orjson.dumps(export_state(live.core)), *entries)))
-        self.redis.evalsha(self._sha, len(keys), *keys, self.window_size, self.ttl_ms, *blobs)
+        fenced = self.redis.evalsha(self._sha, len(keys), *keys, self.window_size, self.ttl_ms,
+                                    self.node_id, *blobs)
+        if fenced:
+            sids = list(batch)
+            self.on_fenced([sids[i - 1] for i in fenced if i > 0],
+                           [sids[-i - 1] for i in fenced if i < 0])

@@ -4,10 +4,12 @@ are packed into list items.
     {p}:nodes             zset   node id -> last beat (ms)
     {p}:node:{node}       string the node's statistics, expiring unless it beats
     {p}:metrics:{node}    string the node's /metrics text, likewise
+    {p}:marker:{node}     string set every beat for a minute: gone means Redis lost our data
     {p}:s:{session}       hash   user, node (empty when no node holds it), connected,
                                  transport, state (core.handoff's JSON)
     {p}:r:{session}       list   the replay window: "seq stored_at data" items
     {p}:in:{session}      list   deliveries made while no node held the session
+    {p}:claim:{session}   string the node taking the session over (a short lock)
     {p}:reply:{token}     list   one-shot answers (a node saying it released a session)
     {p}:to:{node}         channel deliveries, posted bodies and release requests for a node
     {p}:all               channel broadcasts
@@ -25,6 +27,9 @@ class Keys:
     def node(self, node_id: str) -> str:
         return f"{self.prefix}:node:{node_id}"
 
+    def node_marker(self, node_id: str) -> str:
+        return f"{self.prefix}:marker:{node_id}"
+
     def node_metrics(self, node_id: str) -> str:
         return f"{self.prefix}:metrics:{node_id}"
 
@@ -39,6 +44,9 @@ class Keys:
 
     def inbox(self, session_id: str) -> str:
         return f"{self.prefix}:in:{session_id}"
+
+    def claim(self, session_id: str) -> str:
+        return f"{self.prefix}:claim:{session_id}"
 
     def reply(self, token: str) -> str:
         return f"{self.prefix}:reply:{token}"

@@ -216,7 +216,9 @@ class WebSocketConnection:
                             protocol.send_text(data)
                     else:
                         frames = [text_frame(data) for _, data in ready]
-                chunks = protocol.data_to_send() + frames
+                # frames first: a close queued meanwhile (by another greenlet, while
+                # take_writable waited on a cluster journal) must follow what was taken
+                chunks = frames + protocol.data_to_send()
                 if not chunks:
                     return
                 core = self.live.core

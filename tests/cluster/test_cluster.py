@@ -320,3 +320,61 @@ def test_metrics_on_any_node_cover_every_node(make_node: Callable[..., ProtoServ
     finally:
         for c in clients:
             c.close()
+
+
+def test_a_node_that_lost_its_session_to_another_stops_serving_it(
+        make_node: Callable[..., ProtoServer], rdb, prefix: str) -> None:
+    # As if another node had taken the session over while this one did not answer: its
+    # next journal write is fenced off, and it lets its client go (4002) writing nothing.
+    a = make_node()
+    client = WSClient(a.base_url, a.issue_token("alice"))
+    try:
+        client.hello()
+        key = f"{prefix}:s:{client.session_id}"
+        rdb.hset(key, "node", "some-other-node")
+        before = rdb.llen(f"{prefix}:r:{client.session_id}")
+        a.send_message(client.session_id, note(1))
+        wait_for(lambda: client.close_code == 4002 or not client.is_open(),
+                 what="the client let go")
+        assert client.close_code == 4002
+        assert a.hub.get(client.session_id) is None
+        assert rdb.hget(key, "node") == b"some-other-node"
+        assert rdb.llen(f"{prefix}:r:{client.session_id}") == before  # nothing written
+    finally:
+        client.close()
+
+
+def test_two_resumes_racing_on_two_nodes_leave_one_holder(
+        make_node: Callable[..., ProtoServer]) -> None:
+    import threading
+
+    a, b, c = make_node(), make_node(), make_node()
+    token = a.issue_token("alice")
+    first = WSClient(a.base_url, token)
+    first.hello()
+    sid = first.session_id
+    first.drop()
+    wait_for(lambda: a.get_session(sid)["connected"] is False, what="the drop")
+    resumed: dict[str, WSClient] = {}
+
+    def resume(node: ProtoServer, name: str) -> None:
+        resumed[name] = WSClient(node.base_url, token, session=sid, last_seq=0)
+
+    threads = [threading.Thread(target=resume, args=(n, name)) for n, name in ((b, "b"), (c, "c"))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout(15))
+        assert set(resumed) == {"b", "c"}
+        holders = wait_for(lambda: (h := [n for n in (a, b, c) if n.hub.get(sid)]) and
+                           len(h) == 1 and h, what="a single holder")
+        survivor = resumed["b" if holders[0] is b else "c"]
+        loser = resumed["c" if holders[0] is b else "b"]
+        wait_for(lambda: loser.close_code == 4002 or not loser.is_open(),
+                 what="the earlier resume superseded")
+        a.send_message(sid, note(7))
+        assert survivor.recv_type("NOTE")["payload"]["n"] == 7
+    finally:
+        for client in (first, *resumed.values()):
+            client.close()

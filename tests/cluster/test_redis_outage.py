@@ -110,3 +110,28 @@ def test_a_redis_outage_degrades_and_loses_nothing(
 
 def _note(n: int) -> dict[str, Any]:
     return {"type": "NOTE", "channel": "AGENT", "payload": {"n": n}}
+
+
+def test_redis_losing_its_data_without_an_outage_is_noticed_and_repaired(
+        make_server: Callable[..., ProtoServer], private_redis: PrivateRedis) -> None:
+    a = make_server(redisUrl=private_redis.url)
+    b = make_server(redisUrl=private_redis.url)
+    token = a.issue_token("alice")
+    client = WSClient(a.base_url, token)
+    try:
+        client.hello()
+        a.send_message(client.session_id, _note(1))
+        seen = int(client.recv_type("NOTE")["seq"]) - 1
+        r = redis.Redis.from_url(private_redis.url)
+        r.flushall()  # as a restart without persistence would, but no connection drops
+        wait_for(lambda: r.exists(f"protoflask:s:{client.session_id}"), within=10,
+                 what="node a to copy its session over again")
+        r.close()
+        client.drop()
+        resumed = WSClient(b.base_url, token, session=client.session_id, last_seq=seen)
+        try:
+            assert resumed.recv_type("NOTE")["payload"]["n"] == 1
+        finally:
+            resumed.close()
+    finally:
+        client.close()
