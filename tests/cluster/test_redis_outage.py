@@ -62,14 +62,20 @@ def private_redis() -> Iterator[PrivateRedis]:
         server.kill()
 
 
+@pytest.fixture
+def two_nodes(make_server: Callable[..., ProtoServer],
+              private_redis: PrivateRedis) -> tuple[ProtoServer, ProtoServer]:
+    """Nodes a and b on the private Redis."""
+    return make_server(redisUrl=private_redis.url), make_server(redisUrl=private_redis.url)
+
+
 def health(node: ProtoServer) -> str:
     return requests.get(node.base_url + "/health", timeout=timeout(5)).json()["status"]
 
 
 def test_a_redis_outage_degrades_and_loses_nothing(
-        make_server: Callable[..., ProtoServer], private_redis: PrivateRedis) -> None:
-    a = make_server(redisUrl=private_redis.url)
-    b = make_server(redisUrl=private_redis.url)
+        two_nodes: tuple[ProtoServer, ProtoServer], private_redis: PrivateRedis) -> None:
+    a, b = two_nodes
     token = a.issue_token("alice")
     client = WSClient(a.base_url, token)
     try:
@@ -113,9 +119,8 @@ def _note(n: int) -> dict[str, Any]:
 
 
 def test_redis_losing_its_data_without_an_outage_is_noticed_and_repaired(
-        make_server: Callable[..., ProtoServer], private_redis: PrivateRedis) -> None:
-    a = make_server(redisUrl=private_redis.url)
-    b = make_server(redisUrl=private_redis.url)
+        two_nodes: tuple[ProtoServer, ProtoServer], private_redis: PrivateRedis) -> None:
+    a, b = two_nodes
     token = a.issue_token("alice")
     client = WSClient(a.base_url, token)
     try:
