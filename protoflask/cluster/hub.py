@@ -28,6 +28,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import gevent
+import gevent.event
 import orjson
 
 from ..core import handoff, messages
@@ -52,6 +53,7 @@ MARKER_TTL_MS = 60_000  # a marker that outlives any beat: gone means Redis lost
 RELEASE_WAIT = 3.0  # s a resume waits for the holder to hand its session over
 DELIVERY_WAIT = 3.0  # s a delivery to another node waits for that node to confirm it
 MAX_HOPS = 3  # re-routing of a delivery that raced a session's move
+SUBSCRIBE_WAIT = 2.0  # s start() waits for this node's channel subscription
 
 
 # KEYS: session hash, replay list, inbox. ARGV: this node's id.
@@ -104,6 +106,7 @@ class RedisHub(Hub):
         self._engine: "Engine | None" = None
         self._journal: Journal | None = None
         self._greenlets: list[gevent.Greenlet] = []
+        self._subscribed = gevent.event.Event()
         self._channel = self.keys.node_channel(self.node_id)
         #: the node's /metrics text, stored every beat for the others' /metrics to merge
         self.publish_metrics: Callable[[], bytes] | None = None
@@ -132,6 +135,9 @@ class RedisHub(Hub):
             return
         self.journal.start()
         self._greenlets = [gevent.spawn(self._beat_forever), gevent.spawn(self._listen_forever)]
+        # Serve once other nodes can reach this one (else their first deliveries would
+        # wait in Redis for the next beat).
+        self._subscribed.wait(SUBSCRIBE_WAIT)
 
     def stop(self) -> None:
         gevent.killall(self._greenlets, block=True, timeout=2)
@@ -227,10 +233,14 @@ class RedisHub(Hub):
                                     node.decode(), op, session_id, DELIVERY_WAIT)
                         return True
                     return answer[1] == b"1"
-            # No node holds it now: the next one to take it over sends this first.
+            # No node heard it: the next one to take the session over sends this first, or
+            # the holder, if alive but not listening just now, at its next beat.
             pipe = self.redis.pipeline(transaction=False)
             pipe.rpush(self.keys.inbox(session_id), orjson.dumps(item))
             pipe.pexpire(self.keys.inbox(session_id), self.ttl_ms)
+            if node and node.decode() != self.node_id:
+                pipe.sadd(self.keys.queued_for(node.decode()), session_id)
+                pipe.pexpire(self.keys.queued_for(node.decode()), self.ttl_ms)
             pipe.execute()
             return True
         except UNAVAILABLE as exc:
@@ -530,7 +540,11 @@ class RedisHub(Hub):
                         pipe.pexpire(self.keys.replay(sid), self.ttl_ms)
                     refreshed_at = now
                 self._forget_finished_moves()
-                kept = pipe.execute()[0]
+                pipe.spop(self.keys.queued_for(self.node_id), 100_000)  # atomic take-all
+                results = pipe.execute()
+                kept, waiting = results[0], results[-1]
+                if waiting:  # deliveries that found this node alive but not listening
+                    self._drain_inboxes([s.decode() for s in waiting])
                 if not kept and beats and not self.degraded:
                     self._data_lost("this node's marker key is gone")
                 beats += 1
@@ -549,6 +563,7 @@ class RedisHub(Hub):
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.subscribe(self._channel, self.keys.broadcast)
+                self._subscribed.set()
                 if failures:
                     self._drain_inboxes()  # deliveries made while we could not hear them
                 failures = 0
@@ -649,8 +664,10 @@ class RedisHub(Hub):
         live.journaled_seq = live.core.downstream_seq
         self._write_record(live)
 
-    def _drain_inboxes(self) -> None:
-        for live in self.sessions():
+    def _drain_inboxes(self, session_ids: list[str] | None = None) -> None:
+        held = self.sessions() if session_ids is None else \
+            [live for sid in session_ids if (live := self._local.get(sid)) is not None]
+        for live in held:
             pipe = self.redis.pipeline(transaction=True)
             pipe.lrange(self.keys.inbox(live.id), 0, -1)
             pipe.delete(self.keys.inbox(live.id))

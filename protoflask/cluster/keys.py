@@ -8,7 +8,10 @@ are packed into list items.
     {p}:s:{session}       hash   user, node (empty when no node holds it), connected,
                                  transport, state (core.handoff's JSON)
     {p}:r:{session}       list   the replay window: "seq stored_at data" items
-    {p}:in:{session}      list   deliveries made while no node held the session
+    {p}:in:{session}      list   deliveries made while no node held the session, or
+                                 while its holder was not listening
+    {p}:queued:{node}     set    sessions of that node with such deliveries (its beat
+                                 delivers them)
     {p}:claim:{session}   string the node taking the session over (a short lock)
     {p}:reply:{token}     list   one-shot answers (a node saying it released a session)
     {p}:to:{node}         channel deliveries, posted bodies and release requests for a node
@@ -44,6 +47,9 @@ class Keys:
 
     def inbox(self, session_id: str) -> str:
         return f"{self.prefix}:in:{session_id}"
+
+    def queued_for(self, node_id: str) -> str:
+        return f"{self.prefix}:queued:{node_id}"
 
     def claim(self, session_id: str) -> str:
         return f"{self.prefix}:claim:{session_id}"

@@ -378,3 +378,21 @@ def test_two_resumes_racing_on_two_nodes_leave_one_holder(
     finally:
         for client in (first, *resumed.values()):
             client.close()
+
+
+def test_a_delivery_that_finds_the_holder_not_listening_arrives_at_its_next_beat(
+        make_node: Callable[..., ProtoServer], rdb, prefix: str) -> None:
+    import orjson
+
+    a = make_node()
+    client = WSClient(a.base_url, a.issue_token("alice"))
+    try:
+        client.hello()
+        # what another node does when PUBLISH reaches no one while a is the holder
+        sid = client.session_id
+        rdb.rpush(f"{prefix}:in:{sid}", orjson.dumps({"name": "send", "args": [note(5)]}))
+        rdb.sadd(f"{prefix}:queued:{a.hub.node_id}", sid)
+        assert client.recv_type("NOTE", within=5)["payload"]["n"] == 5
+        assert rdb.llen(f"{prefix}:in:{sid}") == 0
+    finally:
+        client.close()
