@@ -235,6 +235,22 @@ class Engine:
             raise SessionNotFound(f"no session {session_id!r} for this user")
         return live
 
+    def held_session(self, session_id: str, user_id: str) -> LiveSession | None:
+        """The user's session if this process holds it, else None (SESSION_NOT_FOUND
+        for another user's)."""
+        if self.hub.get(session_id) is None:
+            return None
+        return self.find_session(session_id, user_id, claim=False)
+
+    def session_for_body(self, session_id: str, user_id: str,
+                         body: bytes) -> LiveSession | None:
+        """For a posted body whose session this process does not hold: None once the
+        node that holds it took the body (its errors go downstream there), else the
+        session, taken over here, or SESSION_NOT_FOUND."""
+        if self.hub.forward_upstream(session_id, user_id, body):
+            return None
+        return self.find_session(session_id, user_id)
+
     def attach(self, live: LiveSession, transport: Transport,
                last_seq: int | None = None) -> None:
         """Give the session a live transport; an older one is closed (4002)."""

@@ -120,48 +120,43 @@ def _encoded_size(item: Any, whole: int) -> int:
         return whole
 
 
-def deliver_body(engine: "Engine", live: "LiveSession", body: bytes) -> int:
-    """Hand every message of a POST body to the session; returns how many.
+def split_body(body: bytes) -> list[tuple[Any, Any]]:
+    """A POST body's messages: (value, its size) for each one decoded here, or
+    (_NOT_JSON, its bytes) for each one the session is to parse itself.
 
-    The body is one JSON value (an envelope, or an array of envelopes) or NDJSON. Each
-    message meets the session's rules (its errors go downstream as ERROR messages). A body
-    of which no line is JSON at all is reported in-protocol like a non-JSON WebSocket frame
-    and then raised as InvalidMessage for the HTTP 400."""
+    The body is one JSON value (an envelope, or an array of envelopes) or NDJSON. A body
+    of which no line is JSON at all raises InvalidMessage."""
     whole = _loads(body)
     if isinstance(whole, list):
-        for item in whole:
-            engine.receive_decoded(live, item, _encoded_size(item, len(body)))
-        return len(whole)
+        return [(item, _encoded_size(item, len(body))) for item in whole]
     if whole is not _NOT_JSON:
-        engine.receive(live, body)
-        return 1
+        return [(_NOT_JSON, body)]  # one envelope: the session's own parser reads it
     lines = [line.strip() for line in body.split(b"\n")]
     lines = [line for line in lines if line]
     decoded = [_loads(line) for line in lines]
     if all(obj is _NOT_JSON for obj in decoded):
+        raise InvalidMessage("the body is not JSON, a JSON array or NDJSON")
+    return [(obj, line) if obj is _NOT_JSON else (obj, len(line))
+            for line, obj in zip(lines, decoded, strict=True)]
+
+
+def deliver_body(engine: "Engine", live: "LiveSession", body: bytes) -> int:
+    """Hand every message of a POST body to the session; returns how many.
+
+    Each message meets the session's rules (its errors go downstream as ERROR messages).
+    A body of which no line is JSON at all is reported in-protocol like a non-JSON
+    WebSocket frame and then raised as InvalidMessage for the HTTP 400."""
+    try:
+        parts = split_body(body)
+    except InvalidMessage:
         engine.receive(live, body)
-        raise InvalidMessage("the body is not JSON, a JSON array or NDJSON")
-    for line, obj in zip(lines, decoded, strict=True):
-        if obj is _NOT_JSON:
-            engine.receive(live, line)
+        raise
+    for value, size_or_bytes in parts:
+        if value is _NOT_JSON:
+            engine.receive(live, size_or_bytes)
         else:
-            engine.receive_decoded(live, obj, len(line))
-    return len(lines)
-
-
-def count_messages(body: bytes) -> int:
-    """How many messages ``deliver_body`` will find in a body (for one handed to another
-    node); InvalidMessage for a body that is not JSON at all, as deliver_body raises."""
-    whole = _loads(body)
-    if isinstance(whole, list):
-        return len(whole)
-    if whole is not _NOT_JSON:
-        return 1
-    lines = [line.strip() for line in body.split(b"\n")]
-    lines = [line for line in lines if line]
-    if all(_loads(line) is _NOT_JSON for line in lines):
-        raise InvalidMessage("the body is not JSON, a JSON array or NDJSON")
-    return len(lines)
+            engine.receive_decoded(live, value, size_or_bytes)
+    return len(parts)
 
 
 def body_pieces(environ: dict[str, Any]) -> Iterator[bytes]:
@@ -242,15 +237,12 @@ def post_messages(engine: "Engine", request: Request) -> Response:
         session_id = request.args.get("session")
         if not session_id:
             raise InvalidMessage("the session query parameter is required")
-        live = engine.find_session(session_id, user_id, claim=False) \
-            if engine.hub.get(session_id) is not None else None
+        live = engine.held_session(session_id, user_id)
         body = read_body(request.environ, engine.config.max_message_size)
         if live is None:
-            if engine.hub.forward_upstream(session_id, user_id, body):
-                # another node holds the session: it processes the body (errors go
-                # downstream there)
-                return json_response({"accepted": count_messages(body)}, 202)
-            live = engine.find_session(session_id, user_id)  # taken over if no one holds it
+            live = engine.session_for_body(session_id, user_id, body)
+            if live is None:  # another node holds the session and processes the body
+                return json_response({"accepted": len(split_body(body))}, 202)
         accepted = deliver_body(engine, live, body)
     except MessageTooLarge as exc:
         if live is not None:

@@ -12,11 +12,9 @@ import requests
 from protoflask import ProtoServer
 from protoflask.core.errors import SessionNotFound
 
+from .notes import note
 from ..support import SSEClient, StreamClient, WSClient, timeout, wait_for
 
-
-def note(n: int) -> dict[str, Any]:
-    return {"type": "NOTE", "channel": "AGENT", "payload": {"n": n}}
 
 
 def notes(client, count: int, within: float = 5.0) -> list[int]:

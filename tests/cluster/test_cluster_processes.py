@@ -10,6 +10,7 @@ import requests
 
 from protoflask.auth import TokenAuthority
 
+from .notes import note
 from ..support import SECRET, GunicornServer, SSEClient, WSClient, timeout, wait_for
 
 APP = "tests.fixtures.cluster_app:app"
@@ -18,9 +19,6 @@ APP = "tests.fixtures.cluster_app:app"
 def token(user: str) -> str:
     return TokenAuthority(SECRET, ("HS256",), "1h").issue(user)
 
-
-def note(n: int) -> dict[str, Any]:
-    return {"type": "NOTE", "channel": "AGENT", "payload": {"n": n}}
 
 
 def notes(client: Any, count: int) -> list[int]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import pytest
 import redis
@@ -16,6 +16,7 @@ import requests
 from protoflask import ProtoServer
 from protoflask.core.errors import ClusterUnavailable
 
+from .notes import note
 from ..support import WSClient, free_listener, timeout, wait_for
 
 
@@ -80,7 +81,7 @@ def test_a_redis_outage_degrades_and_loses_nothing(
     client = WSClient(a.base_url, token)
     try:
         client.hello()
-        a.send_message(client.session_id, _note(0))
+        a.send_message(client.session_id, note(0))
         client.recv_type("NOTE")
 
         private_redis.kill()
@@ -92,13 +93,13 @@ def test_a_redis_outage_degrades_and_loses_nothing(
                                           "params": {"a": 1, "b": 2}})
         assert client.recv_type("TOOL_DONE")["payload"]["result"] == {"result": 3}
         for n in (1, 2):
-            a.send_message(client.session_id, _note(n))
+            a.send_message(client.session_id, note(n))
         assert [client.recv_type("NOTE")["payload"]["n"] for _ in range(2)] == [1, 2]
         # what needs Redis says so rather than losing the message
         with pytest.raises(ClusterUnavailable):
-            b.send_message(client.session_id, _note(99))
+            b.send_message(client.session_id, note(99))
         seen = int(client.received[-1]["seq"])
-        a.send_message(client.session_id, _note(3))  # sent, maybe unread, during the outage
+        a.send_message(client.session_id, note(3))  # sent, maybe unread, during the outage
         client.drop()
 
         private_redis.start()  # back, and empty
@@ -114,9 +115,6 @@ def test_a_redis_outage_degrades_and_loses_nothing(
         client.close()
 
 
-def _note(n: int) -> dict[str, Any]:
-    return {"type": "NOTE", "channel": "AGENT", "payload": {"n": n}}
-
 
 def test_redis_losing_its_data_without_an_outage_is_noticed_and_repaired(
         two_nodes: tuple[ProtoServer, ProtoServer], private_redis: PrivateRedis) -> None:
@@ -125,7 +123,7 @@ def test_redis_losing_its_data_without_an_outage_is_noticed_and_repaired(
     client = WSClient(a.base_url, token)
     try:
         client.hello()
-        a.send_message(client.session_id, _note(1))
+        a.send_message(client.session_id, note(1))
         seen = int(client.recv_type("NOTE")["seq"]) - 1
         r = redis.Redis.from_url(private_redis.url)
         r.flushall()  # as a restart without persistence would, but no connection drops
