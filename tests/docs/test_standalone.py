@@ -116,6 +116,30 @@ def test_every_path_a_doc_names_exists(doc: Path) -> None:
     assert not missing(doc), f"{doc.name} names paths that do not exist: {missing(doc)}"
 
 
+#: "PROTOCOL.md §5", "docs/PROTOCOL-http.md §3", "PROTOCOL.md §5.1 Upstream credit".
+SECTION_CITE = re.compile(r"(PROTOCOL(?:-http)?\.md),? §(\d+(?:\.\d+)?)")
+HEADING = re.compile(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", re.MULTILINE)
+
+
+def sections(doc: str) -> set[str]:
+    return set(HEADING.findall((ROOT / "docs" / doc).read_text(encoding="utf-8")))
+
+
+def test_every_cited_protocol_section_exists() -> None:
+    """Code and docs cite "docs/PROTOCOL.md §N": each such section must be a heading."""
+    known = {doc: sections(doc) for doc in ("PROTOCOL.md", "PROTOCOL-http.md")}
+    dangling = []
+    for path in tracked_files():
+        text = read_text(path)
+        if text is None or path == THIS:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            for doc, number in SECTION_CITE.findall(line):
+                if number not in known[doc]:
+                    dangling.append(f"{path}:{n}: {doc} §{number}")
+    assert not dangling, "cited sections that do not exist:\n" + "\n".join(dangling)
+
+
 def test_the_checks_can_fail(tmp_path: Path) -> None:
     """The patterns catch what they are meant to, and leave prose and names alone."""
     assert citations("see SPEC.md\n") and citations("(CONTRACT 5)\n")
@@ -127,3 +151,6 @@ def test_the_checks_can_fail(tmp_path: Path) -> None:
             "`bench/results/<t>.json`, http://h/docs/x")
     names = named_paths(doc, text)
     assert {"protoflask/core/nope.py", "docs/NOPE.md", "bench/results/"} == names
+    assert SECTION_CITE.findall("(docs/PROTOCOL.md §5.3) PROTOCOL-http.md §4") == [
+        ("PROTOCOL.md", "5.3"), ("PROTOCOL-http.md", "4")]
+    assert "5.1" in sections("PROTOCOL.md") and "99" not in sections("PROTOCOL.md")
