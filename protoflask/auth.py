@@ -1,4 +1,4 @@
-"""JWT verification and issuing with PyJWT (CONTRACT 3)."""
+"""JWT verification and issuing with PyJWT (docs/PROTOCOL.md §1.1 Authentication)."""
 
 from __future__ import annotations
 

@@ -437,7 +437,7 @@ def _coerce(opt: Option, value: Any, name: str) -> Any:
     elif kind is str:
         if opt.key == "jwtExpiresIn" and isinstance(value, (int, float)) \
                 and not isinstance(value, bool):
-            # CONTRACT 3: a number of seconds may be given as a number
+            # docs/PROTOCOL.md §1.1 Authentication: a number of seconds may be given as a number
             if isinstance(value, float) and not value.is_integer():
                 raise ConfigError(f"{name} must be a whole number of seconds, got {value!r}")
             value = str(int(value))

@@ -45,7 +45,7 @@ HISTORY_SECONDS = 300  # per-second samples the dashboard charts (five minutes)
 
 
 class Stats:
-    """SPEC 2.6 counters with CONTRACT 7's definitions, plus the plain counters /metrics
+    """The counters of docs/PROTOCOL.md §10 Statistics, plus the plain counters /metrics
     and the dashboard read (docs/OPERATIONS.md): bumped where things happen, never
     through a metrics library on the per-message path."""
 

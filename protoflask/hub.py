@@ -193,7 +193,7 @@ class Hub(abc.ABC):
         return None
 
     def lookup(self, session_id: str) -> dict[str, Any] | None:
-        """SPEC 2.5's scalar fields of a session held by another process."""
+        """The scalar session fields (docs/PROTOCOL.md §12) of a session held by another process."""
         return None
 
     def forward_upstream(self, session_id: str, user_id: str, body: bytes) -> bool:

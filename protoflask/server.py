@@ -1,4 +1,4 @@
-"""ProtoServer: the public Python API (SPEC 4.6, CONTRACT 8), start/stop, and the Flask
+"""ProtoServer: the public Python API (docs/PROTOCOL.md §12), start/stop, and the Flask
 extension contract (``ProtoServer(app=None)`` + ``init_app``).
 
 Threads: everything protocol-related runs in one gevent hub. Under gunicorn's gevent
@@ -413,7 +413,7 @@ class ProtoServer:
     # -- sessions and messages ---------------------------------------------------------
 
     def get_session(self, session_id: str) -> dict[str, Any] | None:
-        """SPEC 2.5 fields with live values, or None."""
+        """The session fields (docs/PROTOCOL.md §12) with live values, or None."""
         def read() -> dict[str, Any] | None:
             live = self.hub.get(session_id)
             if live is None:
@@ -428,7 +428,7 @@ class ProtoServer:
         return self._call(read)
 
     def get_stats(self) -> dict[str, Any]:
-        """SPEC 2.6's statistics; with Redis, for the whole cluster plus ``nodes``."""
+        """Statistics (docs/PROTOCOL.md §10); with Redis, for the whole cluster plus ``nodes``."""
         return self._call(lambda: self.hub.cluster_stats(self.engine.stats.snapshot(now_ms())))
 
     def send_message(self, session_id: str, message: Mapping[str, Any]) -> None:
@@ -466,7 +466,7 @@ class ProtoServer:
 
     def start_run(self, session_id: str, run_id: str | None = None,
                   thread_id: str | None = None, metadata: Any = None) -> dict[str, Any]:
-        """Start a run for the application's agent; returns the run (SPEC 2.7)."""
+        """Start a run for the application's agent; returns the run (docs/PROTOCOL.md §12)."""
         return self._run_op(session_id, lambda live, now: live.core.start_run(
             now, run_id=run_id, thread_id=thread_id, metadata=metadata))
 

@@ -1,4 +1,4 @@
-"""Every spec event (SPEC 6) as a blinker signal in one private namespace.
+"""Every event (docs/PROTOCOL.md §12 Events) as a blinker signal in one private namespace.
 
 Receivers get ``(sender, **kwargs)`` where sender is the ProtoServer and kwargs are the
 spec's argument names in snake_case. ``ProtoServer.on("textMessage", fn)`` connects

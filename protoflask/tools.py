@@ -33,7 +33,7 @@ def _now_ms() -> int:
 
 @dataclass
 class Tool:
-    """SPEC 2.9. ``execute(params, session_id, call_id, server)`` returns the result or
+    """docs/PROTOCOL.md §12. ``execute(params, session_id, call_id, server)`` returns the result or
     raises; without ``execute`` the application finishes calls via ``send_tool_done``."""
 
     name: str
@@ -67,7 +67,7 @@ class Tool:
         return _errors(self._output, result)
 
     def to_dict(self) -> dict[str, Any]:
-        """The wire / SPEC 2.9 view (no execute)."""
+        """The wire view, without execute (docs/PROTOCOL.md §4.4 Tools)."""
         return {"name": self.name, "description": self.description,
                 "inputSchema": self.input_schema, "outputSchema": self.output_schema}
 
@@ -156,7 +156,7 @@ class ToolCancelled(Exception):
 
 @dataclass
 class ToolExecution:
-    """SPEC 2.8: one call's record, handed to ``toolCall`` listeners."""
+    """One call's record (docs/PROTOCOL.md §12), handed to ``toolCall`` listeners."""
 
     call_id: str
     tool_name: str

@@ -1,4 +1,4 @@
-"""JWT verification and issuing (CONTRACT 3, SPEC 5)."""
+"""JWT verification and issuing (docs/PROTOCOL.md §1.1 Authentication)."""
 
 from __future__ import annotations
 

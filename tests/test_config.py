@@ -1,4 +1,4 @@
-"""Configuration (SPEC 2.1-2.2, CONTRACT 3, 5, 8): defaults, env vars, precedence,
+"""Configuration (README.md Configuration): defaults, env vars, precedence,
 camelCase / snake_case input, validation at construction, jwtSecret and dev mode."""
 
 from __future__ import annotations

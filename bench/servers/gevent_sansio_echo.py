@@ -4,7 +4,7 @@
 
 No WSGI, no Flask: one greenlet per connection parses frames with
 ``receive_data`` / ``events_received`` and writes ``data_to_send`` itself. This is the
-fastest Python echo in /work/shared/PERF-NOTES.md; the bench uses it to show that the
+fastest Python echo in docs/PERFORMANCE.md ("Earlier"); the bench uses it to show that the
 load generator is not what limits the other servers.
 """
 

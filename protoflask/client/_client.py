@@ -7,7 +7,7 @@ Threads (greenlets when gevent has monkey-patched the program):
   messages only within the server's credit and not on a channel it paused);
 - a reconnect thread, only while the connection is lost.
 
-Exactly once, both ways (CONTRACT 1, 6):
+Exactly once, both ways (docs/PROTOCOL.md §2, §8):
 
 - Downstream, every message has a session seq; the client remembers the last one it
   delivered, drops anything at or below it, and resumes with ``last_seq`` = that seq.
@@ -19,7 +19,7 @@ Exactly once, both ways (CONTRACT 1, 6):
   are sent again with new seqs (a seq at or below the server's last seen would be
   dropped as a retransmission).
 
-Credits (CONTRACT 5): the client announces its downstream credit in HELLO and tops each
+Credits (docs/PROTOCOL.md §5): the client announces its downstream credit in HELLO and tops each
 channel up with FLOW_UPDATE when half is spent; a re-HELLO after a resume resets the
 server's view of it, so a FLOW_UPDATE lost with a connection costs nothing. Upstream, it
 counts down the server's grants from the HELLO reply, adds the server's FLOW_UPDATEs,
@@ -55,7 +55,7 @@ TRANSPORTS: dict[str, type] = {
     "sse": SSEConnection,
     "stream": StreamConnection, "http": StreamConnection,
 }
-#: Close codes after which reconnecting would be wrong (CONTRACT 2).
+#: Close codes after which reconnecting would be wrong (docs/PROTOCOL.md §6 Errors).
 _FINAL_CLOSES = {4001: "UNSUPPORTED_VERSION", 4002: "SUPERSEDED"}
 #: HTTP refusals that no retry will fix: the token or the session is gone.
 _FINAL_STATUSES = {400, 401, 403, 404, 413}
@@ -827,7 +827,7 @@ class Client:
         code, text = p.get("code", "ERROR"), p.get("message", "")
         related = p.get("related_id")
         if code == "CHANNEL_PAUSED" and related in self._recent:
-            # Not processed: send it again once the channel is resumed (CONTRACT 5).
+            # Not processed: send it again once the channel resumes (docs/PROTOCOL.md §5.3).
             entry = self._recent.pop(related)
             if entry in self._unconfirmed:
                 self._unconfirmed.remove(entry)

@@ -23,7 +23,7 @@ from typing import Any
 
 
 class ProtoClientError(Exception):
-    """Root of every client error; ``code`` is the wire code (CONTRACT 2)."""
+    """Root of every client error; ``code`` is the wire code (docs/PROTOCOL.md §6)."""
 
     def __init__(self, code: str, message: str = "", detail: Any = None) -> None:
         self.code = code

@@ -1,4 +1,4 @@
-"""Cluster-wide statistics from each node's own report (SPEC 2.6's fields, summed where
+"""Cluster-wide statistics from each node's own report (docs/PROTOCOL.md §10's fields, summed where
 they are counts and rates, weighted where they are averages)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ NODE_FIELDS = ("node", "host", "pid", "sessions", "connectedSessions", "totalCon
 
 
 def aggregate_stats(nodes: list[dict[str, Any]]) -> dict[str, Any]:
-    """``nodes[0]`` is this node; the result has SPEC 2.6's fields for the whole cluster
+    """``nodes[0]`` is this node; the result has the statistics fields for the whole cluster
     plus ``nodes``, each node's own figures."""
     total_messages = sum(n["totalMessages"] for n in nodes)
     rate = sum(n["messagesPerSecond"] for n in nodes)

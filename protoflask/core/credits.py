@@ -1,6 +1,6 @@
 """Flow-control ledger for one session: message and byte credits, per channel, both ways.
 
-Rules (CONTRACT 5; docs/PROTOCOL.md "Flow control" says the same for clients):
+Rules (docs/PROTOCOL.md §5 Flow control, which says the same for clients):
 
 - Upstream, the server is the receiver. Each channel starts with
   ``initial_credit_messages`` / ``initial_credit_bytes``. A message costs 1 message
@@ -53,7 +53,7 @@ class CreditLedger:
         self.settings = settings
         self._up: dict[str, _Account] = {}
         self._down: dict[str, _Account] = {}
-        # Without adaptive adjustment the grant is exactly initial_credits (CONTRACT 5: no
+        # Without adaptive adjustment the grant is exactly initial_credits (docs/PROTOCOL.md §5: no
         # relation to min/max is required); min..max only bound adaptive grant sizes.
         self.grant = (max(settings.min_credits, min(settings.max_credits, settings.initial_credits))
                       if settings.adaptive_adjustment else settings.initial_credits)

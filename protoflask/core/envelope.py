@@ -1,6 +1,6 @@
 """Envelope parsing and encoding: bytes/str -> Message, Message -> bytes.
 
-The envelope (CONTRACT 1) and every client payload (CONTRACT 4) are validated
+The envelope (docs/PROTOCOL.md §2) and every client payload (§4) are validated
 with marshmallow schemas built once at import. Extra envelope fields are
 ignored and extra payload fields are kept, so newer clients stay compatible.
 """
@@ -18,7 +18,7 @@ from .errors import InvalidMessage, MessageTooLarge, MissingRunId, UnsupportedTy
 
 CHANNELS = ("SYSTEM", "USER", "AGENT", "AUDIO_IN", "AUDIO_OUT")
 
-#: Types that never need or spend credit and are allowed on any channel (CONTRACT 5).
+#: Types that never need or spend credit and are allowed on any channel (docs/PROTOCOL.md §5).
 CONTROL_TYPES = frozenset({
     "HELLO", "PING", "PONG", "ACK", "FLOW_UPDATE", "PAUSE_CHANNEL", "RESUME_CHANNEL",
     "REPLAY_REQUEST", "ERROR",
@@ -97,7 +97,7 @@ def decode_json(raw: bytes | bytearray | memoryview | str) -> Any:
 
 
 class SeqField(fields.Field):
-    """A seq number in a payload: a decimal string or a JSON integer (CONTRACT 1) -> int."""
+    """A seq number in a payload: a decimal string or an int (docs/PROTOCOL.md §2) -> int."""
 
     def __init__(self, *, allow_zero: bool = True, **kwargs: Any) -> None:
         self.allow_zero = allow_zero
@@ -161,7 +161,7 @@ class EnvelopeSchema(Schema):
     payload = fields.Dict(required=True)
 
 
-# -- payloads (client to server, CONTRACT 4) ------------------------------------------------
+# -- payloads (client to server, docs/PROTOCOL.md §4) ---------------------------------
 
 
 class HelloPayload(_Payload):
@@ -273,7 +273,7 @@ _ENVELOPE = EnvelopeSchema()
 
 def parse(raw: bytes | bytearray | memoryview | str, *, max_size: int | None = None,
           max_depth: int = MAX_JSON_DEPTH) -> Message:
-    """Validate one client envelope and its payload (CONTRACT 1 and 4) into a Message."""
+    """Validate one client envelope and its payload (docs/PROTOCOL.md §2, §4) into a Message."""
     return validate_payload(parse_envelope(raw, max_size=max_size, max_depth=max_depth))
 
 
@@ -292,7 +292,7 @@ def parse_envelope(raw: bytes | bytearray | memoryview | str, *,
 
 
 def byte_length(raw: bytes | bytearray | memoryview | str) -> int:
-    """The size of a frame in bytes; text counts as its UTF-8 encoding (CONTRACT 1, 5)."""
+    """The size of a frame in bytes; text counts as its UTF-8 encoding (docs/PROTOCOL.md §2, §5)."""
     if isinstance(raw, str):
         return len(raw.encode("utf-8", "surrogatepass"))
     if isinstance(raw, memoryview):

@@ -54,7 +54,7 @@ class ProtoError(Exception):
         super().__init__(self.message)
 
     def to_payload(self) -> dict[str, Any]:
-        """The ERROR message payload (CONTRACT 2)."""
+        """The ERROR message payload (docs/PROTOCOL.md §6 Errors)."""
         payload: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.related_id is not None:
             payload["related_id"] = self.related_id
@@ -63,7 +63,7 @@ class ProtoError(Exception):
         return payload
 
     def to_http_body(self) -> dict[str, Any]:
-        """The JSON body of an HTTP error response (CONTRACT 2)."""
+        """The JSON body of an HTTP error response (docs/PROTOCOL.md §11)."""
         return {"error": {"code": self.code, "message": self.message}}
 
     def __repr__(self) -> str:

@@ -2,7 +2,7 @@
 
 A builder returns an ``Outbound``: type, channel and payload only. The session
 stamps ``id``, ``session``, ``seq`` and ``ts`` when the message leaves its pending
-queue (CONTRACT 1), so a builder's result can be sent to any session.
+queue (docs/PROTOCOL.md §2), so a builder's result can be sent to any session.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def run_finished(run_id: str, status: str, summary: Any = None, error: Any = Non
 
 def audio_chunk(message_id: str, mime: str, data: bytes | bytearray | memoryview,
                 final: bool = False) -> Outbound:
-    """AUDIO_CHUNK on AUDIO_OUT; ``data`` is raw bytes, base64-encoded here (CONTRACT 4)."""
+    """AUDIO_CHUNK on AUDIO_OUT; ``data`` is raw bytes, base64-encoded here (PROTOCOL.md §4.6)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"audio data must be bytes, got {type(data).__name__}")
     if not isinstance(message_id, str) or not message_id:

@@ -7,7 +7,7 @@ No I/O and no clock: the caller passes ``now`` (ms) and pumps:
     session.take_writable(now)       -> [(seq, bytes)] ready for the transport
     session.tick(now)                -> heartbeat / expiry events
 
-Rules, in the order a received message meets them (CONTRACT 1, 4, 5, 6):
+Rules, in the order a received message meets them (docs/PROTOCOL.md §2, §4, §5, §8):
 
 0. Over the rate limit                  -> ERROR RATE_LIMITED, dropped unread (close 1008
                                            when the client keeps flooding)
@@ -48,7 +48,7 @@ from .ratelimit import RateLimiter, Verdict
 from .replay import ReplayWindow
 from .traffic import INVALID, UNKNOWN_TYPE, TrafficCounters
 
-# WebSocket-style close codes the core asks transports to use (CONTRACT 2).
+# WebSocket-style close codes the core asks transports to use (docs/PROTOCOL.md §6 Errors).
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY_VIOLATION = 1008  # kept flooding past the rate limit
@@ -177,7 +177,7 @@ Event = (Handshake | TextReceived | ToolCallReceived | ToolCancelRequested | Too
 
 @dataclass(slots=True)
 class Run:
-    """SPEC 2.7."""
+    """A run (docs/PROTOCOL.md §12 Application API)."""
 
     run_id: str
     start_time: int
@@ -589,7 +589,7 @@ class ProtocolSession:
         return True
 
     def fail_call(self, call_id: str, exc: ProtoError) -> bool:
-        """TOOL_DONE ERROR with the error, plus the ERROR message (CONTRACT 4 Tools)."""
+        """TOOL_DONE ERROR with the error, plus the ERROR message (docs/PROTOCOL.md §4.4 Tools)."""
         call = self.calls.get(call_id)
         if call is None:
             return False
@@ -638,7 +638,7 @@ class ProtocolSession:
         self._check_pressure(writer=True)
 
     def _check_pressure(self, writer: bool = False) -> None:
-        """Back-pressure (CONTRACT 5): pause USER above backPressureThreshold of the
+        """Back-pressure (docs/PROTOCOL.md §5.3): pause USER above backPressureThreshold of the
         buffer, resume below half of that. A client is stuck when bytes the session could
         send (not held back by the client's own credit or pause) pass the whole buffer
         while a write is blocked: only another caller than the writer can see that."""
@@ -803,7 +803,7 @@ class ProtocolSession:
         self._fail(exc)
 
     def snapshot(self) -> dict[str, Any]:
-        """SPEC 2.5's fields, with live values (plain data, camelCase)."""
+        """The session fields (docs/PROTOCOL.md §12), with live values (plain data, camelCase)."""
         up = self.credits.upstream()
         return {
             "id": self.id,

@@ -1,4 +1,4 @@
-"""Server-Sent Events transport (CONTRACT 7): frames a session's downstream as events.
+"""Server-Sent Events transport (docs/PROTOCOL-http.md §3): frames a session's downstream as events.
 
     GET  /proto/sse?token=...            -> text/event-stream, the session's downstream
     POST /proto/sse?session=<id>         -> 202 {"accepted": n}, the upstream

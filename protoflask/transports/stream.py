@@ -1,4 +1,4 @@
-"""HTTP streaming transport (CONTRACT 7): NDJSON both ways on one POST.
+"""HTTP streaming transport (docs/PROTOCOL-http.md §4): NDJSON both ways on one POST.
 
     POST /proto/stream                        -> 200 application/x-ndjson, Proto-Session
     POST /proto/stream?session=<id>           -> 202 {"accepted": n}  (follow-up messages)

@@ -1,4 +1,4 @@
-"""Flow control: the credit ledger (credits.py docstring, CONTRACT 5) and how the session
+"""Flow control: the credit ledger (credits.py docstring, docs/PROTOCOL.md §5) and how the session
 applies it upstream and downstream."""
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def test_top_up_restores_threshold_plus_grant_and_full_bytes():
 
 
 def test_credit_held_by_a_client_stays_bounded_when_threshold_exceeds_the_grant():
-    # CONTRACT 5: initialCreditMessages=5 with the default threshold of 200 is valid.
+    # docs/PROTOCOL.md §5: initialCreditMessages=5 with the default threshold of 200 is valid.
     led = ledger(initial_credit_messages=5, credit_threshold=200, initial_credits=1000,
                  adaptive_adjustment=False)
     for _ in range(50):
@@ -158,7 +158,7 @@ def test_adaptive_grant_starts_clamped_to_min_max():
 
 
 def test_without_adaptive_adjustment_the_grant_is_exactly_initial_credits():
-    # CONTRACT 5: "without it the grant is initialCredits"; min/max only bound adaptive grants
+    # docs/PROTOCOL.md §5.1: without adaptiveAdjustment the grant is initialCredits
     led = ledger(credit_threshold=10, initial_credits=50, min_credits=100, max_credits=1000,
                  adaptive_adjustment=False)
     assert grants(led, 3) == [50, 50, 50]

@@ -1,4 +1,4 @@
-"""Envelope and payload validation (CONTRACT 1, 2 and 4)."""
+"""Envelope and payload validation (docs/PROTOCOL.md §2, §4, §6)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from protoflask.core.envelope import (
 
 from ._support import envelope, raw
 
-# -- every client type with a valid payload (CONTRACT 4) ----------------------------------------
+# -- every client type with a valid payload (docs/PROTOCOL.md §4) --------------------------------
 
 VALID_PAYLOADS = {
     "HELLO": {"proto_version": "1.1.2", "accept_major": [1], "accept_events": ["PONG"],
@@ -39,7 +39,7 @@ VALID_PAYLOADS = {
     "AUDIO_CHUNK": {"message_id": "a1", "mime": "audio/wav", "data": "AAEC", "final": True},
 }
 
-#: Optional fields may be omitted (CONTRACT 4 marks them with ``?``).
+#: Optional fields may be omitted (docs/PROTOCOL.md §4 marks them with ``?``).
 MINIMAL_PAYLOADS = {
     "HELLO": {"proto_version": "1.1.2", "accept_major": [1]},
     "TOOL_CALL": {"call_id": "c1", "tool": "echo", "params": {}},
@@ -107,7 +107,7 @@ def test_extra_payload_fields_are_kept_and_extra_envelope_fields_ignored():
 
 
 def test_known_type_on_another_valid_channel_is_accepted():
-    # CONTRACT 4: "The server does not reject a known type on another valid channel."
+    # docs/PROTOCOL.md §4: "The server does not reject a known type on another valid channel."
     assert parse(raw("PING", {"nonce": "x"}, channel="USER")).channel == "USER"
     assert parse(raw("MESSAGE_START", VALID_PAYLOADS["MESSAGE_START"],
                      channel="SYSTEM")).channel == "SYSTEM"
@@ -208,7 +208,7 @@ def test_run_started_without_run_id_is_fine():
     assert parse(raw("RUN_STARTED", {"thread_id": "t"})).payload["thread_id"] == "t"
 
 
-# -- seq numbers in payloads: strings or ints (CONTRACT 1) ----------------------------------
+# -- seq numbers in payloads: strings or ints (docs/PROTOCOL.md §2) --------------------------
 
 
 @pytest.mark.parametrize("value,expected", [("0", 0), (0, 0), ("12", 12), (12, 12),
@@ -365,7 +365,7 @@ def test_oversize_is_reported_before_json_is_parsed():
 
 
 def test_size_limit_counts_utf8_bytes_of_text_frames():
-    # CONTRACT 1: maxMessageSize is in bytes; a text frame is measured by its encoding.
+    # docs/PROTOCOL.md §2: maxMessageSize is in bytes; a text frame is measured by its encoding.
     text = raw("PING", {"nonce": "é" * 50}, ).decode()
     nbytes = len(text.encode("utf-8"))
     assert nbytes == len(text) + 50

@@ -1,4 +1,4 @@
-"""The replay window (CONTRACT 6): bounded by count and age, ACK drops a prefix,
+"""The replay window (docs/PROTOCOL.md §8): bounded by count and age, ACK drops a prefix,
 ranges come back in numeric seq order."""
 
 from __future__ import annotations

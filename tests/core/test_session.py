@@ -1,4 +1,4 @@
-"""ProtocolSession flows (CONTRACT 1, 2, 4, 6), driven with plain data and ms ints."""
+"""ProtocolSession flows (docs/PROTOCOL.md §2, §4, §6, §8), driven with plain data and ms ints."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from protoflask.core.session import (
 
 from ._support import Client, errors as error_codes, hello_payload, make_session, raw, seqs, types
 
-#: The server-to-client types CONTRACT 4 lists.
+#: The server-to-client types docs/PROTOCOL.md §4 lists.
 CONTRACT_SERVER_TYPES = {
     "HELLO", "PING", "PONG", "MESSAGE_START", "MESSAGE_PART", "MESSAGE_END", "TOOL_UPDATE",
     "TOOL_DONE", "TOOL_LIST", "RUN_STARTED", "RUN_FINISHED", "FLOW_UPDATE", "PAUSE_CHANNEL",

@@ -1,4 +1,4 @@
-"""The programmatic API of a real, embedded server (SPEC 4.6 and 6, CONTRACT 4 Tools, 8),
+"""The programmatic API of a real, embedded server (docs/PROTOCOL.md §12, §4.4 Tools),
 driven by a real WebSocket client.
 
 Signal receivers and tools run in the server's thread (its gevent hub): receivers only

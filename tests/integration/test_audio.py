@@ -1,4 +1,4 @@
-"""AUDIO_CHUNK end to end (CONTRACT 4, 5, 7) on every transport: validated, base64
+"""AUDIO_CHUNK end to end (docs/PROTOCOL.md §4.6, §5, §9) on every transport: validated, base64
 decoded, the ``audioChunk`` event with the message and the bytes, byte credits spent on
 AUDIO_IN, ``server.send_audio`` on AUDIO_OUT; binary WebSocket frames stay ``binary``."""
 

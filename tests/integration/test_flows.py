@@ -1,4 +1,4 @@
-"""SPEC 4.5's flows and CONTRACT 2's in-protocol errors, over every transport.
+"""The flows of docs/PROTOCOL.md §4 and its in-protocol errors (§6), over every transport.
 
 Each test runs once per entry of tests.support.CLIENTS with the same assertions.
 """

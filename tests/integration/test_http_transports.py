@@ -1,4 +1,4 @@
-"""What is specific to the SSE and HTTP-streaming transports (CONTRACT 7): framing,
+"""What is specific to the SSE and HTTP-streaming transports (docs/PROTOCOL.md §9): framing,
 POST bodies and their answers, HTTP errors, resume, headers, and clients going away.
 
 The generic flows run over these transports too (test_flows.py via tests.support.CLIENTS).

@@ -1,5 +1,5 @@
 """The plain HTTP side of a real server: /health, /stats, CORS, gzip, WebSocket refusals
-before the upgrade, and access logs (SPEC 2.6, 4.1; CONTRACT 2, 3, 7)."""
+before the upgrade, and access logs (docs/PROTOCOL.md §1, §9-§11)."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_stats_count_upstream_messages_valid_or_not(server: ProtoServer, token: 
     body = wait_for(lambda: (lambda s: s if s["totalMessages"] == 5 else None)(stats(server)),
                     what="totalMessages == 5")
     assert body["errorRate"] == pytest.approx(2 / 5)
-    # CONTRACT 7: the count over the last 10 s, over the uptime while younger
+    # docs/PROTOCOL.md §10 Statistics: the count over the last 10 s, over the uptime while younger
     window_s = min(10_000, body["uptime"]) / 1000
     assert body["messagesPerSecond"] == pytest.approx(5 / window_s, rel=0.05)
     assert body["averageLatency"] >= 0
@@ -214,7 +214,7 @@ def test_no_gzip_when_compression_disabled(make_server) -> None:
     assert set(STATS_FIELDS) <= set(orjson.loads(raw))
 
 
-# -- WebSocket refusals before the upgrade (CONTRACT 2) --------------------------------
+# -- WebSocket refusals before the upgrade (docs/PROTOCOL.md §11) ---------------------------
 
 
 def test_refused_without_token(server: ProtoServer) -> None:
