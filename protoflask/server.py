@@ -27,7 +27,7 @@ from flask import Flask
 from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from . import signals
-from .auth import TokenAuthority
+from .auth import authority_from_config
 from .config import APP_CONFIG_PREFIX, ConfigError, ServerConfig
 from .core import messages
 from .core.coalesce import DEFAULT_MAX_CHARS, DEFAULT_MAX_DELAY_MS
@@ -103,17 +103,18 @@ class ProtoServer:
         self._loaded_config = loaded
         self.config = loaded
         self.dev_token: str | None = None
+        public_keys = bool(self.config.jwt_public_key or self.config.jwks_url)
         if not self.config.jwt_secret:
-            if not self.config.dev_mode:
+            if not self.config.dev_mode and not public_keys:
                 raise ConfigError(
                     "jwtSecret is required: set JWT_SECRET (or pass jwtSecret, or set "
-                    "PROTOFLASK_JWT_SECRET in app.config), or run in development mode "
+                    "PROTOFLASK_JWT_SECRET in app.config), or give your identity provider's "
+                    "keys (JWKS_URL or JWT_PUBLIC_KEY), or run in development mode "
                     "(protoflask serve --dev, or PROTOFLASK_DEV=1) to get a random secret and "
                     "a ready token")
-            self.config = self.config.replace(jwt_secret=secrets.token_urlsafe(32))
-        assert self.config.jwt_secret is not None
-        self.authority = TokenAuthority(self.config.jwt_secret, self.config.jwt_algorithms,
-                                        self.config.jwt_expires_in)
+            if self.config.dev_mode:
+                self.config = self.config.replace(jwt_secret=secrets.token_urlsafe(32))
+        self.authority = authority_from_config(self.config)
         if self.config.dev_mode:
             self.dev_token = self.authority.issue("dev")
         self.hub = self._hub_arg or make_hub(self.config)
