@@ -22,6 +22,7 @@ _EXPORTS = {
     "ProtoError": ".core.errors",
     "Run": ".core.session",
     "ProtoServer": ".server",
+    "StreamedText": ".streaming",
     "create_app": ".server",
     "Tool": ".tools",
     "ToolBlueprint": ".blueprints",

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import jwt
 
 from .core.errors import InvalidToken, MissingToken
+from .jwks import ASYMMETRIC_ALGORITHMS, JWKSCache, PublicKey, candidates, load_pem_keys
+
+if TYPE_CHECKING:
+    from .config import ServerConfig
 
 USER_CLAIMS = ("sub", "userId", "user_id")
 _DURATION = re.compile(r"\s*(\d+)\s*([smhd]?)\s*\Z")
@@ -30,37 +34,104 @@ def parse_duration(value: str | int | float) -> int:
 
 
 class TokenAuthority:
-    """Verifies and issues the server's tokens."""
+    """Verifies tokens (HMAC with ``secret``; RS/PS/ES/EdDSA with ``public_keys`` and a
+    ``jwks`` cache) and issues the server's own (HMAC only)."""
 
-    def __init__(self, secret: str, algorithms: Iterable[str] = ("HS256",),
-                 expires_in: str | int = "24h") -> None:
+    def __init__(self, secret: str | None, algorithms: Iterable[str] = ("HS256",),
+                 expires_in: str | int = "24h", *, public_keys: Iterable[PublicKey] = (),
+                 jwks: JWKSCache | None = None, audience: str | None = None,
+                 issuer: str | None = None) -> None:
         self._secret = secret
         self.algorithms = [a for a in algorithms if a.lower() != "none"]
+        #: HMAC algorithms accepted with the secret (never with a public key)
+        self._hmac = {a for a in self.algorithms if a.startswith("HS")} if secret else set()
+        #: asymmetric algorithms named in jwtAlgorithms narrow what every key accepts;
+        #: none named: each key accepts its own type's algorithms
+        self._pinned = {a for a in self.algorithms if a in ASYMMETRIC_ALGORITHMS} or None
+        self._public_keys = list(public_keys)
+        self._jwks = jwks
+        self.audience, self.issuer = audience, issuer
         self.expires_in = parse_duration(expires_in)
+
+    @property
+    def can_issue(self) -> bool:
+        return bool(self._secret) and bool(self._hmac)
 
     def verify(self, token: str | None) -> str:
         """The token's user id, or MissingToken / InvalidToken."""
         if not token:
             raise MissingToken()
         try:
-            claims = jwt.decode(token, self._secret, algorithms=self.algorithms,
-                                options={"require": [], "verify_exp": True})
-        except jwt.ExpiredSignatureError:
-            raise InvalidToken("token expired") from None
+            header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as exc:
             raise InvalidToken(f"invalid token: {exc}") from None
+        alg, kid = header.get("alg"), header.get("kid")
+        if not isinstance(alg, str) or not isinstance(kid, (str, type(None))):
+            raise InvalidToken("invalid token: bad header")
+        claims = self._decode(token, alg, kid)
         for claim in USER_CLAIMS:
             user = claims.get(claim)
             if isinstance(user, (str, int)) and not isinstance(user, bool) and str(user):
                 return str(user)
         raise InvalidToken("token has no user claim (sub, userId or user_id)")
 
+    def _decode(self, token: str, alg: str, kid: str | None) -> dict[str, Any]:
+        keys: list[Any]
+        if alg in self._hmac:
+            keys = [self._secret]
+        elif alg in ASYMMETRIC_ALGORITHMS and (self._pinned is None or alg in self._pinned):
+            known = self._public_keys + (self._jwks.keys(kid) if self._jwks else [])
+            keys = [k.key for k in candidates(known, alg, kid)]
+            if not keys:
+                raise InvalidToken(f"invalid token: no key for alg {alg!r}"
+                                   + (f" and kid {kid!r}" if kid else ""))
+        else:
+            raise InvalidToken(f"invalid token: algorithm {alg!r} is not accepted")
+        error: jwt.PyJWTError | None = None
+        for key in keys:  # a token without kid may match any of a few keys
+            try:
+                return jwt.decode(token, key, algorithms=[alg], audience=self.audience,
+                                  issuer=self.issuer,
+                                  options={"require": [], "verify_exp": True,
+                                           "verify_aud": self.audience is not None})
+            except jwt.InvalidSignatureError as exc:
+                error = exc
+            except jwt.ExpiredSignatureError:
+                raise InvalidToken("token expired") from None
+            except jwt.PyJWTError as exc:
+                raise InvalidToken(f"invalid token: {exc}") from None
+        raise InvalidToken(f"invalid token: {error}")
+
     def issue(self, user_id: str, expires_in: str | int | None = None,
               **claims: Any) -> str:
+        if not self.can_issue:
+            raise RuntimeError("issuing tokens needs jwtSecret (and an HS algorithm in "
+                               "jwtAlgorithms); this server only verifies tokens signed by "
+                               "its identity provider")
         now = int(time.time())
         lifetime = self.expires_in if expires_in is None else parse_duration(expires_in)
         payload = {"sub": str(user_id), "iat": now, "exp": now + lifetime, **claims}
-        return jwt.encode(payload, self._secret, algorithm=self.algorithms[0])
+        algorithm = next(a for a in self.algorithms if a in self._hmac)
+        return jwt.encode(payload, self._secret, algorithm=algorithm)
+
+
+def load_public_keys(value: str) -> list[PublicKey]:
+    """jwtPublicKey: PEM text, or the path of a PEM file."""
+    if "-----BEGIN" not in value:
+        with open(value, encoding="ascii") as fh:
+            value = fh.read()
+    return load_pem_keys(value)
+
+
+def authority_from_config(config: "ServerConfig") -> TokenAuthority:
+    """The TokenAuthority a server's configuration describes."""
+    jwks = None
+    if config.jwks_url:
+        jwks = JWKSCache(config.jwks_url, config.jwks_refresh_interval / 1000)
+    public = load_public_keys(config.jwt_public_key) if config.jwt_public_key else []
+    return TokenAuthority(config.jwt_secret, config.jwt_algorithms, config.jwt_expires_in,
+                          public_keys=public, jwks=jwks, audience=config.jwt_audience,
+                          issuer=config.jwt_issuer)
 
 
 def token_from_request(query_token: str | None, authorization: str | None) -> str | None:

@@ -190,15 +190,47 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _token(args: argparse.Namespace) -> int:
-    from .auth import TokenAuthority
+    from .auth import TokenAuthority, parse_duration
 
+    if args.private_key:
+        return _signed_token(args, parse_duration)
     secret = args.secret or os.environ.get("JWT_SECRET")
     if not secret:
-        raise UsageError("set JWT_SECRET or pass --secret")
+        raise UsageError("set JWT_SECRET or pass --secret (or --private-key for an "
+                         "RS/PS/ES/EdDSA token)")
     try:
         print(TokenAuthority(secret).issue(args.user, args.expires))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    return 0
+
+
+def _signed_token(args: argparse.Namespace, parse_duration: Any) -> int:
+    """A token signed with a private key, as an identity provider would issue it (for a
+    server configured with the public half: JWT_PUBLIC_KEY or JWKS_URL)."""
+    import jwt
+    from cryptography.hazmat.primitives import serialization
+
+    from .jwks import algorithms_for
+
+    try:
+        with open(args.private_key, "rb") as fh:
+            key = serialization.load_pem_private_key(fh.read(), password=None)
+        lifetime = parse_duration(args.expires or "24h")
+    except (OSError, ValueError, TypeError) as exc:
+        raise UsageError(f"--private-key: {exc}") from None
+    allowed = algorithms_for(key.public_key())
+    alg = args.alg or ("RS256" if "RS256" in allowed else min(allowed, default=""))
+    if alg not in allowed:
+        raise UsageError(f"--alg {alg or '?'} does not fit this key (use one of "
+                         f"{', '.join(sorted(allowed)) or 'no algorithm: unsupported key'})")
+    now = int(time.time())
+    claims = {"sub": args.user, "iat": now, "exp": now + lifetime}
+    if args.aud:
+        claims["aud"] = args.aud
+    if args.iss:
+        claims["iss"] = args.iss
+    print(jwt.encode(claims, key, algorithm=alg, headers={"kid": args.kid} if args.kid else None))
     return 0
 
 
@@ -353,10 +385,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(serve)
     serve.set_defaults(run=_serve)
 
-    token = sub.add_parser("token", help="issue a token signed with JWT_SECRET")
+    token = sub.add_parser("token", help="issue a token signed with JWT_SECRET, or with a "
+                                         "private key (--private-key)")
     token.add_argument("--user", required=True)
     token.add_argument("--expires", default=None, help="30s, 15m, 24h, 7d or seconds")
     token.add_argument("--secret", default=None, help="defaults to $JWT_SECRET")
+    token.add_argument("--private-key", default=None, metavar="PEM",
+                       help="sign with this private key file instead (RS/PS/ES/EdDSA), for a "
+                            "server given the public key (JWT_PUBLIC_KEY or JWKS_URL)")
+    token.add_argument("--alg", default=None,
+                       help="with --private-key: RS256 (RSA), ES256 (P-256), EdDSA, ...; "
+                            "default: the key type's first")
+    token.add_argument("--kid", default=None, help="with --private-key: the key id header")
+    token.add_argument("--aud", default=None, help="with --private-key: the aud claim")
+    token.add_argument("--iss", default=None, help="with --private-key: the iss claim")
     token.set_defaults(run=_token)
 
     common = argparse.ArgumentParser(add_help=False)

@@ -68,7 +68,19 @@ OPTIONS: tuple[Option, ...] = (
     _o("jwtExpiresIn", "jwt_expires_in", "JWT_EXPIRES_IN", str, "24h",
        "lifetime of issued tokens: 30s, 15m, 24h, 7d or seconds"),
     _o("jwtAlgorithms", "jwt_algorithms", "JWT_ALGORITHMS", list, ("HS256",),
-       "accepted JWT algorithms (comma-separated in the env)"),
+       "accepted JWT algorithms (comma-separated in the env); public keys accept their "
+       "own type's unless asymmetric ones are named here"),
+    _o("jwtPublicKey", "jwt_public_key", "JWT_PUBLIC_KEY", str, None,
+       "PEM public key(s) or certificate, or a path to a .pem file, for RS/PS/ES/EdDSA tokens"),
+    _o("jwksUrl", "jwks_url", "JWKS_URL", str, None,
+       "identity provider's JWKS URL (keys fetched only from here, cached)"),
+    _o("jwksRefreshInterval", "jwks_refresh_interval", "JWKS_REFRESH_INTERVAL", int, 60000,
+       "least ms between two JWKS fetches (a token with an unknown kid refreshes at most "
+       "once per interval)", 100),
+    _o("jwtAudience", "jwt_audience", "JWT_AUDIENCE", str, None,
+       "required aud claim of tokens (unset: not checked)"),
+    _o("jwtIssuer", "jwt_issuer", "JWT_ISSUER", str, None,
+       "required iss claim of tokens (unset: not checked)"),
     _o("maxConnections", "max_connections", "MAX_CONNECTIONS", int, 1000,
        "simultaneous live transports", 1),
     _o("heartbeatInterval", "heartbeat_interval", "HEARTBEAT_INTERVAL", int, 30000,
@@ -178,6 +190,11 @@ class ServerConfig:
     jwt_secret: str | None = field(default=None, repr=False)  # never printed
     jwt_expires_in: str = "24h"
     jwt_algorithms: tuple[str, ...] = ("HS256",)
+    jwt_public_key: str | None = None
+    jwks_url: str | None = None
+    jwks_refresh_interval: int = 60000
+    jwt_audience: str | None = None
+    jwt_issuer: str | None = None
     max_connections: int = 1000
     heartbeat_interval: int = 30000
     heartbeat_timeout: int = 5000
@@ -229,7 +246,15 @@ class ServerConfig:
             raise ConfigError(f"allowedOrigins: {exc}") from None
         if "none" in (a.lower() for a in self.jwt_algorithms):
             raise ConfigError("jwtAlgorithms must not contain 'none'")
-        from .auth import parse_duration  # late: auth imports nothing from here at load
+        if self.jwks_url is not None and not self.jwks_url.startswith(("https://", "http://")):
+            raise ConfigError("jwksUrl must be an https:// (or http://) URL")
+        from .auth import load_public_keys, parse_duration  # late: auth needs nothing here
+
+        if self.jwt_public_key is not None:
+            try:
+                load_public_keys(self.jwt_public_key)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"jwtPublicKey: {exc}") from None
 
         try:
             parse_duration(self.jwt_expires_in)

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import gevent
 import gevent.event
@@ -27,16 +27,18 @@ from flask import Flask
 from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from . import signals
-from .auth import TokenAuthority
+from .auth import authority_from_config
 from .config import APP_CONFIG_PREFIX, ConfigError, ServerConfig
 from .core import messages
-from .core.errors import InvalidMessage, SessionNotFound
+from .core.coalesce import DEFAULT_MAX_CHARS, DEFAULT_MAX_DELAY_MS
+from .core.errors import InvalidMessage, ProtoError, RunNotFound, SessionNotFound
 from .core.session import CLOSE_GOING_AWAY
 from .engine import Engine
 from .hub import Hub, LiveSession, LocalHub, make_hub, now_ms
 from .metrics import create_registry
 from .logs import RedactTokens
 from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools, check_call
+from .streaming import StreamedText, stream_chunks
 from .web import ConnectionTakenOver, create_blueprint
 
 log = logging.getLogger("protoflask")
@@ -101,17 +103,18 @@ class ProtoServer:
         self._loaded_config = loaded
         self.config = loaded
         self.dev_token: str | None = None
+        public_keys = bool(self.config.jwt_public_key or self.config.jwks_url)
         if not self.config.jwt_secret:
-            if not self.config.dev_mode:
+            if not self.config.dev_mode and not public_keys:
                 raise ConfigError(
                     "jwtSecret is required: set JWT_SECRET (or pass jwtSecret, or set "
-                    "PROTOFLASK_JWT_SECRET in app.config), or run in development mode "
+                    "PROTOFLASK_JWT_SECRET in app.config), or give your identity provider's "
+                    "keys (JWKS_URL or JWT_PUBLIC_KEY), or run in development mode "
                     "(protoflask serve --dev, or PROTOFLASK_DEV=1) to get a random secret and "
                     "a ready token")
-            self.config = self.config.replace(jwt_secret=secrets.token_urlsafe(32))
-        assert self.config.jwt_secret is not None
-        self.authority = TokenAuthority(self.config.jwt_secret, self.config.jwt_algorithms,
-                                        self.config.jwt_expires_in)
+            if self.config.dev_mode:
+                self.config = self.config.replace(jwt_secret=secrets.token_urlsafe(32))
+        self.authority = authority_from_config(self.config)
         if self.config.dev_mode:
             self.dev_token = self.authority.issue("dev")
         self.hub = self._hub_arg or make_hub(self.config)
@@ -445,6 +448,51 @@ class ProtoServer:
         out = messages.audio_chunk(message_id, mime, data, final)
         self._call(self.hub.deliver, session_id, "send", out)
         return message_id
+
+    def stream_text(self, session_id: str, chunks: Iterable[Any], run_id: str | None = None,
+                    content_type: str = "text/plain", *, max_chars: int = DEFAULT_MAX_CHARS,
+                    max_delay_ms: int = DEFAULT_MAX_DELAY_MS) -> StreamedText:
+        """Stream a model's reply to a session as one text: MESSAGE_START, PARTs, END.
+
+        ``chunks`` is any iterable of text (a model SDK's stream mapped by a generator
+        expression). Small chunks are coalesced into parts: a part goes out when
+        ``max_delay_ms`` passed since the last one or ``max_chars`` are waiting (see
+        ``protoflask.core.coalesce``). The stream stops within one chunk when ``run_id``'s
+        run ends (a client's RUN_CANCEL) or the session is gone; the text is always closed
+        with MESSAGE_END while the session exists. Blocks the calling greenlet (or thread)
+        until done and returns what was sent. Raises SessionNotFound / RunNotFound before
+        anything is sent; the session must be held by this worker (like ``call_tool``)."""
+        if max_chars < 1 or max_delay_ms < 0:
+            raise ValueError("max_chars must be >= 1 and max_delay_ms >= 0")
+        # no PART may exceed maxMessageSize: a character is at most 6 bytes of JSON
+        max_chars = min(max_chars, max(1, (self.config.max_message_size - 1024) // 6))
+
+        def open_text() -> tuple[LiveSession, Any]:
+            live = self._live(session_id)
+            run = None
+            if run_id is not None:
+                run = live.core.runs.get(run_id)
+                if run is None:
+                    raise RunNotFound(f"no active run {run_id!r} in session {session_id!r}")
+            return live, run
+        live, run = self._call(open_text)
+
+        def stop_reason() -> str | None:
+            if self.hub.get(session_id) is not live:
+                return "session_gone"
+            if run is not None and run.status != "active":
+                return f"run_{run.status}"
+            return None
+
+        def send(out: messages.Outbound) -> bool:
+            try:
+                return bool(self._call(self.hub.deliver, session_id, "send", out))
+            except ProtoError:  # SessionNotFound: expired meanwhile
+                return False
+
+        return stream_chunks(chunks, uuid.uuid4().hex, content_type, send=send,
+                             stop_reason=stop_reason, max_chars=max_chars,
+                             max_delay_ms=max_delay_ms)
 
     def broadcast(self, message: Mapping[str, Any]) -> int:
         """Send a message to every connected session; returns how many it reached."""

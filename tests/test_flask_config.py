@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from flask import Flask
 
 from protoflask import ConfigError, ProtoServer, ServerConfig
@@ -25,6 +27,10 @@ OTHER = {
     "redisPrefix": "from-app", "metrics": False, "dashboard": False,
     "maxJsonDepth": 16, "rateLimit": 50,
     "rateLimitBurst": 10, "allowedOrigins": ["https://app.example.com"], "debugVitals": True,
+    "jwtPublicKey": ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode(),
+    "jwksUrl": "https://idp.example.com/.well-known/jwks.json", "jwksRefreshInterval": 5000,
+    "jwtAudience": "my-app", "jwtIssuer": "https://idp.example.com/",
 }
 FLOW_OTHER = {
     "enabled": False, "initialCredits": 300, "minCredits": 20, "maxCredits": 500,
@@ -47,7 +53,8 @@ def normal(value):
 def test_every_option_has_an_app_config_key() -> None:
     assert set(OTHER) == {o.key for o in OPTIONS}
     assert set(FLOW_OTHER) == {o.key for o in FLOW_OPTIONS}
-    assert app_config_key(OPTIONS[5]) == "PROTOFLASK_MAX_CONNECTIONS"
+    by_key = {o.key: o for o in OPTIONS}
+    assert app_config_key(by_key["maxConnections"]) == "PROTOFLASK_MAX_CONNECTIONS"
     assert app_config_key(FLOW_OPTIONS[2], True) == "PROTOFLASK_FLOW_CONTROL_MIN_CREDITS"
 
 

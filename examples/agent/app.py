@@ -3,12 +3,13 @@
 Every text a client completes (MESSAGE_END) is answered inside a run the agent starts
 itself (``server.start_run``): the agent calls its ``search`` tool (``server.call_tool``;
 the client sees the tool's progress as TOOL_UPDATEs and its TOOL_DONE), streams its reply
-from a fake model generator as MESSAGE_PART tokens, and ends the run with
-``server.finish_run``. A client that sends ``RUN_CANCEL`` for the run stops the reply
-within one token: the run ends ``cancelled`` (RUN_FINISHED status cancelled, the
-``runCancelled`` signal), the open reply is closed with MESSAGE_END, and nothing more is
-streamed. The server's own text echo is off (``PROTOFLASK_ECHO_MESSAGES=False``): the
-agent answers instead.
+from a fake model generator with ``server.stream_text`` (tokens coalesced into
+MESSAGE_PARTs, at most one part per 50 ms), and ends the run with ``server.finish_run``.
+A client that sends ``RUN_CANCEL`` for the run stops the reply within one token:
+``stream_text`` checks the run before every token, closes the reply with MESSAGE_END and
+returns; the run has already ended ``cancelled`` (RUN_FINISHED status cancelled, the
+``runCancelled`` signal). The server's own text echo is off
+(``PROTOFLASK_ECHO_MESSAGES=False``): the agent answers instead.
 
 Run it (from the repository root):
 
@@ -23,9 +24,10 @@ import logging
 from typing import Any, Iterator, Mapping
 
 import gevent
+import gevent.pool
 from flask import Flask
 
-from protoflask import ProtoError, ProtoServer, Run, ToolBlueprint, ToolCancelled, messages
+from protoflask import ProtoError, ProtoServer, ToolBlueprint, ToolCancelled
 
 log = logging.getLogger("agent")
 
@@ -35,10 +37,10 @@ NOTES = [
     {"title": "Cancel stops a run", "text": "RUN_CANCEL ends a run with status cancelled."},
 ]
 
-FILLER = ("protoflask streams this reply one token at a time inside a run that you may "
-          "cancel whenever you like: the agent checks its run before every token, so a "
+FILLER = ("protoflask streams this reply token by token inside a run that you may cancel "
+          "whenever you like: stream_text checks the run before every token, so a "
           "RUN_CANCEL stops the stream at once and the run ends cancelled. Tokens come "
-          "from a generator here; a real model client would stream them the same way.")
+          "from a generator here; a real model client streams them the same way.")
 
 
 # -- the agent's tools -------------------------------------------------------------------
@@ -64,11 +66,13 @@ def search(params: dict[str, Any], session_id: str, call_id: str, server: Any) -
     return {"hits": hits}
 
 
-def fake_model(prompt: str, hits: list[dict[str, Any]]) -> Iterator[str]:
-    """Stands in for a streaming model client: the reply, token by token."""
+def fake_model(prompt: str, hits: list[dict[str, Any]], delay: float) -> Iterator[str]:
+    """Stands in for a streaming model client: the reply, token by token. With a real
+    SDK: ``(event.delta for event in client.responses.stream(...))``."""
     found = " ".join(f"{h['title']}: {h['text']}" for h in hits)
     reply = f"You asked: {prompt.strip()} I found {len(hits)} notes. {found} {FILLER}"
     for word in reply.split():
+        gevent.sleep(delay)  # the model thinking (cooperative under gevent)
         yield word + " "
 
 
@@ -81,10 +85,9 @@ class Agent:
     def __init__(self, server: ProtoServer, token_delay: float) -> None:
         self.server = server
         self.token_delay = token_delay
-        #: (session_id, run_id) -> the greenlet answering in that run
-        self.active: dict[tuple[str, str], gevent.Greenlet] = {}
+        #: the greenlets answering right now (one per open run)
+        self.answers = gevent.pool.Group()
         server.on("textMessage", self.on_text)
-        server.on("runCancelled", self.on_run_cancelled)
 
     def on_text(self, session_id: str, message: dict[str, Any]) -> None:
         if message["type"] != "MESSAGE_END":
@@ -95,37 +98,20 @@ class Agent:
         except ProtoError as exc:  # e.g. MAX_RUNS_EXCEEDED: this text goes unanswered
             log.warning("session %s: cannot start a run: %s", session_id, exc)
             return
-        key = (session_id, run["runId"])
-        self.active[key] = gevent.spawn(self.answer, session_id, run["runId"],
-                                        message["payload"]["text"])
-
-    def on_run_cancelled(self, session_id: str, run: Run) -> None:
-        greenlet = self.active.pop((session_id, run.run_id), None)
-        if greenlet is not None:
-            # Stop at the next switch (a token's sleep or the tool call); answer() also
-            # checks ``active`` before each token, so none is sent after this point.
-            greenlet.kill(block=False)
+        # answer in a greenlet of its own: this listener runs in the connection's greenlet
+        self.answers.spawn(self.answer, session_id, run["runId"], message["payload"]["text"])
 
     def answer(self, session_id: str, run_id: str, prompt: str) -> None:
-        key = (session_id, run_id)
         server = self.server
-        reply_id: str | None = None
         try:
             result = server.call_tool(session_id, "search", {"query": prompt}, run_id=run_id)
-            reply_id = f"{run_id}-reply"
-            self._send(session_id, messages.text_start(reply_id))
-            tokens = 0
-            for token in fake_model(prompt, result["hits"]):
-                if key not in self.active:
-                    return  # cancelled
-                self._send(session_id, messages.text_part(reply_id, token))
-                tokens += 1
-                gevent.sleep(self.token_delay)
-            self._send(session_id, messages.text_end(reply_id))
-            reply_id = None
-            server.finish_run(session_id, run_id, summary={"tokens": tokens})
-        except (ToolCancelled, gevent.GreenletExit):
-            pass  # RUN_CANCEL (or TOOL_CANCEL): the run already ended cancelled
+            reply = server.stream_text(
+                session_id, fake_model(prompt, result["hits"], self.token_delay), run_id=run_id)
+            if reply.complete:  # else RUN_CANCEL (the run already ended) or session gone
+                server.finish_run(session_id, run_id,
+                                  summary={"parts": reply.parts, "chars": len(reply.text)})
+        except ToolCancelled:
+            pass  # RUN_CANCEL during the search: the run already ended cancelled
         except ProtoError as exc:  # the session expired, or the client ended the run
             log.info("session %s run %s: %s", session_id, run_id, exc)
         except Exception as exc:
@@ -135,17 +121,6 @@ class Agent:
                                   error={"code": "AGENT_ERROR", "message": str(exc)})
             except ProtoError:
                 pass
-        finally:
-            if reply_id is not None:  # close a reply the cancel interrupted
-                try:
-                    self._send(session_id, messages.text_end(reply_id))
-                except ProtoError:
-                    pass
-            if self.active.get(key) is gevent.getcurrent():
-                del self.active[key]
-
-    def _send(self, session_id: str, out: messages.Outbound) -> None:
-        self.server.send_message(session_id, out.to_dict())
 
 
 # -- the app -------------------------------------------------------------------------------
