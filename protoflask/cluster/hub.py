@@ -467,6 +467,61 @@ class RedisHub(Hub):
             "node": node if alive else None,
         }
 
+    #: Session records a dashboard poll reads at most (SCAN of {p}:s:*): its cost stays
+    #: bounded however many sessions the cluster holds; beyond it the list is partial.
+    SCAN_LIMIT = 10_000
+
+    def sessions_elsewhere(self, user_id: str | None, limit: int) -> tuple[list[dict[str, Any]],
+                                                                         bool]:
+        rows: list[dict[str, Any]] = []
+        complete = True
+        try:
+            keys: list[bytes] = []
+            for key in self.redis.scan_iter(match=self.keys.session("*"), count=500):
+                if len(keys) >= self.SCAN_LIMIT:
+                    complete = False
+                    break
+                keys.append(key)
+            pipe = self.redis.pipeline(transaction=False)
+            for key in keys:
+                pipe.hmget(key, "user", "node")
+            owners = pipe.execute() if keys else []
+            wanted = [key for key, (user, node) in zip(keys, owners, strict=True)
+                      if user is not None and (user_id is None or user.decode() == user_id)
+                      and (node or b"").decode() != self.node_id]
+            pipe = self.redis.pipeline(transaction=False)
+            for key in wanted:
+                pipe.hmget(key, "node", "connected", "transport", "state")
+            records = pipe.execute() if wanted else []
+            alive = {n.decode() for n in self.redis.zrangebyscore(
+                self.keys.nodes, now_ms() - NODE_TTL_MS, "+inf")}
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
+            return [], False
+        prefix = len(self.keys.session(""))
+        for key, (node, connected, transport, state) in zip(wanted, records, strict=True):
+            if state is None:
+                continue  # expired between the two reads
+            session_id = key.decode()[prefix:]
+            if session_id in self._local:
+                continue
+            data = orjson.loads(state)
+            holder = (node or b"").decode()
+            live = holder in alive
+            rows.append({
+                "id": session_id, "userId": data["user"],
+                "transport": (transport or b"").decode() or None if live else None,
+                "connected": live and connected == b"1",
+                "handshakeCompleted": data["handshake"],
+                "lastActivity": data["last_activity"],
+                "lastClientSeq": data["upstream_seq"],
+                "lastDeliveredSeq": data["downstream_seq"],
+                "activeRuns": len(data["runs"]),
+                "node": holder if live else None,
+            })
+        rows.sort(key=lambda r: r["lastActivity"], reverse=True)
+        return rows[:limit], complete
+
     def _node_alive(self, node_id: str) -> bool:
         return bool(self.redis.exists(self.keys.node(node_id)))
 
