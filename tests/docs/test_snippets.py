@@ -33,6 +33,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -46,7 +47,7 @@ from protoflask.auth import TokenAuthority
 from ..support import ROOT, SECRET, free_listener, timeout, wait_for
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FENCE = re.compile(r"^```(python|py|python3)\s*$")
+FENCE = re.compile(r"^(\s*)```(python|py|python3)\s*$")
 MARKER = re.compile(r"^<!--\s*snippet:\s*(\w+)\s*(?:\((.*)\))?\s*-->\s*$")
 KINDS = ("skip", "server")
 RUN_TIMEOUT = 60.0
@@ -82,16 +83,18 @@ def extract(path: Path) -> Iterator[Snippet]:
     lines = path.read_text(encoding="utf-8").splitlines()
     n = 0
     while n < len(lines):
-        if FENCE.match(lines[n]):
-            start = n
+        fence = FENCE.match(lines[n])
+        if fence:  # also indented, in a list item
+            start, indent = n, fence.group(1)
             before = next((lines[k] for k in range(n - 1, -1, -1) if lines[k].strip()), "")
             marker = MARKER.match(before.strip())
             body: list[str] = []
             n += 1
-            while n < len(lines) and not lines[n].startswith("```"):
-                body.append(lines[n])
+            while n < len(lines) and not lines[n].strip().startswith("```"):
+                body.append(lines[n][len(indent):] if lines[n].startswith(indent) else lines[n])
                 n += 1
-            yield Snippet(path, start + 1, "\n".join(body) + "\n",
+            code = textwrap.dedent("\n".join(body)) + "\n"
+            yield Snippet(path, start + 1, code,
                           marker.group(1) if marker else None,
                           (marker.group(2) or "").strip() if marker else "")
         n += 1
@@ -244,3 +247,37 @@ def run_server(snippet: Snippet, script: Path, env: dict[str, str], port: int,
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def test_extract_reads_fences_markers_and_indented_blocks(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text(textwrap.dedent("""\
+        Intro.
+
+        ```python
+        print(1)
+        ```
+
+        <!-- snippet: skip (needs a GPU) -->
+
+        ```py
+        import torch
+        ```
+
+        - a list item:
+
+          ```python
+          if True:
+              print(2)
+          ```
+
+        ```sh
+        echo not python
+        ```
+        """), encoding="utf-8")
+    found = list(extract(doc))
+    assert [(s.line, s.kind, s.reason, s.code) for s in found] == [
+        (3, None, "", "print(1)\n"),
+        (9, "skip", "needs a GPU", "import torch\n"),
+        (15, None, "", "if True:\n    print(2)\n"),
+    ]
