@@ -282,42 +282,85 @@ def test_quickstart_serve_dev_then_chat(tmp_path):
         serve.wait()
 
 
-def test_chat_prompts_on_a_terminal(live):
-    """On a terminal, chat shows a `you> ` prompt, prints the reply as `agent> ...` and
-    prompts again (docs/CLIENT.md)."""
-    import pty
-    import select
+class Terminal:
+    """A command run on a pseudo-terminal (stdin, stdout and stderr), as a person runs it."""
 
-    primary, secondary = pty.openpty()
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        import pty
+
+        self.primary, secondary = pty.openpty()
+        self.proc = subprocess.Popen(args, stdin=secondary, stdout=secondary,
+                                     stderr=secondary, env=env)
+        os.close(secondary)
+        self.seen = b""
+
+    def _read(self) -> None:
+        import select
+
+        if select.select([self.primary], [], [], 0.05)[0]:
+            try:
+                self.seen += os.read(self.primary, 4096)
+            except OSError:  # the command exited and closed its side
+                pass
+
+    def read_until(self, needle: bytes, count: int = 1) -> None:
+        def found() -> bool:
+            self._read()
+            return self.seen.count(needle) >= count
+        try:
+            wait_for(found, within=20, what=repr(needle))
+        except AssertionError:
+            raise AssertionError(f"{needle!r} never showed on the terminal: {self.seen!r}") \
+                from None
+
+    def type(self, data: bytes) -> None:
+        os.write(self.primary, data)
+
+    def wait(self) -> int:
+        code = self.proc.wait(timeout(15))
+        for _ in range(5):
+            self._read()
+        return code
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        os.close(self.primary)
+
+
+def tty_env(live) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PROTOFLASK_URL"}
     env["PROTOFLASK_TOKEN"] = live.server.issue_token("tty")
     env["PROTOFLASK_DEV_TOKEN_FILE"] = "/nonexistent/dev-token.json"
-    proc = subprocess.Popen([*console_script(), "chat", "--url", live.server.base_url],
-                            stdin=secondary, stdout=secondary, stderr=secondary, env=env)
-    os.close(secondary)
-    seen = b""
+    return env
 
-    def read_until(needle: bytes, count: int = 1) -> None:
-        nonlocal seen
 
-        def more() -> bool:
-            nonlocal seen
-            if select.select([primary], [], [], 0.05)[0]:
-                try:
-                    seen += os.read(primary, 4096)
-                except OSError:
-                    pass
-            return seen.count(needle) >= count
-        wait_for(more, within=20, what=f"{needle!r} on the terminal; got {seen!r}")
-
+def test_chat_prompts_on_a_terminal(live):
+    """On a terminal, chat shows a `you> ` prompt, prints the reply as `agent> ...` and
+    prompts again (docs/CLIENT.md)."""
+    term = Terminal([*console_script(), "chat", "--url", live.server.base_url], tty_env(live))
     try:
-        read_until(b"you> ")
-        os.write(primary, b"hello tty\n")
-        read_until(b"agent> hello tty")
-        read_until(b"you> ", count=2)
-        os.write(primary, b"\x04")  # Ctrl-D
-        assert proc.wait(timeout(15)) == 0
+        term.read_until(b"you> ")
+        term.type(b"hello tty\n")
+        term.read_until(b"agent> hello tty")
+        term.read_until(b"you> ", count=2)
+        term.type(b"\x04")  # Ctrl-D
+        assert term.wait() == 0
     finally:
-        proc.kill()
-        proc.wait()
-        os.close(primary)
+        term.close()
+
+
+def test_call_bar_on_a_terminal_ends_complete(live):
+    """On a terminal the bar is redrawn in place and, once the result is in, left drawn
+    full with `done` (the tool's last update said 50%)."""
+    term = Terminal([*console_script(), "call", "halfway", "--url", live.server.base_url],
+                    tty_env(live))
+    try:
+        assert term.wait() == 0
+        screen = term.seen.decode()
+        assert "[##########..........]  50.0%" in screen
+        last = screen.split("\r\x1b[K")[-1]  # what is left on the line after the redraws
+        assert last.startswith("[####################] 100.0% done\r\n"), screen
+        assert '"ok": true' in last
+    finally:
+        term.close()
