@@ -71,8 +71,9 @@
     show("stat-averageLatency", st.averageLatency);
     show("stat-errorRate", st.errorRate, (st.errorRate * 100).toFixed(2) + " %");
     show("stat-uptime", st.uptime, duration(st.uptime));
-    $("stat-transports").textContent = Object.entries(data.transports)
-      .map(([kind, t]) => `${kind} ${t.active}`).join(" · ");
+    const here = (data.scope || {}).stats === "cluster" ? "this node: " : "";
+    const kinds = Object.entries(data.transports).map(([kind, t]) => `${kind} ${t.active}`);
+    $("stat-transports").textContent = here + (kinds.join(" · ") || (here ? "none" : ""));
     const g = data.gauges;
     show("gauge-sessions", g.connected, `${g.connected} / ${g.disconnected}`);
     show("gauge-pending", g.pending);

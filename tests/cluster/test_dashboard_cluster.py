@@ -52,3 +52,33 @@ def test_one_server_says_its_figures_are_its_own(make_server):
     view = data(server)
     assert view["scope"]["stats"] == "server" and view["scope"]["nodes"] == 1
     assert view["node"] is None
+
+
+def test_the_page_says_whose_figures_it_shows(make_node):
+    """In Chromium: the page names the answering node, calls the stats cluster-wide,
+    marks the transports line as this node's, and lists the session another node holds."""
+    from ..integration.test_browser import CHROMIUM, CHROMIUM_ARGS, require_chromium
+
+    require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    a, b = make_node(), make_node()
+    token = a.issue_token("alice")
+    with WSClient(b.base_url, token) as elsewhere:
+        remote_id = elsewhere.hello()["payload"]["session"]
+        wait_for(lambda: data(a, token)["scope"]["nodes"] == 2, within=10, what="two nodes")
+        with sync_playwright() as pw:
+            chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = chromium.new_page()
+                page.goto(f"{a.base_url}/#token={token}")
+                rows = f"#sessions tr[data-session='{remote_id}']"
+                wait_for(lambda: page.query_selector(rows) is not None, within=10,
+                         what="the other node's session in the table")
+                scope = page.inner_text("#dash-scope")
+                assert "Cluster-wide figures (2 live nodes)" in scope
+                assert f"answered by node {a.hub.node_id}" in scope
+                assert page.inner_text("#stat-transports") == "this node: none"
+                assert f"on node {b.hub.node_id}" in page.inner_text(rows)
+            finally:
+                chromium.close()
