@@ -106,8 +106,15 @@ def _dev_url() -> str | None:
     return url if isinstance(url, str) and url else None
 
 
-def _default_url() -> str:
-    return os.environ.get("PROTOFLASK_URL") or _dev_url() or DEFAULT_URL
+def _default_url() -> tuple[str, str]:
+    """The client commands' URL when --url is not given, and where it came from."""
+    if os.environ.get("PROTOFLASK_URL"):
+        return os.environ["PROTOFLASK_URL"], "from PROTOFLASK_URL"
+    dev = _dev_url()
+    if dev:
+        return dev, (f"saved by `protoflask serve --dev` in {dev_token_file()}: is that "
+                     "server still running?")
+    return DEFAULT_URL, "the default; pass --url or set PROTOFLASK_URL"
 
 
 def _dev_token_for(url: str) -> str | None:
@@ -589,8 +596,9 @@ def _detail_text(detail: Any) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    url_from = "--url"
     if getattr(args, "url", "") is None:
-        args.url = _default_url()
+        args.url, url_from = _default_url()
     run: Callable[[argparse.Namespace], int] = args.run
     name = f"protoflask {args.command}"
     try:
@@ -610,7 +618,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
         if isinstance(exc, ConnectionFailed):
-            print(f"{name}: server unreachable: {exc.message}", file=sys.stderr)
+            hint = f" ({args.url}: {url_from})" if url_from != "--url" else ""
+            print(f"{name}: server unreachable: {exc.message}{hint}", file=sys.stderr)
             return EXIT_CONNECTION
         if isinstance(exc, (ConnectionRefused, ConnectionLost)):
             print(f"{name}: {exc}", file=sys.stderr)

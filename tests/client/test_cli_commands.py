@@ -202,6 +202,14 @@ def test_unreachable_server(tmp_path):
     assert proc.stderr.startswith("protoflask ping: server unreachable:")
     stats = run("stats", "--url", f"http://127.0.0.1:{port}", tmp_path=tmp_path)
     assert stats.returncode == 3 and "unreachable" in stats.stderr
+    # a dev token file left by a `serve --dev` that died: the message says where the URL
+    # came from
+    (tmp_path / "dev-token.json").write_text(json.dumps(
+        {"url": f"http://127.0.0.1:{port}", "token": "t"}))
+    stale = run("ping", tmp_path=tmp_path)
+    assert stale.returncode == 3
+    assert stale.stderr.startswith("protoflask ping: server unreachable:")
+    assert f"saved by `protoflask serve --dev` in {tmp_path / 'dev-token.json'}" in stale.stderr
 
 
 def test_bad_flags(tmp_path):
