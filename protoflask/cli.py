@@ -1,15 +1,15 @@
-"""The ``protoflask`` command.
+"""The `protoflask` command.
 
-Server side: ``serve`` (flags generated from the configuration table; ``--dev`` for a
-random secret and a ready token) and ``token``. Client side, on protoflask.client:
-``ping``, ``chat``, ``call``, ``stats``.
+Server side: `serve` (flags generated from the configuration table; `--dev` for a random
+secret and a ready token) and `token`. Client side, on protoflask.client: `ping`, `chat`,
+`call`, `tools`, `stats`.
 
 Exit codes: 0 success, 1 the server answered with an error (a tool failed, a run was
 refused), 2 bad usage (flags, JSON, no token), 3 no session (unreachable server, refused
 connection such as 401 INVALID_TOKEN, lost session), 130 interrupted.
 
-``serve`` runs protoflask's own gevent server in this process, which suits development
-and small deployments; production runs ``gunicorn -k gevent wsgi:app`` (README).
+`serve` runs protoflask's own gevent server in this process, which suits development
+and small deployments; production runs `gunicorn -k gevent wsgi:app` (README).
 """
 
 from __future__ import annotations
@@ -25,6 +25,26 @@ from typing import Any, Callable, Sequence
 
 EXIT_SERVER_ERROR, EXIT_USAGE, EXIT_CONNECTION, EXIT_INTERRUPTED = 1, 2, 3, 130
 DEFAULT_URL = "http://127.0.0.1:8080"
+
+#: What `protoflask --help` shows (plain text: argparse prints it as it is).
+DESCRIPTION = """\
+protoflask: a real-time agent protocol server and its command-line client.
+
+  protoflask serve --dev            run a development server (prints a ready token)
+  protoflask chat                   type lines, see the replies
+  protoflask call add '{"a": 2, "b": 40}'
+  protoflask tools                  the server's tools and their schemas
+  protoflask ping | stats
+
+Run `protoflask COMMAND --help` for a command's options."""
+
+EPILOG = """\
+exit codes: 0 success, 1 the server answered with an error, 2 bad usage,
+3 no session (unreachable, refused, lost), 130 interrupted"""
+
+#: The next steps `serve --dev` prints, the same as the README's quickstart.
+DEV_HINTS = ("protoflask chat", "protoflask call add '{\"a\": 2, \"b\": 40}'",
+             "protoflask tools", "protoflask ping", "protoflask stats")
 
 
 class UsageError(Exception):
@@ -75,6 +95,28 @@ def _forget_dev_token(token: str) -> None:
         pass
 
 
+def _dev_url() -> str | None:
+    """The URL of the server whose `serve --dev` token is saved (the client commands'
+    default when neither --url nor PROTOFLASK_URL is given)."""
+    try:
+        saved = json.loads(dev_token_file().read_text())
+    except (OSError, ValueError):
+        return None
+    url = saved.get("url") if isinstance(saved, dict) else None
+    return url if isinstance(url, str) and url else None
+
+
+def _default_url() -> tuple[str, str]:
+    """The client commands' URL when --url is not given, and where it came from."""
+    if os.environ.get("PROTOFLASK_URL"):
+        return os.environ["PROTOFLASK_URL"], "from PROTOFLASK_URL"
+    dev = _dev_url()
+    if dev:
+        return dev, (f"saved by `protoflask serve --dev` in {dev_token_file()}: is that "
+                     "server still running?")
+    return DEFAULT_URL, "the default; pass --url or set PROTOFLASK_URL"
+
+
 def _dev_token_for(url: str) -> str | None:
     try:
         saved = json.loads(dev_token_file().read_text())
@@ -98,6 +140,20 @@ def _flag(attr: str, flow: bool) -> str:
 _NO_FLAG = {"jwtSecret", "devMode"}
 
 
+def _shown_default(opt: Any) -> str:
+    """A default as a person reads it in --help (never `None` or an empty string)."""
+    default = opt.default
+    if default is None:
+        return "unset"
+    if isinstance(default, (list, tuple)):
+        return ",".join(default) or "empty"
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    text = str(default)
+    # argparse expands %-formats in help strings
+    return text.replace("%", "%%") if text else "empty"
+
+
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per row of config.OPTIONS / FLOW_OPTIONS, so they cannot drift apart."""
     from .config import FLOW_OPTIONS, OPTIONS
@@ -108,8 +164,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         for opt in options:
             if opt.key in _NO_FLAG:
                 continue
-            default = ",".join(opt.default) if opt.kind is list else opt.default
-            help_text = f"{opt.doc} (env {opt.env}, default {default})"
+            shown = _shown_default(opt) + (", 127.0.0.1 with --dev" if opt.key == "host"
+                                           else "")
+            help_text = f"{opt.doc.replace('%', '%%')} (env {opt.env}; default: {shown})"
             dest = ("flow." if flow else "") + opt.key
             kwargs: dict[str, Any] = {"dest": dest, "default": None, "help": help_text}
             if opt.kind is bool:
@@ -154,6 +211,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.dev:
         config["devMode"] = True
         config.setdefault("nodeEnv", "development")
+        if not os.environ.get("HOST"):  # a development server is not for the network
+            config.setdefault("host", "127.0.0.1")
     try:
         server = ProtoServer(config)
     except ConfigError as exc:
@@ -171,15 +230,17 @@ def _serve(args: argparse.Namespace) -> int:
     token = server.dev_token
     if token:
         saved = _save_dev_token(base, token)
-        print("development mode: random secret; a token for user 'dev':\n"
-              f"  {token}\n"
-              f"  ws://{host}:{server.port}/proto/websocket?token={token}\n"
-              # in the fragment: the page reads it, the browser never sends it
-              f"dashboard: {base}/#token={token}\n"
-              f"export PROTOFLASK_TOKEN={token}\n"
-              + (f"(saved to {saved}: `protoflask chat --url {base}` in another terminal "
-                 "uses it)" if saved else ""),
-              flush=True)
+        # The token appears once (a token in a URL ends up in histories and logs).
+        lines = ["development mode: a random secret and a token for user 'dev':",
+                 f"export PROTOFLASK_TOKEN={token}",
+                 f"dashboard and playground: {base}/  (paste the token there)"]
+        if saved:
+            lines.append(f"the token is saved in {saved} for the client commands; "
+                         "in another terminal try:")
+        else:
+            lines.append("in another terminal, after the export line above, try:")
+        lines += [f"  {hint}" for hint in DEV_HINTS]
+        print("\n".join(lines), flush=True)
     try:
         server.serve_forever()
     finally:
@@ -294,9 +355,18 @@ def _chat(args: argparse.Namespace) -> int:
     sent = 0
     with _client(args, on_message=on_message) as client:
         if interactive:
-            print(f"connected over {args.transport} (session {client.session_id}); "
-                  "type a message, Ctrl-D to quit", file=sys.stderr)
-        for line in sys.stdin:
+            print(f"connected to {args.url} over {args.transport} (session "
+                  f"{client.session_id}); type a message and Enter, Ctrl-D to quit",
+                  file=sys.stderr)
+        while True:
+            if interactive:  # the prompt; replies come on stdout as "agent> ..."
+                sys.stderr.write("you> ")
+                sys.stderr.flush()
+            line = sys.stdin.readline()
+            if not line:
+                if interactive:
+                    sys.stderr.write("\n")
+                break
             text = line.rstrip("\n")
             if not text:
                 continue
@@ -314,19 +384,39 @@ def _chat(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_bar(progress: float | None, status: str, partial: Any) -> None:
-    """TOOL_UPDATE on stderr: a bar redrawn in place on a terminal, a line each otherwise."""
-    if progress is None:
-        line = f"{status.lower():<8}"
-    else:
+class _ProgressBar:
+    """TOOL_UPDATE on stderr: a bar redrawn in place on a terminal, a line each otherwise;
+    `finish` draws the end state (100% done, or how the call ended)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.shown = False
+
+    @staticmethod
+    def _bar(progress: float) -> str:
         filled = int(max(0.0, min(100.0, progress)) / 5)
-        line = f"[{'#' * filled}{'.' * (20 - filled)}] {progress:5.1f}%"
-    if sys.stderr.isatty():
-        _progress_bar.drawn = True  # type: ignore[attr-defined]
-        sys.stderr.write("\r" + line)
-    else:
-        sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+        return f"[{'#' * filled}{'.' * (20 - filled)}] {progress:5.1f}%"
+
+    def _write(self, line: str, end: str = "") -> None:
+        self.shown = True
+        if self.tty:
+            sys.stderr.write("\r\033[K" + line + end)
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def __call__(self, progress: float | None, status: str, partial: Any) -> None:
+        if progress is None:
+            self._write(f"{status.lower():<8}")
+        else:
+            self._write(self._bar(progress))
+
+    def finish(self, outcome: str) -> None:
+        """`done` draws a full bar; anything else (failed, cancelled) ends the bar with
+        that word. Nothing is drawn for a call that never reported progress."""
+        if not self.shown:
+            return
+        self._write(self._bar(100.0) + " done" if outcome == "done" else outcome, end="\n")
 
 
 def _call(args: argparse.Namespace) -> int:
@@ -336,15 +426,63 @@ def _call(args: argparse.Namespace) -> int:
         raise UsageError(f"params are not JSON: {exc}") from None
     if not isinstance(params, dict):
         raise UsageError("params must be a JSON object, e.g. '{\"a\": 1}'")
+    bar = _ProgressBar()
     with _client(args) as client:
         try:
-            result = client.call_tool(args.tool, params, on_progress=_progress_bar,
+            result = client.call_tool(args.tool, params, on_progress=bar,
                                       timeout=args.call_timeout)
-        finally:
-            if getattr(_progress_bar, "drawn", False):  # clear the terminal's bar
-                sys.stderr.write("\r\033[K")
+        except Exception as exc:
+            code = getattr(exc, "code", "")
+            bar.finish("cancelled" if code == "CANCELLED" else "failed")
+            raise
+        bar.finish("done")
     print(json.dumps(result, indent=2 if sys.stdout.isatty() else None))
     return 0
+
+
+def _tools(args: argparse.Namespace) -> int:
+    """TOOL_LIST over the protocol: what a client of this server may call."""
+    with _client(args) as client:
+        tools = client.list_tools(timeout=args.timeout)
+    tools = sorted(tools, key=lambda t: str(t.get("name", "")))
+    if args.json:
+        print(json.dumps(tools, indent=2))
+        return 0
+    for n, tool in enumerate(tools):
+        if n:
+            print()
+        print(f"{tool.get('name')}: {tool.get('description') or ''}".rstrip())
+        for label, key in (("input", "inputSchema"), ("output", "outputSchema")):
+            schema = tool.get(key)
+            if schema:
+                print(f"  {label}: {json.dumps(schema, sort_keys=False)}")
+    if not tools:
+        print("(the server has no tools)")
+    return 0
+
+
+def _duration(ms: float) -> str:
+    seconds = int(ms // 1000)
+    if seconds < 60:
+        return f"{ms / 1000:.1f} s"
+    minutes, seconds = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    parts = [(days, "d"), (hours, "h"), (minutes, "min"), (seconds, "s")]
+    shown = [f"{v} {unit}" for v, unit in parts if v]
+    return " ".join(shown[:3])
+
+
+#: /stats fields, how each is shown, and its unit (the JSON's own units: ms, ratios).
+_STAT_ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("activeConnections", "active connections", lambda v: f"{v}"),
+    ("totalConnections", "connections since start", lambda v: f"{v}"),
+    ("totalMessages", "messages received", lambda v: f"{v}"),
+    ("messagesPerSecond", "message rate", lambda v: f"{v:.1f} msg/s"),
+    ("averageLatency", "average latency", lambda v: f"{v:.2f} ms"),
+    ("errorRate", "error rate", lambda v: f"{v * 100:.2f} %"),
+    ("uptime", "uptime", lambda v: _duration(v)),
+)
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -366,78 +504,143 @@ def _stats(args: argparse.Namespace) -> int:
             conn.close()
     if resp.status != 200:
         raise refused(resp.status, body)
-    print(json.dumps(json.loads(body), indent=2))
+    stats = json.loads(body)
+    if args.json:
+        print(json.dumps(stats, indent=2))
+        return 0
+    print(f"{args.url}/stats")
+    for key, label, show in _STAT_ROWS:
+        if isinstance(stats.get(key), (int, float)):
+            print(f"  {label + ':':<25}{show(stats[key])}")
+    nodes = stats.get("nodes")
+    if isinstance(nodes, list) and nodes:
+        print(f"  {'nodes:':<25}{len(nodes)} (figures above are cluster-wide)")
+        for node in nodes:
+            if isinstance(node, dict):
+                print(f"    {node.get('node')}: {node.get('activeConnections')} active "
+                      f"connections, {node.get('messagesPerSecond') or 0:.1f} msg/s")
     return 0
 
 
 # -- the parser ---------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="protoflask", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _command(sub: Any, name: str, summary: str, description: str,
+             parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
+    """A subcommand with a one-line summary (in `protoflask --help`) and a description
+    (first in `protoflask NAME --help`)."""
+    return sub.add_parser(name, help=summary, description=description, parents=list(parents),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    serve = sub.add_parser("serve", help="run the server (config from flags, then the env)")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="protoflask", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                title="commands")
+
+    serve = _command(sub, "serve", "run the server",
+                     "Run protoflask's own gevent server in this process (production runs "
+                     "gunicorn -k gevent wsgi:app).\nEach option below overrides its "
+                     "environment variable; the secret comes only from JWT_SECRET.")
     serve.add_argument("--dev", action="store_true",
-                       help="development mode: random secret, prints a ready token and "
-                            "saves it for the client commands")
+                       help="development mode: a random secret, 127.0.0.1 unless --host or "
+                            "HOST is given, and a ready token, printed and saved for the "
+                            "client commands")
     _add_config_flags(serve)
     serve.set_defaults(run=_serve)
 
-    token = sub.add_parser("token", help="issue a token signed with JWT_SECRET, or with a "
-                                         "private key (--private-key)")
-    token.add_argument("--user", required=True)
-    token.add_argument("--expires", default=None, help="30s, 15m, 24h, 7d or seconds")
-    token.add_argument("--secret", default=None, help="defaults to $JWT_SECRET")
+    token = _command(sub, "token", "issue a token signed with JWT_SECRET or a private key",
+                     "Print a JWT for a user, signed with JWT_SECRET (or --secret), or with "
+                     "a private key (--private-key) as an identity provider would sign it, "
+                     "for a server given the public half (JWT_PUBLIC_KEY or JWKS_URL).")
+    token.add_argument("--user", required=True, help="the user id (the token's sub)")
+    token.add_argument("--expires", default=None,
+                       help="lifetime: 30s, 15m, 24h, 7d or seconds (default: JWT_EXPIRES_IN,"
+                            " else 24h)")
+    token.add_argument("--secret", default=None, help="the HMAC secret (default: $JWT_SECRET)")
     token.add_argument("--private-key", default=None, metavar="PEM",
-                       help="sign with this private key file instead (RS/PS/ES/EdDSA), for a "
-                            "server given the public key (JWT_PUBLIC_KEY or JWKS_URL)")
+                       help="sign with this private key file instead (RSA, EC or Ed25519)")
     token.add_argument("--alg", default=None,
-                       help="with --private-key: RS256 (RSA), ES256 (P-256), EdDSA, ...; "
-                            "default: the key type's first")
-    token.add_argument("--kid", default=None, help="with --private-key: the key id header")
+                       help="with --private-key: RS256, PS256, ES256, EdDSA, ... (default: "
+                            "RS256 for RSA, else the key's only algorithm)")
+    token.add_argument("--kid", default=None, help="with --private-key: the kid header")
     token.add_argument("--aud", default=None, help="with --private-key: the aud claim")
     token.add_argument("--iss", default=None, help="with --private-key: the iss claim")
     token.set_defaults(run=_token)
 
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=os.environ.get("PROTOFLASK_URL", DEFAULT_URL),
-                        help="server base URL (env PROTOFLASK_URL, default %(default)s)")
-    common.add_argument("--token", default=None,
-                        help="a JWT (default: $PROTOFLASK_TOKEN, else the token a local "
-                             "`serve --dev` saved)")
-    common.add_argument("--transport", choices=("ws", "sse", "stream"), default="ws",
-                        help="WebSocket, SSE + POST, or the NDJSON HTTP stream (default ws)")
-    common.add_argument("--timeout", type=float, default=10.0,
-                        help="seconds to wait for the server (default 10)")
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--url", default=None,
+                       help="server base URL (default: $PROTOFLASK_URL, else the server a "
+                            f"local `serve --dev` is running, else {DEFAULT_URL})")
+    where.add_argument("--timeout", type=float, default=10.0,
+                       help="seconds to wait for the server (default: 10)")
+    session = argparse.ArgumentParser(add_help=False)
+    session.add_argument("--token", default=None,
+                         help="a JWT (default: $PROTOFLASK_TOKEN, else the token a local "
+                              "`serve --dev` saved)")
+    session.add_argument("--transport", choices=("ws", "sse", "stream"), default="ws",
+                         help="ws (WebSocket), sse (SSE + POST) or stream (NDJSON over "
+                              "HTTP) (default: ws)")
+    common = (where, session)
 
-    ping = sub.add_parser("ping", parents=[common], help="round-trip times to the server")
-    ping.add_argument("--count", "-c", type=int, default=4)
-    ping.add_argument("--interval", type=float, default=0.2, help="seconds between pings")
+    ping = _command(sub, "ping", "round-trip times to the server",
+                    "Open a session and time PING/PONG round trips.", common)
+    ping.add_argument("--count", "-c", type=int, default=4,
+                      help="how many pings (default: 4)")
+    ping.add_argument("--interval", type=float, default=0.2,
+                      help="seconds between pings (default: 0.2)")
     ping.set_defaults(run=_ping)
 
-    chat = sub.add_parser("chat", parents=[common],
-                          help="send stdin lines as texts, print the server's replies")
+    chat = _command(sub, "chat", "send lines as texts, print the replies",
+                    "On a terminal: prompts `you> `, sends each line as a text and waits for "
+                    "the reply.\nWith piped input: sends every line, prints the replies, "
+                    "exits once they are in.", common)
     chat.add_argument("--wait", type=float, default=5.0,
-                      help="seconds to wait for a reply (default 5)")
+                      help="seconds to wait for a reply (default: 5)")
     chat.set_defaults(run=_chat)
 
-    call = sub.add_parser("call", parents=[common],
-                          help="call a tool: progress on stderr, result JSON on stdout")
-    call.add_argument("tool")
-    call.add_argument("params", nargs="?", default="{}", help="JSON object (default {})")
+    call = _command(sub, "call", "call a tool",
+                    "Call a tool: progress on stderr, the result as JSON on stdout; a "
+                    "refused call prints\nthe error code and the reasons (e.g. which "
+                    "params fail the tool's inputSchema).", common)
+    call.add_argument("tool", help="the tool's name (see `protoflask tools`)")
+    call.add_argument("params", nargs="?", default="{}",
+                      help="the params, a JSON object (default: {})")
     call.add_argument("--call-timeout", type=float, default=None,
                       help="seconds to wait for the result (default: no limit)")
     call.set_defaults(run=_call)
 
-    stats = sub.add_parser("stats", parents=[common], help="GET /stats (no token needed)")
+    tools = _command(sub, "tools", "list the server's tools and their schemas",
+                     "List the tools this server offers (TOOL_LIST), with their input and "
+                     "output schemas.", common)
+    tools.add_argument("--json", action="store_true",
+                       help="print the server's list as JSON")
+    tools.set_defaults(run=_tools)
+
+    stats = _command(sub, "stats", "server statistics (no token needed)",
+                     "GET /stats: connections, message rate, latency, error rate, uptime "
+                     "(cluster-wide when\nthe server runs on Redis).", (where,))
+    stats.add_argument("--json", action="store_true", help="print the /stats JSON as it is")
     stats.set_defaults(run=_stats)
     return parser
 
 
+def _detail_text(detail: Any) -> str:
+    """Schema errors (``[{path, message}]``) one per line; any other detail as JSON."""
+    if detail is None:
+        return ""
+    if isinstance(detail, list) and detail and all(
+            isinstance(d, dict) and "message" in d for d in detail):
+        return "".join(f"\n  {d.get('path') or '(top level)'}: {d['message']}" for d in detail)
+    return f" {json.dumps(detail)}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    url_from = "--url"
+    if getattr(args, "url", "") is None:
+        args.url, url_from = _default_url()
     run: Callable[[argparse.Namespace], int] = args.run
     name = f"protoflask {args.command}"
     try:
@@ -457,7 +660,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
         if isinstance(exc, ConnectionFailed):
-            print(f"{name}: server unreachable: {exc.message}", file=sys.stderr)
+            hint = f" ({args.url}: {url_from})" if url_from != "--url" else ""
+            print(f"{name}: server unreachable: {exc.message}{hint}", file=sys.stderr)
             return EXIT_CONNECTION
         if isinstance(exc, (ConnectionRefused, ConnectionLost)):
             print(f"{name}: {exc}", file=sys.stderr)
@@ -466,8 +670,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{name}: {exc.message}", file=sys.stderr)
             return EXIT_CONNECTION
         if isinstance(exc, ProtoClientError):
-            detail = f" {json.dumps(exc.detail)}" if exc.detail is not None else ""
-            print(f"{name}: {exc.code}: {exc.message}{detail}", file=sys.stderr)
+            print(f"{name}: {exc.code}: {exc.message}{_detail_text(exc.detail)}",
+                  file=sys.stderr)
             return EXIT_SERVER_ERROR
         raise
 

@@ -9,6 +9,12 @@ Routes (config ``dashboard``, on by default):
     GET /dashboard/static/<f>    its script and style sheet
     GET /dashboard/data          JSON: public aggregates; sessions and tools with a token
 
+In a cluster (Redis), every poll may land on another worker: ``stats`` are cluster-wide
+(as /stats: summed over the live nodes, with ``nodes``), and the session list includes the
+user's sessions held or kept by other workers and nodes (read through the hub, from the
+shared session records). ``transports``, ``history`` and ``gauges`` are the answering
+worker's own; ``scope`` says which figures are whose, and ``node`` who answered.
+
 What needs a token: the aggregates (counts, rates, history, queue depths) are as public
 as /stats. The per-session list and the tool list need a valid token (Bearer or
 ``?token=``) and list only that user's own sessions; in development mode (``devMode``)
@@ -80,8 +86,15 @@ def dashboard_data(server: "ProtoServer", user: str | None, since: int) -> dict[
     stats = engine.stats
     sessions = list(engine.hub.sessions())
     everyone = server.config.dev_mode
+    overall = engine.hub.cluster_stats(stats.snapshot(now_ms()))
+    clustered = "nodes" in overall
     out: dict[str, Any] = {
-        "stats": stats.snapshot(now_ms()),
+        "stats": overall,
+        "node": overall.get("node"),
+        "scope": {"stats": "cluster" if clustered else "server",
+                  "nodes": len(overall["nodes"]) if clustered else 1,
+                  "transports": "node", "history": "node", "gauges": "node",
+                  "sessions": "cluster" if clustered else "server"},
         "transports": {kind: {"active": stats.connections_active.get(kind, 0),
                               "opened": opened}
                        for kind, opened in sorted(stats.connections_opened.items())},
@@ -93,9 +106,16 @@ def dashboard_data(server: "ProtoServer", user: str | None, since: int) -> dict[
     if user is None and not everyone:
         return out
     visible = sessions if everyone else [s for s in sessions if s.user_id == user]
-    visible.sort(key=lambda s: s.core.last_activity, reverse=True)
-    out["sessionsListed"] = len(visible)
-    out["sessions"] = [_session_row(s) for s in visible[:MAX_LISTED_SESSIONS]]
+    rows = [_session_row(s) for s in visible]
+    elsewhere, complete = engine.hub.sessions_elsewhere(None if everyone else user,
+                                                        MAX_LISTED_SESSIONS)
+    for row in rows:
+        row["node"] = out["node"]
+    rows += elsewhere
+    rows.sort(key=lambda r: r["lastActivity"], reverse=True)
+    out["sessionsListed"] = len(rows)
+    out["sessionsComplete"] = complete
+    out["sessions"] = rows[:MAX_LISTED_SESSIONS]
     out["tools"] = [t.to_dict() for t in engine.tools]
     return out
 

@@ -217,6 +217,13 @@ class Hub(abc.ABC):
         """Statistics for the whole cluster, given this process's own."""
         return local
 
+    def sessions_elsewhere(self, user_id: str | None, limit: int) -> tuple[list[dict[str, Any]],
+                                                                         bool]:
+        """Sessions of ``user_id`` (every user's for None) that other processes hold or
+        keep, as dashboard rows (``lookup``'s fields plus ``transport``), at most
+        ``limit``; and whether the search was complete (a cluster bounds its scan)."""
+        return [], True
+
     def metrics_registry(self, local: "CollectorRegistry") -> "CollectorRegistry":
         """What /metrics serves, given this process's registry: a cluster merges every
         node's, each sample labelled with its node."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import gevent
@@ -97,9 +98,45 @@ def _compile(schema: Any, what: str) -> Any:
     return cls(schema)
 
 
+#: Schema errors reported per failing value, and the longest message kept of each: a
+#: hostile or careless payload (a list of 10,000 wrong items) must not make the ERROR
+#: (or the validation) unbounded. docs/PROTOCOL.md states both limits.
+MAX_SCHEMA_ERRORS = 5
+MAX_SCHEMA_ERROR_CHARS = 200
+
+
+def _truncate(text: str, limit: int = MAX_SCHEMA_ERROR_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _errors(validator: Any, value: Any) -> list[dict[str, Any]]:
-    return [{"path": "/".join(str(p) for p in e.absolute_path), "message": e.message}
-            for e in validator.iter_errors(value)]
+    """At most MAX_SCHEMA_ERRORS + 1 errors (the extra one only says "there are more"),
+    each ``{"path": "a/0/b", "message": ...}`` with the message truncated."""
+    return [{"path": "/".join(str(p) for p in e.absolute_path), "message": _truncate(e.message)}
+            for e in islice(validator.iter_errors(value), MAX_SCHEMA_ERRORS + 1)]
+
+
+def dotted(root: str, path: str) -> str:
+    """``params`` + ``a/0/b`` -> ``params.a[0].b`` (how a person reads a field name)."""
+    out = root
+    for part in path.split("/") if path else ():
+        out += f"[{part}]" if part.isdigit() else f".{part}"
+    return out
+
+
+def schema_failure(root: str, what: str, problems: list[dict[str, Any]]) -> str:
+    """One line naming the first failing field and why, e.g. ``params.a: 'x' is not of
+    type 'number'``, then how many more there are (the full list goes in ``detail``)."""
+    first = problems[0]
+    line = f"{dotted(root, first['path'])}: {first['message']}"
+    more = len(problems) - 1
+    if more >= MAX_SCHEMA_ERRORS:
+        line += f" (and more errors; {what})"
+    elif more:
+        line += f" (and {more} more error{'s' if more > 1 else ''}; {what})"
+    else:
+        line += f" ({what})"
+    return line
 
 
 def _echo(params: dict[str, Any], *_: Any) -> dict[str, Any]:
@@ -302,8 +339,8 @@ class SessionToolRunner:
         problems = tool.result_errors(result)
         if problems:
             self.finish(execution, "error", ToolExecutionError(
-                f"tool {tool.name!r} returned a result that fails its outputSchema",
-                detail=problems))
+                schema_failure("result", f"outputSchema of {tool.name!r}", problems),
+                detail=problems[:MAX_SCHEMA_ERRORS]))
         else:
             self.finish(execution, "completed", result=result)
 
@@ -314,5 +351,6 @@ def check_call(tool: Tool | None, name: str, params: Any) -> None:
         raise ToolNotFound(f"no tool named {name!r}")
     problems = tool.param_errors(params)
     if problems:
-        raise InvalidMessage(f"params do not match the inputSchema of {name!r}",
-                             detail=problems)
+        raise InvalidMessage(
+            schema_failure("params", f"inputSchema of {name!r}", problems),
+            detail=problems[:MAX_SCHEMA_ERRORS])

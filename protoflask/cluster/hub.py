@@ -110,6 +110,8 @@ class RedisHub(Hub):
         self._channel = self.keys.node_channel(self.node_id)
         #: the node's /metrics text, stored every beat for the others' /metrics to merge
         self.publish_metrics: Callable[[], bytes] | None = None
+        #: sessions_elsewhere's recent answers: (user, limit) -> (monotonic time, answer)
+        self._elsewhere_cache: dict[tuple[str | None, int], tuple[float, Any]] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -466,6 +468,77 @@ class RedisHub(Hub):
             "activeRuns": {run[0] for run in state["runs"]},
             "node": node if alive else None,
         }
+
+    #: Session records a dashboard poll reads at most (SCAN of {p}:s:*): its cost stays
+    #: bounded however many sessions the cluster holds (about 0.2 s at 10,000; see
+    #: bench/dashboard_cluster.py); beyond it the list is partial. Answers are reused for
+    #: ELSEWHERE_CACHE_S, so any number of open dashboards costs one scan per second.
+    SCAN_LIMIT = 10_000
+    ELSEWHERE_CACHE_S = 1.0
+
+    def sessions_elsewhere(self, user_id: str | None, limit: int) -> tuple[list[dict[str, Any]],
+                                                                         bool]:
+        cache = self._elsewhere_cache
+        now = time.monotonic()
+        hit = cache.get((user_id, limit))
+        if hit is not None and now - hit[0] < self.ELSEWHERE_CACHE_S:
+            return hit[1]
+        answer = self._scan_sessions(user_id, limit)
+        if len(cache) > 256:
+            cache.clear()
+        cache[(user_id, limit)] = (now, answer)
+        return answer
+
+    def _scan_sessions(self, user_id: str | None, limit: int) -> tuple[list[dict[str, Any]],
+                                                                       bool]:
+        rows: list[dict[str, Any]] = []
+        complete = True
+        try:
+            keys: list[bytes] = []
+            for key in self.redis.scan_iter(match=self.keys.session("*"), count=500):
+                if len(keys) >= self.SCAN_LIMIT:
+                    complete = False
+                    break
+                keys.append(key)
+            pipe = self.redis.pipeline(transaction=False)
+            for key in keys:
+                pipe.hmget(key, "user", "node")
+            owners = pipe.execute() if keys else []
+            wanted = [key for key, (user, node) in zip(keys, owners, strict=True)
+                      if user is not None and (user_id is None or user.decode() == user_id)
+                      and (node or b"").decode() != self.node_id]
+            pipe = self.redis.pipeline(transaction=False)
+            for key in wanted:
+                pipe.hmget(key, "node", "connected", "transport", "state")
+            records = pipe.execute() if wanted else []
+            alive = {n.decode() for n in self.redis.zrangebyscore(
+                self.keys.nodes, now_ms() - NODE_TTL_MS, "+inf")}
+        except UNAVAILABLE as exc:
+            self._went_down(exc)
+            return [], False
+        prefix = len(self.keys.session(""))
+        for key, (node, connected, transport, state) in zip(wanted, records, strict=True):
+            if state is None:
+                continue  # expired between the two reads
+            session_id = key.decode()[prefix:]
+            if session_id in self._local:
+                continue
+            data = orjson.loads(state)
+            holder = (node or b"").decode()
+            live = holder in alive
+            rows.append({
+                "id": session_id, "userId": data["user"],
+                "transport": (transport or b"").decode() or None if live else None,
+                "connected": live and connected == b"1",
+                "handshakeCompleted": data["handshake"],
+                "lastActivity": data["last_activity"],
+                "lastClientSeq": data["upstream_seq"],
+                "lastDeliveredSeq": data["downstream_seq"],
+                "activeRuns": len(data["runs"]),
+                "node": holder if live else None,
+            })
+        rows.sort(key=lambda r: r["lastActivity"], reverse=True)
+        return rows[:limit], complete
 
     def _node_alive(self, node_id: str) -> bool:
         return bool(self.redis.exists(self.keys.node(node_id)))

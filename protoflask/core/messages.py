@@ -148,6 +148,8 @@ def tool_done(call_id: str, status: str, result: Any = None,
         payload["result"] = result
     if error is not None:
         payload["error"] = {"code": error.code, "message": error.message}
+        if error.detail is not None:  # e.g. the schema errors of refused params
+            payload["error"]["detail"] = error.detail
     return Outbound("TOOL_DONE", "AGENT", payload)
 
 

@@ -42,7 +42,27 @@
     return h ? `${h}h ${m}m` : m ? `${m}m ${s % 60}s` : `${s}s`;
   }
 
+  // Whose numbers these are: in a cluster each poll may be answered by another worker,
+  // so the page says which figures are cluster-wide and which are the answering node's.
+  function renderScope(data) {
+    let el = $("dash-scope");
+    if (!el) {
+      el = document.createElement("p");
+      el.id = "dash-scope";
+      el.className = "note";
+      $("dash-status").after(el);
+    }
+    const scope = data.scope || {};
+    el.dataset.scope = scope.stats || "server";
+    el.textContent = scope.stats === "cluster"
+      ? `Cluster-wide figures (${scope.nodes} live node${scope.nodes === 1 ? "" : "s"}); ` +
+        `this poll was answered by node ${data.node}, whose own are the transports line, ` +
+        "the sessions/pending/tools cards and the charts."
+      : "Figures of this server (one process).";
+  }
+
   function render(data) {
+    renderScope(data);
     const st = data.stats;
     show("stat-activeConnections", st.activeConnections);
     show("stat-totalConnections", st.totalConnections);
@@ -51,8 +71,9 @@
     show("stat-averageLatency", st.averageLatency);
     show("stat-errorRate", st.errorRate, (st.errorRate * 100).toFixed(2) + " %");
     show("stat-uptime", st.uptime, duration(st.uptime));
-    $("stat-transports").textContent = Object.entries(data.transports)
-      .map(([kind, t]) => `${kind} ${t.active}`).join(" · ");
+    const here = (data.scope || {}).stats === "cluster" ? "this node: " : "";
+    const kinds = Object.entries(data.transports).map(([kind, t]) => `${kind} ${t.active}`);
+    $("stat-transports").textContent = here + (kinds.join(" · ") || (here ? "none" : ""));
     const g = data.gauges;
     show("gauge-sessions", g.connected, `${g.connected} / ${g.disconnected}`);
     show("gauge-pending", g.pending);
@@ -77,22 +98,26 @@
       note.textContent = "Enter a token to list your sessions (development mode lists all).";
       return;
     }
-    note.textContent = access.sessions === "all"
+    note.textContent = (access.sessions === "all"
       ? `All sessions (development mode): ${data.sessionsListed}`
-      : `Sessions of user ${access.user}: ${data.sessionsListed}`;
+      : `Sessions of user ${access.user}: ${data.sessionsListed}`)
+      + (data.sessionsComplete === false ? " (partial: the cluster holds too many to scan)" : "");
     for (const s of data.sessions) {
       const tr = document.createElement("tr");
       tr.dataset.session = s.id;
       cell(tr, s.id, "mono");
       cell(tr, s.userId);
       cell(tr, s.transport || "–");
+      if (s.node) tr.title = `held by node ${s.node}`;
       cell(tr, s.connected ? "yes" : "no (kept for resume)");
       cell(tr, new Date(s.lastActivity).toLocaleTimeString());
       cell(tr, String(s.lastClientSeq));
       cell(tr, String(s.lastDeliveredSeq));
-      cell(tr, String(s.pendingMessages));
+      // a session another node holds has only its shared record: no live queues here
+      cell(tr, s.pendingMessages === undefined ? "–" : String(s.pendingMessages));
       cell(tr, String(s.activeRuns));
-      cell(tr, `${s.toolsRunning} running, ${s.toolsQueued} queued`);
+      cell(tr, s.toolsRunning === undefined ? `on node ${s.node || "none"}`
+        : `${s.toolsRunning} running, ${s.toolsQueued} queued`);
       body.appendChild(tr);
     }
   }

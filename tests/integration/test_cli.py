@@ -20,15 +20,19 @@ def read_port(proc: subprocess.Popen, marker: str) -> int:
     return int(line.split(":")[-1].split()[0].split("/")[0])
 
 
-def test_cli_serve_dev_prints_a_token_that_works_and_stops_on_sigterm():
+def test_cli_serve_dev_prints_a_token_that_works_and_stops_on_sigterm(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "JWT_SECRET"}
+    env["PROTOFLASK_DEV_TOKEN_FILE"] = str(tmp_path / "dev-token.json")  # not ~/.cache
     proc = subprocess.Popen([sys.executable, "-m", "protoflask.cli", "serve", "--dev",
                              "--host", "127.0.0.1", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={k: v for k, v in os.environ.items() if k != "JWT_SECRET"})
+                            env=env)
     try:
         port = read_port(proc, "listening on http://")
         assert "development mode" in proc.stdout.readline()
-        token = proc.stdout.readline().strip()
+        export = proc.stdout.readline().strip()
+        assert export.startswith("export PROTOFLASK_TOKEN=")
+        token = export.split("=", 1)[1]
         from ..support import WSClient
 
         with WSClient(f"http://127.0.0.1:{port}", token) as client:
