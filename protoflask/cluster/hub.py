@@ -13,7 +13,15 @@ memory, exactly like LocalHub, and shares through Redis (see ``keys``):
 
 Redis being unreachable degrades, it does not stop: local sessions keep working from
 memory, ``health()`` says "degraded", what only Redis can do raises ClusterUnavailable,
-and once Redis answers again every local session is copied over again.
+and once Redis answers again every local session is copied over again. The same holds
+for any failure of the journal or of the background greenlets: logged once, "degraded",
+retried with backoff, never raised into a transport.
+
+Tool calls belong to the node that runs them. A session taken over from a node that is
+gone (killed, stopped, cut off for longer than NODE_TTL_MS) ends each call that was
+running there with one TOOL_DONE ERROR (TOOL_EXECUTION_ERROR, "node ... was lost"), which
+frees its call_id; a call still running on a live node is watched every beat and ended
+the same way if that node dies before it reports.
 """
 
 from __future__ import annotations
@@ -32,10 +40,16 @@ import gevent.event
 import orjson
 
 from ..core import handoff, messages
-from ..core.errors import ERRORS_BY_CODE, ClusterUnavailable, ProtoError, SessionNotFound
+from ..core.errors import (
+    ERRORS_BY_CODE,
+    ClusterUnavailable,
+    ProtoError,
+    SessionNotFound,
+    ToolExecutionError,
+)
 from ..core.session import CLOSE_SUPERSEDED
 from ..hub import OPERATIONS, Hub, LiveSession, broadcast_local, now_ms
-from .journal import Journal
+from .journal import Journal, decode_state
 from .keys import Keys, pack_entry, unpack_entry
 from .nodes import aggregate_stats
 from .redis_client import UNAVAILABLE, connect
@@ -73,15 +87,18 @@ return 0
 """
 
 # Let a session go, unless another node took it meanwhile (a late release must not undo
-# the new holder's record). KEYS: session hash, inbox. ARGV: node, user, ttl ms, state,
+# the new holder's record). KEYS: session hash, inbox. ARGV: node, user, ttl ms, state
+# (empty: keep the stored one), calls_on (JSON call_id -> node running it; empty: none),
 # then messages still waiting for credit, in order (they go before anything queued since).
 LET_GO = """
 local holder = redis.call('HGET', KEYS[1], 'node')
 if holder and holder ~= '' and holder ~= ARGV[1] then return 0 end
-for i = #ARGV, 5, -1 do redis.call('LPUSH', KEYS[2], ARGV[i]) end
-if #ARGV >= 5 then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
-redis.call('HSET', KEYS[1], 'user', ARGV[2], 'node', '', 'connected', 0, 'transport', '',
-           'state', ARGV[4])
+for i = #ARGV, 6, -1 do redis.call('LPUSH', KEYS[2], ARGV[i]) end
+if #ARGV >= 6 then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
+redis.call('HSET', KEYS[1], 'user', ARGV[2], 'node', '', 'connected', 0, 'transport', '')
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'state', ARGV[4]) end
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'calls_on', ARGV[5])
+else redis.call('HDEL', KEYS[1], 'calls_on') end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 """
@@ -103,6 +120,10 @@ class RedisHub(Hub):
         self._local: dict[str, LiveSession] = {}
         # sessions that moved to another node while tools of theirs still run here
         self._moved_away: dict[str, LiveSession] = {}
+        # sessions held here with calls that run on another (live) node: sid -> {call_id:
+        # node}; stored in the record's calls_on, watched every beat
+        self._remote_calls: dict[str, dict[str, str]] = {}
+        self._background_failing: str | None = None  # the beat's last unexpected failure
         self._engine: "Engine | None" = None
         self._journal: Journal | None = None
         self._greenlets: list[gevent.Greenlet] = []
@@ -190,19 +211,28 @@ class RedisHub(Hub):
 
     def _write_record(self, live: LiveSession) -> None:
         transport = live.transport
+        record: dict[str, Any] = {
+            "user": live.user_id, "node": self.node_id, "connected": int(live.core.connected),
+            "transport": transport.kind if transport is not None else ""}
+        state = self._state(live)
+        if state:
+            record["state"] = state
         try:
             pipe = self.redis.pipeline(transaction=False)
             key = self.keys.session(live.id)
-            pipe.hset(key, mapping={
-                "user": live.user_id, "node": self.node_id,
-                "connected": int(live.core.connected),
-                "transport": transport.kind if transport is not None else "",
-                "state": orjson.dumps(handoff.export_state(live.core)),
-            })
+            pipe.hset(key, mapping=record)
             pipe.pexpire(key, self.ttl_ms)
             pipe.execute()
         except UNAVAILABLE as exc:
             self._went_down(exc)
+
+    def _state(self, live: LiveSession) -> bytes:
+        """The session's state as stored in Redis; empty when it cannot be encoded."""
+        return self.journal.state_of(live)
+
+    def state_changed(self, live: LiveSession) -> None:
+        if live.id in self._local:
+            self.journal.note_state(live)
 
     # -- delivery ----------------------------------------------------------------------
 
@@ -316,22 +346,103 @@ class RedisHub(Hub):
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(key, "node", self.node_id)
         pipe.hget(key, "state")
+        pipe.hget(key, "calls_on")
         pipe.lrange(self.keys.replay(session_id), 0, -1)
         pipe.lrange(self.keys.inbox(session_id), 0, -1)
         pipe.delete(self.keys.inbox(session_id))
-        _, state, replay, inbox, _ = pipe.execute()
+        _, state, calls_on, replay, inbox, _ = pipe.execute()
         if state is None:
             return None
         now = now_ms()
-        core = handoff.restore(orjson.loads(state), self.engine.settings, now,
+        core = handoff.restore(decode_state(state), self.engine.settings, now,
                                (unpack_entry(item) for item in replay))
         if core.disconnected_at is not None:
             core.disconnected_at = now  # kept replayWindowTime from its move, as any detach
         live = self.engine.adopt(core)
         self._hold(live)
         self._apply_queued(live, inbox)
+        self._adopt_calls(live, holder, decode_state(calls_on) if calls_on else {})
         log.info("session %s taken over from %s", session_id, holder or "no node")
         return live
+
+    # -- tool calls whose node may be gone ---------------------------------------------
+
+    def _adopt_calls(self, live: LiveSession, holder: str, runs_on: dict[str, str]) -> None:
+        """A session just taken over: each of its open calls runs on the node that
+        ``runs_on`` names, else on its last holder. Calls of a node that is gone end now;
+        those of a live node are watched (``_watch_calls``) until they report."""
+        watched: dict[str, str] = {}
+        orphans: dict[str, str] = {}
+        alive: dict[str, bool] = {}
+        moved = self._moved_away.get(live.id)
+        for call_id in list(live.core.calls):
+            node = runs_on.get(call_id) or holder
+            if node == self.node_id:
+                if moved is not None and moved.runner is not None \
+                        and call_id in moved.runner.executions:
+                    continue  # back where it runs: it reports here (_forward_moved)
+                orphans[call_id] = node  # this node ran it before a restart of its own
+            elif node and alive.setdefault(node, self._node_alive(node)):
+                watched[call_id] = node
+            else:
+                orphans[call_id] = node
+        self._remote_calls.pop(live.id, None)
+        if watched:
+            self._remote_calls[live.id] = watched
+        self._store_calls_on(live.id, watched)
+        for call_id, node in orphans.items():
+            self._end_orphan(live, call_id, node)
+
+    def _end_orphan(self, live: LiveSession, call_id: str, node: str) -> None:
+        """The call's node is gone: its one TOOL_DONE (ERROR), which frees its call_id."""
+        log.warning("session %s: tool call %s was running on node %s, which was lost; "
+                    "ending it", live.id, call_id, node or "(unknown)")
+        live.fail_call(call_id, ToolExecutionError(
+            f"tool call {call_id!r} was running on node {node or '(unknown)'}, which was "
+            "lost; it will not finish"))
+        self.cancel_elsewhere(live.id, call_id)  # should that node be alive after all
+
+    def _store_calls_on(self, session_id: str, remote: dict[str, str]) -> None:
+        """Record which calls run on other nodes, for whoever takes the session over
+        next (calls not named there run on the holder)."""
+        key = self.keys.session(session_id)
+        if remote:
+            self.redis.hset(key, "calls_on", orjson.dumps(remote))
+        else:
+            self.redis.hdel(key, "calls_on")
+
+    def _settle_calls(self, session_id: str) -> None:
+        """Forget watched calls that have ended."""
+        watched = self._remote_calls.get(session_id)
+        if watched is None:
+            return
+        live = self._local.get(session_id)
+        if live is None:
+            del self._remote_calls[session_id]
+            return
+        ended = [cid for cid in watched if cid not in live.core.calls]
+        for cid in ended:
+            del watched[cid]
+        if not watched:
+            del self._remote_calls[session_id]
+        if ended:
+            self._store_calls_on(session_id, watched)
+
+    def _watch_calls(self) -> None:
+        """Every beat: end the watched calls whose node died before they reported."""
+        alive: dict[str, bool] = {}
+        for sid in list(self._remote_calls):
+            self._settle_calls(sid)
+            watched = self._remote_calls.get(sid)
+            live = self._local.get(sid)
+            if not watched or live is None:
+                continue
+            dead = {cid: node for cid, node in watched.items()
+                    if not alive.setdefault(node, self._node_alive(node))}
+            if dead:
+                for cid, node in dead.items():
+                    self._end_orphan(live, cid, node)
+                self._settle_calls(sid)
 
     def _ask_release(self, holder: str, session_id: str) -> None:
         token = uuid.uuid4().hex
@@ -369,10 +480,14 @@ class RedisHub(Hub):
         live.core.pending.clear()
         self._local.pop(live.id, None)
         live.journal = None
+        remote = self._remote_calls.pop(live.id, {})
+        # every open call runs here unless it was watched running elsewhere
+        calls_on = {cid: remote.get(cid, self.node_id) for cid in live.core.calls}
         try:
             written = self.redis.eval(
                 LET_GO, 2, self.keys.session(live.id), self.keys.inbox(live.id), self.node_id,
-                live.user_id, self.ttl_ms, orjson.dumps(handoff.export_state(live.core)),
+                live.user_id, self.ttl_ms, self._state(live),
+                orjson.dumps(calls_on) if calls_on else b"",
                 *(orjson.dumps({"name": "send", "args": [ob]}) for ob in waiting))
             if not written:
                 log.warning("session %s was taken over by another node before this one let "
@@ -430,6 +545,9 @@ class RedisHub(Hub):
                 del self._moved_away[sid]
 
     def _forward_moved(self, session_id: str, op: str, args: tuple[Any, ...]) -> bool:
+        back = self._local.get(session_id)
+        if back is not None:  # the session came back here while the call ran
+            return back.apply(op, args)
         try:
             return self._deliver_remote(session_id, op, args)
         except ProtoError as exc:
@@ -453,7 +571,7 @@ class RedisHub(Hub):
         except UNAVAILABLE as exc:
             self._went_down(exc)
             raise ClusterUnavailable("Redis is unreachable") from exc
-        state = orjson.loads(record[b"state"])
+        state = decode_state(record[b"state"])
         return {
             "id": session_id,
             "userId": state["user"],
@@ -482,7 +600,7 @@ class RedisHub(Hub):
         except UNAVAILABLE as exc:
             self._went_down(exc)
         return {**aggregate_stats([own, *others]), "node": self.node_id,
-                "cluster": "degraded" if self.degraded else "ok"}
+                "cluster": self.health()}
 
     def metrics_registry(self, local: "CollectorRegistry") -> "CollectorRegistry":
         from prometheus_client import generate_latest
@@ -504,7 +622,11 @@ class RedisHub(Hub):
         return {n: t.decode() for n, t in zip(ids, texts, strict=True) if t}
 
     def health(self) -> str:
-        return "degraded" if self.degraded else "ok"
+        """"degraded" while this node cannot write to Redis: unreachable, lost our data
+        and not yet copied over again, the journal failing, a background failure."""
+        journal_ok = self._journal is None or self._journal.alive
+        return "ok" if not self.degraded and journal_ok and self._background_failing is None \
+            else "degraded"
 
     def _node_meta(self) -> dict[str, Any]:
         sessions = self.sessions()
@@ -540,6 +662,8 @@ class RedisHub(Hub):
                         pipe.pexpire(self.keys.replay(sid), self.ttl_ms)
                     refreshed_at = now
                 self._forget_finished_moves()
+                if self._remote_calls:
+                    self._watch_calls()
                 pipe.spop(self.keys.queued_for(self.node_id), 100_000)  # atomic take-all
                 results = pipe.execute()
                 kept, waiting = results[0], results[-1]
@@ -551,9 +675,16 @@ class RedisHub(Hub):
                 if self.degraded:
                     self._recover()
                 failures = 0
+                if self._background_failing is not None:
+                    log.warning("cluster beat works again")
+                    self._background_failing = None
                 gevent.sleep(BEAT_MS / 1000.0)
             except UNAVAILABLE as exc:
                 self._went_down(exc)
+                failures += 1
+                gevent.sleep(backoff(failures))
+            except Exception as exc:  # noqa: BLE001 - the beat must outlive any bug or reply
+                self._background_failed("beat", exc)
                 failures += 1
                 gevent.sleep(backoff(failures))
 
@@ -571,6 +702,10 @@ class RedisHub(Hub):
                     self._handle(message)
             except UNAVAILABLE as exc:
                 self._went_down(exc)
+                failures += 1
+                gevent.sleep(backoff(failures))
+            except Exception as exc:  # noqa: BLE001 - keep listening whatever happened
+                self._background_failed("listener", exc)
                 failures += 1
                 gevent.sleep(backoff(failures))
             finally:
@@ -606,6 +741,8 @@ class RedisHub(Hub):
         live = self._local.get(sid)
         if live is not None:
             result = live.apply(name, args)
+            if name in ("tool_done", "fail_call") and sid in self._remote_calls:
+                self._settle_calls(sid)
         else:  # it moved on since the sender looked
             result = self._deliver_remote(sid, name, args, data["hops"] + 1)
         pipe = self.redis.pipeline(transaction=False)
@@ -627,7 +764,13 @@ class RedisHub(Hub):
             pass  # already reported downstream; the posting node answered the HTTP 400
 
     def _journal_failed(self, exc: BaseException, session_ids: set[str]) -> None:
-        self._went_down(exc)
+        """A journal write failed (it logged why): degraded until the next beat copies
+        every window over again, whatever the failure was."""
+        if isinstance(exc, UNAVAILABLE):
+            self._went_down(exc)
+            return
+        self.degraded = True
+        self.journal.paused = True
 
     def _went_down(self, exc: BaseException) -> None:
         if not self.degraded:
@@ -637,15 +780,31 @@ class RedisHub(Hub):
         if self._journal is not None:
             self._journal.paused = True
 
+    def _background_failed(self, what: str, exc: Exception) -> None:
+        """An unexpected failure in the beat or the listener: logged once per series,
+        reported by /health, retried with backoff."""
+        if self._background_failing is None:
+            log.error("cluster %s failed; retrying with backoff", what, exc_info=exc)
+        self._background_failing = f"{what}: {type(exc).__name__}: {exc}"
+        self.degraded = True
+        if self._journal is not None:
+            self._journal.paused = True
+
     def _recover(self) -> None:
-        """Redis answers again: copy every local session over again, then deliver what
-        was queued for them meanwhile."""
+        """Redis takes writes again: journal from now on, copy every local session over
+        again (a message stamped meanwhile is in the copy, or appended after it; the
+        journal skips what the copy already holds), then deliver what was queued for
+        them meanwhile. Anything failing on the way leaves the node degraded, and the
+        next beat starts again."""
+        self.journal.paused = False
         for live in self.sessions():
             self._rewrite(live)
         self._drain_inboxes()
+        if self.journal.paused:  # a write failed meanwhile (it said why)
+            return
+        self.journal.resumed()
         self.degraded = False
-        self.journal.paused = False
-        log.warning("Redis at %s is reachable again; %d sessions copied over", self.url,
+        log.warning("Redis at %s takes writes again; %d sessions copied over", self.url,
                     len(self._local))
 
     def _rewrite(self, live: LiveSession) -> None:
