@@ -137,3 +137,51 @@ def test_a_client_resumes_on_another_node_after_its_node_is_killed(
                 c.drop()
         a.stop()
         b.stop()
+
+
+def test_a_call_running_on_a_killed_node_ends_once_and_frees_its_call_id(
+        cluster_env: dict[str, str]) -> None:
+    """The holder dies (SIGKILL, worker and master) mid-call: the session resumed on the
+    other node gets exactly one TOOL_DONE for it, ERROR / TOOL_EXECUTION_ERROR saying the
+    node was lost, and the call_id can be used again."""
+    import os
+    import signal
+
+    a = GunicornServer(cluster_env, app=APP)
+    b = GunicornServer(cluster_env, app=APP)
+    client = None
+    try:
+        wait_for(lambda: len(stats(b.base_url).get("nodes", [])) == 2, within=10,
+                 what="both nodes in the cluster")
+        worker = requests.get(a.base_url + "/test/pid", timeout=timeout(5)).json()["pid"]
+        client = WSClient(a.base_url, token("alice"))
+        client.hello()
+        client.send("TOOL_CALL", payload={"call_id": "c1", "tool": "slow", "params": {}})
+        seen = int(client.recv_type("TOOL_UPDATE", call_id="c1")["seq"])
+
+        os.kill(worker, signal.SIGKILL)  # the node dies: nothing of it runs on
+        a.kill()
+
+        resumed = WSClient(b.base_url, token("alice"), session=client.session_id,
+                           last_seq=seen)
+        try:
+            resumed.envelopes = client.envelopes
+            done = resumed.recv_type("TOOL_DONE", within=15, call_id="c1")
+            assert done["payload"]["status"] == "ERROR"
+            assert done["payload"]["error"]["code"] == "TOOL_EXECUTION_ERROR"
+            assert "lost" in done["payload"]["error"]["message"]
+            resumed.send("TOOL_CALL", payload={"call_id": "c1", "tool": "add",
+                                               "params": {"a": 2, "b": 40}})
+            again = resumed.recv_type("TOOL_DONE", call_id="c1")
+            assert again["payload"]["status"] == "OK", again
+            resumed.send("PING", "SYSTEM", {"nonce": "end"})
+            resumed.recv_type("PONG", nonce="end")
+            assert [m["payload"]["status"] for m in resumed.received
+                    if m["type"] == "TOOL_DONE"] == ["ERROR", "OK"]
+        finally:
+            resumed.close()
+    finally:
+        if client is not None:
+            client.drop()
+        a.stop()
+        b.stop()
