@@ -33,7 +33,7 @@ import os
 import socket
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, cast
 
 import gevent
 import gevent.event
@@ -52,10 +52,11 @@ from ..hub import OPERATIONS, Hub, LiveSession, broadcast_local, now_ms
 from .journal import Journal, decode_state
 from .keys import Keys, pack_entry, unpack_entry
 from .nodes import aggregate_stats
-from .redis_client import UNAVAILABLE, connect
+from .redis_client import UNAVAILABLE, connect, text
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+    from redis.typing import EncodableT, FieldT
 
     from ..engine import Engine
 
@@ -211,7 +212,7 @@ class RedisHub(Hub):
 
     def _write_record(self, live: LiveSession) -> None:
         transport = live.transport
-        record: dict[str, Any] = {
+        record: dict["FieldT", "EncodableT"] = {
             "user": live.user_id, "node": self.node_id, "connected": int(live.core.connected),
             "transport": transport.kind if transport is not None else ""}
         state = self._state(live)
@@ -246,21 +247,22 @@ class RedisHub(Hub):
                         hops: int = 0) -> bool:
         item = {"name": op, "args": encode_args(op, args)}
         try:
-            user, node = self.redis.hmget(self.keys.session(session_id), "user", "node")
+            user, raw_node = self.redis.hmget(self.keys.session(session_id), "user", "node")
             if user is None:
                 raise SessionNotFound(f"no session {session_id!r}")
-            if node and node.decode() != self.node_id and hops < MAX_HOPS:
+            node = text(raw_node) if raw_node else ""
+            if node and node != self.node_id and hops < MAX_HOPS:
                 # Wait for the holder to queue it, so that what the application sends next,
                 # from any node, comes after it.
                 reply = self.keys.reply(uuid.uuid4().hex)
-                sent = self.redis.publish(self.keys.node_channel(node.decode()), orjson.dumps(
+                sent = self.redis.publish(self.keys.node_channel(node), orjson.dumps(
                     {"op": "deliver", "sid": session_id, "hops": hops, "reply": reply,
                      **item}))
                 if sent:
                     answer = self.redis.blpop([reply], timeout=DELIVERY_WAIT)
                     if answer is None:
                         log.warning("node %s did not confirm %s for session %s within %.0fs",
-                                    node.decode(), op, session_id, DELIVERY_WAIT)
+                                    node, op, session_id, DELIVERY_WAIT)
                         return True
                     return answer[1] == b"1"
             # No node heard it: the next one to take the session over sends this first, or
@@ -268,9 +270,9 @@ class RedisHub(Hub):
             pipe = self.redis.pipeline(transaction=False)
             pipe.rpush(self.keys.inbox(session_id), orjson.dumps(item))
             pipe.pexpire(self.keys.inbox(session_id), self.ttl_ms)
-            if node and node.decode() != self.node_id:
-                pipe.sadd(self.keys.queued_for(node.decode()), session_id)
-                pipe.pexpire(self.keys.queued_for(node.decode()), self.ttl_ms)
+            if node and node != self.node_id:
+                pipe.sadd(self.keys.queued_for(node), session_id)
+                pipe.pexpire(self.keys.queued_for(node), self.ttl_ms)
             pipe.execute()
             return True
         except UNAVAILABLE as exc:
@@ -293,11 +295,11 @@ class RedisHub(Hub):
     def forward_upstream(self, session_id: str, user_id: str, body: bytes) -> bool:
         try:
             user, node = self.redis.hmget(self.keys.session(session_id), "user", "node")
-            if user is None or user.decode() != user_id:
+            if user is None or text(user) != user_id:
                 raise SessionNotFound(f"no session {session_id!r} for this user")
-            if not node or node.decode() == self.node_id:
+            if not node or text(node) == self.node_id:
                 return False
-            return bool(self.redis.publish(self.keys.node_channel(node.decode()), orjson.dumps(
+            return bool(self.redis.publish(self.keys.node_channel(text(node)), orjson.dumps(
                 {"op": "upstream", "sid": session_id, "user": user_id,
                  "body": base64.b64encode(body).decode()})))
         except UNAVAILABLE as exc:
@@ -312,7 +314,7 @@ class RedisHub(Hub):
         key = self.keys.session(session_id)
         try:
             user = self.redis.hget(key, "user")
-            if user is None or user.decode() != user_id:
+            if user is None or text(user) != user_id:
                 return None
             with self._claim_lock(session_id):
                 return self._take_over(session_id, key)
@@ -340,7 +342,7 @@ class RedisHub(Hub):
         """Under the claim lock: ask a live holder to let go, then take the session's
         record, state, window and queued deliveries in one transaction."""
         node = self.redis.hget(key, "node")
-        holder = node.decode() if node else ""
+        holder = text(node) if node else ""
         if holder and holder != self.node_id and self._node_alive(holder):
             self._ask_release(holder, session_id)
         pipe = self.redis.pipeline(transaction=True)
@@ -566,7 +568,7 @@ class RedisHub(Hub):
             record = self.redis.hgetall(self.keys.session(session_id))
             if not record:
                 return None
-            node = record.get(b"node", b"").decode()
+            node = text(record.get(b"node", b""))
             alive = bool(node) and self._node_alive(node)
         except UNAVAILABLE as exc:
             self._went_down(exc)
@@ -592,8 +594,7 @@ class RedisHub(Hub):
         own = {**local, **self._node_meta()}
         others: list[dict[str, Any]] = []
         try:
-            ids = [n.decode() for n in self.redis.zrangebyscore(
-                self.keys.nodes, now_ms() - NODE_TTL_MS, "+inf") if n.decode() != self.node_id]
+            ids = self._other_live_nodes()
             if ids:
                 others = [orjson.loads(raw) for raw in
                           self.redis.mget([self.keys.node(n) for n in ids]) if raw]
@@ -613,13 +614,18 @@ class RedisHub(Hub):
     def node_metrics(self) -> dict[str, str]:
         """The other live nodes' stored /metrics texts, by node id."""
         try:
-            ids = [n.decode() for n in self.redis.zrangebyscore(
-                self.keys.nodes, now_ms() - NODE_TTL_MS, "+inf") if n.decode() != self.node_id]
+            ids = self._other_live_nodes()
             texts = self.redis.mget([self.keys.node_metrics(n) for n in ids]) if ids else []
         except UNAVAILABLE as exc:
             self._went_down(exc)
             return {}
-        return {n: t.decode() for n, t in zip(ids, texts, strict=True) if t}
+        return {n: text(t) for n, t in zip(ids, texts, strict=True) if t}
+
+    def _other_live_nodes(self) -> list[str]:
+        """The ids of the other nodes that beat within NODE_TTL_MS."""
+        members = cast("list[bytes | str]", self.redis.zrangebyscore(
+            self.keys.nodes, now_ms() - NODE_TTL_MS, "+inf"))  # members only, no scores
+        return [node for node in map(text, members) if node != self.node_id]
 
     def health(self) -> str:
         """"degraded" while this node cannot write to Redis: unreachable, lost our data
@@ -810,7 +816,7 @@ class RedisHub(Hub):
     def _rewrite(self, live: LiveSession) -> None:
         sid = live.id
         holder = self.redis.hget(self.keys.session(sid), "node")
-        if holder and holder.decode() not in ("", self.node_id):
+        if holder and text(holder) not in ("", self.node_id):
             self._lost([sid])  # taken over while this node could not reach Redis
             return
         entries = [pack_entry(e.seq, e.stored_at, e.data) for e in live.core.replay]
@@ -837,7 +843,7 @@ class RedisHub(Hub):
 
 def backoff(failures: int) -> float:
     """Seconds before the next attempt: 0.1, 0.2, 0.4 ... up to 5."""
-    return min(5.0, 0.1 * 2 ** min(failures - 1, 6))
+    return min(5.0, 0.1 * 2.0 ** min(failures - 1, 6))
 
 
 # -- delivery operations on the wire ---------------------------------------------------------

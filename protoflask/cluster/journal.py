@@ -99,7 +99,7 @@ def encode_state(state: dict[str, Any]) -> bytes:
         return json.dumps(state, default=str, separators=(",", ":")).encode()
 
 
-def decode_state(raw: bytes) -> dict[str, Any]:
+def decode_state(raw: bytes | str) -> dict[str, Any]:
     """The inverse of ``encode_state``. The standard library's decoder, not orjson's:
     orjson reads an integer beyond 64 bits as a float (it loses digits)."""
     state: dict[str, Any] = json.loads(raw)
