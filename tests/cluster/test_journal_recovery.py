@@ -7,9 +7,11 @@ node replays exactly what they were sent."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable
 
+import pytest
 import redis
 import requests
 
@@ -157,3 +159,29 @@ def test_a_killed_flusher_is_started_again(two_nodes: Nodes) -> None:
 
     run(two_nodes, kill)
     assert a.hub.journal.restarts == 1
+
+
+def test_a_redis_that_refuses_writes_reads_degraded_and_logs_once(
+        two_nodes: Nodes, private_redis: PrivateRedis,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Redis answers but refuses every write (out of memory): /health says degraded for as
+    long as it lasts (the journal cannot write), a handful of lines are logged however
+    many messages go out, and once writes work again nothing was lost."""
+    r = redis.Redis.from_url(private_redis.url)
+
+    def refuse_writes(pair: Pair) -> None:
+        r.config_set("maxmemory", 1)  # noeviction: every write is refused with OOM
+        with caplog.at_level(logging.ERROR, logger="protoflask.cluster"):
+            for _ in range(4):
+                pair.exchange(local=True)  # 20 notes to each client, all delivered
+            wait_for(lambda: health(pair.a) == "degraded" and health(pair.b) == "degraded",
+                     what="both nodes to say they cannot write")
+        lines = [rec for rec in caplog.records if rec.name == "protoflask.cluster"]
+        assert 0 < len(lines) <= 6, [rec.getMessage() for rec in lines]
+        r.config_set("maxmemory", 0)
+
+    try:
+        run(two_nodes, refuse_writes, local=True)
+    finally:
+        r.config_set("maxmemory", 0)
+        r.close()
