@@ -188,6 +188,8 @@ class RedisHub(Hub):
         live = self._local.pop(session_id, None)
         if live is not None:
             live.journal = None
+            self._remote_calls.pop(session_id, None)
+            self.journal.forget(session_id)
             try:  # only if it is still ours (a node that lost it late must not delete it)
                 self.redis.eval(DELETE_IF_HELD, 3, *self.keys.all_of(session_id),
                                 self.node_id)
@@ -391,7 +393,8 @@ class RedisHub(Hub):
         self._remote_calls.pop(live.id, None)
         if watched:
             self._remote_calls[live.id] = watched
-        self._store_calls_on(live.id, watched)
+        if watched or runs_on:
+            self._store_calls_on(live.id, watched)
         for call_id, node in orphans.items():
             self._end_orphan(live, call_id, node)
 

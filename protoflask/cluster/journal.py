@@ -181,6 +181,10 @@ class Journal:
             self._flusher = gevent.spawn(self._flush_forever)
         committed.wait(WAIT_LIMIT)
 
+    def forget(self, session_id: str) -> None:
+        """The session is gone: drop what the journal remembers of it."""
+        self._unencodable.discard(session_id)
+
     def note_state(self, live: "LiveSession") -> None:
         """Write the session's state with the next batch even if it sends nothing."""
         if not self.paused:

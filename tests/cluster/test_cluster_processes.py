@@ -139,13 +139,17 @@ def test_a_client_resumes_on_another_node_after_its_node_is_killed(
         b.stop()
 
 
+@pytest.mark.parametrize("resume", ["at-once", "after-the-node-dropped-out"])
 def test_a_call_running_on_a_killed_node_ends_once_and_frees_its_call_id(
-        cluster_env: dict[str, str]) -> None:
+        cluster_env: dict[str, str], resume: str) -> None:
     """The holder dies (SIGKILL, worker and master) mid-call: the session resumed on the
     other node gets exactly one TOOL_DONE for it, ERROR / TOOL_EXECUTION_ERROR saying the
-    node was lost, and the call_id can be used again."""
+    node was lost, and the call_id can be used again. Resumed at once, the dead node
+    still looks alive (its key lives 3 s): the call is watched and ended when the key
+    goes; resumed later, it is ended as the session is taken over."""
     import os
     import signal
+    import time
 
     a = GunicornServer(cluster_env, app=APP)
     b = GunicornServer(cluster_env, app=APP)
@@ -161,6 +165,10 @@ def test_a_call_running_on_a_killed_node_ends_once_and_frees_its_call_id(
 
         os.kill(worker, signal.SIGKILL)  # the node dies: nothing of it runs on
         a.kill()
+        killed = time.monotonic()
+        if resume != "at-once":
+            wait_for(lambda: len(stats(b.base_url).get("nodes", [])) == 1, within=10,
+                     what="the dead node to drop out")
 
         resumed = WSClient(b.base_url, token("alice"), session=client.session_id,
                            last_seq=seen)
@@ -170,6 +178,7 @@ def test_a_call_running_on_a_killed_node_ends_once_and_frees_its_call_id(
             assert done["payload"]["status"] == "ERROR"
             assert done["payload"]["error"]["code"] == "TOOL_EXECUTION_ERROR"
             assert "lost" in done["payload"]["error"]["message"]
+            print(f"TOOL_DONE ERROR {time.monotonic() - killed:.2f}s after the kill")
             resumed.send("TOOL_CALL", payload={"call_id": "c1", "tool": "add",
                                                "params": {"a": 2, "b": 40}})
             again = resumed.recv_type("TOOL_DONE", call_id="c1")
