@@ -194,3 +194,42 @@ def test_a_call_running_on_a_killed_node_ends_once_and_frees_its_call_id(
             client.drop()
         a.stop()
         b.stop()
+
+
+def test_script_flush_under_gunicorn_is_survived(private_redis: Any) -> None:
+    """SCRIPT FLUSH under two gunicorn nodes: every PING after it is answered, nothing is
+    dropped, new connections work and /health stays ok (before: no PONG, every client
+    dropped, new connections refused, /health ok all along)."""
+    import redis
+
+    env = {"REDIS_URL": private_redis.url, "HEARTBEAT_INTERVAL": "1000"}
+    a = GunicornServer(env, app=APP)
+    b = GunicornServer(env, app=APP)
+    clients: list[WSClient] = []
+    try:
+        wait_for(lambda: len(stats(b.base_url).get("nodes", [])) == 2, within=10,
+                 what="both nodes in the cluster")
+        clients = [WSClient(node.base_url, token(f"user-{i}"))
+                   for i, node in enumerate((a, b))]
+        for c in clients:
+            c.hello()
+        redis.Redis.from_url(private_redis.url).script_flush()
+        for n in range(5):
+            for c, other in zip(clients, (b, a), strict=True):
+                assert send(other.base_url, c.session_id, note(n)).status_code == 200
+        for c in clients:
+            assert notes(c, 5) == [0, 1, 2, 3, 4]
+            c.send("PING", "SYSTEM", {"nonce": "after"})
+            c.recv_type("PONG", nonce="after")
+            seqs = [int(m["seq"]) for m in c.received]
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+        for node in (a, b):
+            with WSClient(node.base_url, token("newcomer")) as fresh:
+                fresh.hello()
+            assert requests.get(node.base_url + "/health",
+                                timeout=timeout(5)).json()["status"] == "ok"
+    finally:
+        for c in clients:
+            c.close()
+        a.stop()
+        b.stop()
