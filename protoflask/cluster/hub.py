@@ -125,6 +125,7 @@ class RedisHub(Hub):
         # node}; stored in the record's calls_on, watched every beat
         self._remote_calls: dict[str, dict[str, str]] = {}
         self._background_failing: str | None = None  # the beat's last unexpected failure
+        self._handle_failing: str | None = None  # the listener's last message failure
         self._engine: "Engine | None" = None
         self._journal: Journal | None = None
         self._greenlets: list[gevent.Greenlet] = []
@@ -741,8 +742,15 @@ class RedisHub(Hub):
                     self._on_cancel(data)
         except UNAVAILABLE:
             raise
-        except Exception:  # one bad message must not stop this node hearing the others
-            log.exception("cluster message could not be handled")
+        except Exception as exc:  # one bad message must not stop this node hearing the others
+            # the first of a series with its traceback (a Redis refusing writes fails
+            # every confirmation the same way: one line, not one per message)
+            kind = f"{type(exc).__name__}: {exc}"
+            if kind != self._handle_failing:
+                log.exception("cluster message could not be handled")
+                self._handle_failing = kind
+        else:
+            self._handle_failing = None
 
     def _on_deliver(self, data: dict[str, Any]) -> None:
         sid, name = data["sid"], data["name"]
