@@ -377,6 +377,7 @@ class Engine:
             return
         assert tool is not None and live.runner is not None
         execution = ToolExecution(event.call_id, tool.name, event.params, run_id=event.run_id)
+        self.hub.state_changed(live)  # the open call, for a node that may take it over
         self._emit(signals.tool_call, session_id=live.id, execution=execution)
         if tool.execute is not None:
             live.runner.submit(execution, tool)

@@ -213,6 +213,11 @@ class Hub(abc.ABC):
         """A session was attached or detached (its shared record may need updating)."""
         return None  # a hook: nothing to do in one process
 
+    def state_changed(self, live: LiveSession) -> None:
+        """The session's durable state changed with no message going out (a tool call
+        opened): a cluster hub shares it soon, so a node taking the session over knows."""
+        return None  # a hook: nothing to do in one process
+
     def cluster_stats(self, local: dict[str, Any]) -> dict[str, Any]:
         """Statistics for the whole cluster, given this process's own."""
         return local

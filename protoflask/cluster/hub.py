@@ -13,7 +13,15 @@ memory, exactly like LocalHub, and shares through Redis (see ``keys``):
 
 Redis being unreachable degrades, it does not stop: local sessions keep working from
 memory, ``health()`` says "degraded", what only Redis can do raises ClusterUnavailable,
-and once Redis answers again every local session is copied over again.
+and once Redis answers again every local session is copied over again. The same holds
+for any failure of the journal or of the background greenlets: logged once, "degraded",
+retried with backoff, never raised into a transport.
+
+Tool calls belong to the node that runs them. A session taken over from a node that is
+gone (killed, stopped, cut off for longer than NODE_TTL_MS) ends each call that was
+running there with one TOOL_DONE ERROR (TOOL_EXECUTION_ERROR, "node ... was lost"), which
+frees its call_id; a call still running on a live node is watched every beat and ended
+the same way if that node dies before it reports.
 """
 
 from __future__ import annotations
@@ -25,23 +33,30 @@ import os
 import socket
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, cast
 
 import gevent
 import gevent.event
 import orjson
 
 from ..core import handoff, messages
-from ..core.errors import ERRORS_BY_CODE, ClusterUnavailable, ProtoError, SessionNotFound
+from ..core.errors import (
+    ERRORS_BY_CODE,
+    ClusterUnavailable,
+    ProtoError,
+    SessionNotFound,
+    ToolExecutionError,
+)
 from ..core.session import CLOSE_SUPERSEDED
 from ..hub import OPERATIONS, Hub, LiveSession, broadcast_local, now_ms
-from .journal import Journal
+from .journal import Journal, decode_state
 from .keys import Keys, pack_entry, unpack_entry
 from .nodes import aggregate_stats
-from .redis_client import UNAVAILABLE, connect
+from .redis_client import UNAVAILABLE, connect, text
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+    from redis.typing import EncodableT, FieldT
 
     from ..engine import Engine
 
@@ -73,15 +88,18 @@ return 0
 """
 
 # Let a session go, unless another node took it meanwhile (a late release must not undo
-# the new holder's record). KEYS: session hash, inbox. ARGV: node, user, ttl ms, state,
+# the new holder's record). KEYS: session hash, inbox. ARGV: node, user, ttl ms, state
+# (empty: keep the stored one), calls_on (JSON call_id -> node running it; empty: none),
 # then messages still waiting for credit, in order (they go before anything queued since).
 LET_GO = """
 local holder = redis.call('HGET', KEYS[1], 'node')
 if holder and holder ~= '' and holder ~= ARGV[1] then return 0 end
-for i = #ARGV, 5, -1 do redis.call('LPUSH', KEYS[2], ARGV[i]) end
-if #ARGV >= 5 then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
-redis.call('HSET', KEYS[1], 'user', ARGV[2], 'node', '', 'connected', 0, 'transport', '',
-           'state', ARGV[4])
+for i = #ARGV, 6, -1 do redis.call('LPUSH', KEYS[2], ARGV[i]) end
+if #ARGV >= 6 then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
+redis.call('HSET', KEYS[1], 'user', ARGV[2], 'node', '', 'connected', 0, 'transport', '')
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'state', ARGV[4]) end
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'calls_on', ARGV[5])
+else redis.call('HDEL', KEYS[1], 'calls_on') end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 """
@@ -103,6 +121,11 @@ class RedisHub(Hub):
         self._local: dict[str, LiveSession] = {}
         # sessions that moved to another node while tools of theirs still run here
         self._moved_away: dict[str, LiveSession] = {}
+        # sessions held here with calls that run on another (live) node: sid -> {call_id:
+        # node}; stored in the record's calls_on, watched every beat
+        self._remote_calls: dict[str, dict[str, str]] = {}
+        self._background_failing: str | None = None  # the beat's last unexpected failure
+        self._handle_failing: str | None = None  # the listener's last message failure
         self._engine: "Engine | None" = None
         self._journal: Journal | None = None
         self._greenlets: list[gevent.Greenlet] = []
@@ -168,6 +191,8 @@ class RedisHub(Hub):
         live = self._local.pop(session_id, None)
         if live is not None:
             live.journal = None
+            self._remote_calls.pop(session_id, None)
+            self.journal.forget(session_id)
             try:  # only if it is still ours (a node that lost it late must not delete it)
                 self.redis.eval(DELETE_IF_HELD, 3, *self.keys.all_of(session_id),
                                 self.node_id)
@@ -192,19 +217,28 @@ class RedisHub(Hub):
 
     def _write_record(self, live: LiveSession) -> None:
         transport = live.transport
+        record: dict["FieldT", "EncodableT"] = {
+            "user": live.user_id, "node": self.node_id, "connected": int(live.core.connected),
+            "transport": transport.kind if transport is not None else ""}
+        state = self._state(live)
+        if state:
+            record["state"] = state
         try:
             pipe = self.redis.pipeline(transaction=False)
             key = self.keys.session(live.id)
-            pipe.hset(key, mapping={
-                "user": live.user_id, "node": self.node_id,
-                "connected": int(live.core.connected),
-                "transport": transport.kind if transport is not None else "",
-                "state": orjson.dumps(handoff.export_state(live.core)),
-            })
+            pipe.hset(key, mapping=record)
             pipe.pexpire(key, self.ttl_ms)
             pipe.execute()
         except UNAVAILABLE as exc:
             self._went_down(exc)
+
+    def _state(self, live: LiveSession) -> bytes:
+        """The session's state as stored in Redis; empty when it cannot be encoded."""
+        return self.journal.state_of(live)
+
+    def state_changed(self, live: LiveSession) -> None:
+        if live.id in self._local:
+            self.journal.note_state(live)
 
     # -- delivery ----------------------------------------------------------------------
 
@@ -218,21 +252,22 @@ class RedisHub(Hub):
                         hops: int = 0) -> bool:
         item = {"name": op, "args": encode_args(op, args)}
         try:
-            user, node = self.redis.hmget(self.keys.session(session_id), "user", "node")
+            user, raw_node = self.redis.hmget(self.keys.session(session_id), "user", "node")
             if user is None:
                 raise SessionNotFound(f"no session {session_id!r}")
-            if node and node.decode() != self.node_id and hops < MAX_HOPS:
+            node = text(raw_node) if raw_node else ""
+            if node and node != self.node_id and hops < MAX_HOPS:
                 # Wait for the holder to queue it, so that what the application sends next,
                 # from any node, comes after it.
                 reply = self.keys.reply(uuid.uuid4().hex)
-                sent = self.redis.publish(self.keys.node_channel(node.decode()), orjson.dumps(
+                sent = self.redis.publish(self.keys.node_channel(node), orjson.dumps(
                     {"op": "deliver", "sid": session_id, "hops": hops, "reply": reply,
                      **item}))
                 if sent:
                     answer = self.redis.blpop([reply], timeout=DELIVERY_WAIT)
                     if answer is None:
                         log.warning("node %s did not confirm %s for session %s within %.0fs",
-                                    node.decode(), op, session_id, DELIVERY_WAIT)
+                                    node, op, session_id, DELIVERY_WAIT)
                         return True
                     return answer[1] == b"1"
             # No node heard it: the next one to take the session over sends this first, or
@@ -240,9 +275,9 @@ class RedisHub(Hub):
             pipe = self.redis.pipeline(transaction=False)
             pipe.rpush(self.keys.inbox(session_id), orjson.dumps(item))
             pipe.pexpire(self.keys.inbox(session_id), self.ttl_ms)
-            if node and node.decode() != self.node_id:
-                pipe.sadd(self.keys.queued_for(node.decode()), session_id)
-                pipe.pexpire(self.keys.queued_for(node.decode()), self.ttl_ms)
+            if node and node != self.node_id:
+                pipe.sadd(self.keys.queued_for(node), session_id)
+                pipe.pexpire(self.keys.queued_for(node), self.ttl_ms)
             pipe.execute()
             return True
         except UNAVAILABLE as exc:
@@ -265,11 +300,11 @@ class RedisHub(Hub):
     def forward_upstream(self, session_id: str, user_id: str, body: bytes) -> bool:
         try:
             user, node = self.redis.hmget(self.keys.session(session_id), "user", "node")
-            if user is None or user.decode() != user_id:
+            if user is None or text(user) != user_id:
                 raise SessionNotFound(f"no session {session_id!r} for this user")
-            if not node or node.decode() == self.node_id:
+            if not node or text(node) == self.node_id:
                 return False
-            return bool(self.redis.publish(self.keys.node_channel(node.decode()), orjson.dumps(
+            return bool(self.redis.publish(self.keys.node_channel(text(node)), orjson.dumps(
                 {"op": "upstream", "sid": session_id, "user": user_id,
                  "body": base64.b64encode(body).decode()})))
         except UNAVAILABLE as exc:
@@ -284,7 +319,7 @@ class RedisHub(Hub):
         key = self.keys.session(session_id)
         try:
             user = self.redis.hget(key, "user")
-            if user is None or user.decode() != user_id:
+            if user is None or text(user) != user_id:
                 return None
             with self._claim_lock(session_id):
                 return self._take_over(session_id, key)
@@ -312,28 +347,110 @@ class RedisHub(Hub):
         """Under the claim lock: ask a live holder to let go, then take the session's
         record, state, window and queued deliveries in one transaction."""
         node = self.redis.hget(key, "node")
-        holder = node.decode() if node else ""
+        holder = text(node) if node else ""
         if holder and holder != self.node_id and self._node_alive(holder):
             self._ask_release(holder, session_id)
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(key, "node", self.node_id)
         pipe.hget(key, "state")
+        pipe.hget(key, "calls_on")
         pipe.lrange(self.keys.replay(session_id), 0, -1)
         pipe.lrange(self.keys.inbox(session_id), 0, -1)
         pipe.delete(self.keys.inbox(session_id))
-        _, state, replay, inbox, _ = pipe.execute()
+        _, state, calls_on, replay, inbox, _ = pipe.execute()
         if state is None:
             return None
         now = now_ms()
-        core = handoff.restore(orjson.loads(state), self.engine.settings, now,
+        core = handoff.restore(decode_state(state), self.engine.settings, now,
                                (unpack_entry(item) for item in replay))
         if core.disconnected_at is not None:
             core.disconnected_at = now  # kept replayWindowTime from its move, as any detach
         live = self.engine.adopt(core)
         self._hold(live)
         self._apply_queued(live, inbox)
+        self._adopt_calls(live, holder, decode_state(calls_on) if calls_on else {})
         log.info("session %s taken over from %s", session_id, holder or "no node")
         return live
+
+    # -- tool calls whose node may be gone ---------------------------------------------
+
+    def _adopt_calls(self, live: LiveSession, holder: str, runs_on: dict[str, str]) -> None:
+        """A session just taken over: each of its open calls runs on the node that
+        ``runs_on`` names, else on its last holder. Calls of a node that is gone end now;
+        those of a live node are watched (``_watch_calls``) until they report."""
+        watched: dict[str, str] = {}
+        orphans: dict[str, str] = {}
+        alive: dict[str, bool] = {}
+        moved = self._moved_away.get(live.id)
+        for call_id in list(live.core.calls):
+            node = runs_on.get(call_id) or holder
+            if node == self.node_id:
+                if moved is not None and moved.runner is not None \
+                        and call_id in moved.runner.executions:
+                    continue  # back where it runs: it reports here (_forward_moved)
+                orphans[call_id] = node  # this node ran it before a restart of its own
+            elif node and alive.setdefault(node, self._node_alive(node)):
+                watched[call_id] = node
+            else:
+                orphans[call_id] = node
+        self._remote_calls.pop(live.id, None)
+        if watched:
+            self._remote_calls[live.id] = watched
+        if watched or runs_on:
+            self._store_calls_on(live.id, watched)
+        for call_id, node in orphans.items():
+            self._end_orphan(live, call_id, node)
+
+    def _end_orphan(self, live: LiveSession, call_id: str, node: str) -> None:
+        """The call's node is gone: its one TOOL_DONE (ERROR), which frees its call_id."""
+        log.warning("session %s: tool call %s was running on node %s, which was lost; "
+                    "ending it", live.id, call_id, node or "(unknown)")
+        live.fail_call(call_id, ToolExecutionError(
+            f"tool call {call_id!r} was running on node {node or '(unknown)'}, which was "
+            "lost; it will not finish"))
+        self.cancel_elsewhere(live.id, call_id)  # should that node be alive after all
+
+    def _store_calls_on(self, session_id: str, remote: dict[str, str]) -> None:
+        """Record which calls run on other nodes, for whoever takes the session over
+        next (calls not named there run on the holder)."""
+        key = self.keys.session(session_id)
+        if remote:
+            self.redis.hset(key, "calls_on", orjson.dumps(remote))
+        else:
+            self.redis.hdel(key, "calls_on")
+
+    def _settle_calls(self, session_id: str) -> None:
+        """Forget watched calls that have ended."""
+        watched = self._remote_calls.get(session_id)
+        if watched is None:
+            return
+        live = self._local.get(session_id)
+        if live is None:
+            del self._remote_calls[session_id]
+            return
+        ended = [cid for cid in watched if cid not in live.core.calls]
+        for cid in ended:
+            del watched[cid]
+        if not watched:
+            del self._remote_calls[session_id]
+        if ended:
+            self._store_calls_on(session_id, watched)
+
+    def _watch_calls(self) -> None:
+        """Every beat: end the watched calls whose node died before they reported."""
+        alive: dict[str, bool] = {}
+        for sid in list(self._remote_calls):
+            self._settle_calls(sid)
+            watched = self._remote_calls.get(sid)
+            live = self._local.get(sid)
+            if not watched or live is None:
+                continue
+            dead = {cid: node for cid, node in watched.items()
+                    if not alive.setdefault(node, self._node_alive(node))}
+            if dead:
+                for cid, node in dead.items():
+                    self._end_orphan(live, cid, node)
+                self._settle_calls(sid)
 
     def _ask_release(self, holder: str, session_id: str) -> None:
         token = uuid.uuid4().hex
@@ -371,10 +488,14 @@ class RedisHub(Hub):
         live.core.pending.clear()
         self._local.pop(live.id, None)
         live.journal = None
+        remote = self._remote_calls.pop(live.id, {})
+        # every open call runs here unless it was watched running elsewhere
+        calls_on = {cid: remote.get(cid, self.node_id) for cid in live.core.calls}
         try:
             written = self.redis.eval(
                 LET_GO, 2, self.keys.session(live.id), self.keys.inbox(live.id), self.node_id,
-                live.user_id, self.ttl_ms, orjson.dumps(handoff.export_state(live.core)),
+                live.user_id, self.ttl_ms, self._state(live),
+                orjson.dumps(calls_on) if calls_on else b"",
                 *(orjson.dumps({"name": "send", "args": [ob]}) for ob in waiting))
             if not written:
                 log.warning("session %s was taken over by another node before this one let "
@@ -432,6 +553,9 @@ class RedisHub(Hub):
                 del self._moved_away[sid]
 
     def _forward_moved(self, session_id: str, op: str, args: tuple[Any, ...]) -> bool:
+        back = self._local.get(session_id)
+        if back is not None:  # the session came back here while the call ran
+            return back.apply(op, args)
         try:
             return self._deliver_remote(session_id, op, args)
         except ProtoError as exc:
@@ -450,12 +574,12 @@ class RedisHub(Hub):
             record = self.redis.hgetall(self.keys.session(session_id))
             if not record:
                 return None
-            node = record.get(b"node", b"").decode()
+            node = text(record.get(b"node", b""))
             alive = bool(node) and self._node_alive(node)
         except UNAVAILABLE as exc:
             self._went_down(exc)
             raise ClusterUnavailable("Redis is unreachable") from exc
-        state = orjson.loads(record[b"state"])
+        state = decode_state(record[b"state"])
         return {
             "id": session_id,
             "userId": state["user"],
@@ -547,15 +671,14 @@ class RedisHub(Hub):
         own = {**local, **self._node_meta()}
         others: list[dict[str, Any]] = []
         try:
-            ids = [n.decode() for n in self.redis.zrangebyscore(
-                self.keys.nodes, now_ms() - NODE_TTL_MS, "+inf") if n.decode() != self.node_id]
+            ids = self._other_live_nodes()
             if ids:
                 others = [orjson.loads(raw) for raw in
                           self.redis.mget([self.keys.node(n) for n in ids]) if raw]
         except UNAVAILABLE as exc:
             self._went_down(exc)
         return {**aggregate_stats([own, *others]), "node": self.node_id,
-                "cluster": "degraded" if self.degraded else "ok"}
+                "cluster": self.health()}
 
     def metrics_registry(self, local: "CollectorRegistry") -> "CollectorRegistry":
         from prometheus_client import generate_latest
@@ -568,16 +691,25 @@ class RedisHub(Hub):
     def node_metrics(self) -> dict[str, str]:
         """The other live nodes' stored /metrics texts, by node id."""
         try:
-            ids = [n.decode() for n in self.redis.zrangebyscore(
-                self.keys.nodes, now_ms() - NODE_TTL_MS, "+inf") if n.decode() != self.node_id]
+            ids = self._other_live_nodes()
             texts = self.redis.mget([self.keys.node_metrics(n) for n in ids]) if ids else []
         except UNAVAILABLE as exc:
             self._went_down(exc)
             return {}
-        return {n: t.decode() for n, t in zip(ids, texts, strict=True) if t}
+        return {n: text(t) for n, t in zip(ids, texts, strict=True) if t}
+
+    def _other_live_nodes(self) -> list[str]:
+        """The ids of the other nodes that beat within NODE_TTL_MS."""
+        members = cast("list[bytes | str]", self.redis.zrangebyscore(
+            self.keys.nodes, now_ms() - NODE_TTL_MS, "+inf"))  # members only, no scores
+        return [node for node in map(text, members) if node != self.node_id]
 
     def health(self) -> str:
-        return "degraded" if self.degraded else "ok"
+        """"degraded" while this node cannot write to Redis: unreachable, lost our data
+        and not yet copied over again, the journal failing, a background failure."""
+        journal_ok = self._journal is None or self._journal.alive
+        return "ok" if not self.degraded and journal_ok and self._background_failing is None \
+            else "degraded"
 
     def _node_meta(self) -> dict[str, Any]:
         sessions = self.sessions()
@@ -613,6 +745,8 @@ class RedisHub(Hub):
                         pipe.pexpire(self.keys.replay(sid), self.ttl_ms)
                     refreshed_at = now
                 self._forget_finished_moves()
+                if self._remote_calls:
+                    self._watch_calls()
                 pipe.spop(self.keys.queued_for(self.node_id), 100_000)  # atomic take-all
                 results = pipe.execute()
                 kept, waiting = results[0], results[-1]
@@ -624,9 +758,16 @@ class RedisHub(Hub):
                 if self.degraded:
                     self._recover()
                 failures = 0
+                if self._background_failing is not None:
+                    log.warning("cluster beat works again")
+                    self._background_failing = None
                 gevent.sleep(BEAT_MS / 1000.0)
             except UNAVAILABLE as exc:
                 self._went_down(exc)
+                failures += 1
+                gevent.sleep(backoff(failures))
+            except Exception as exc:  # noqa: BLE001 - the beat must outlive any bug or reply
+                self._background_failed("beat", exc)
                 failures += 1
                 gevent.sleep(backoff(failures))
 
@@ -644,6 +785,10 @@ class RedisHub(Hub):
                     self._handle(message)
             except UNAVAILABLE as exc:
                 self._went_down(exc)
+                failures += 1
+                gevent.sleep(backoff(failures))
+            except Exception as exc:  # noqa: BLE001 - keep listening whatever happened
+                self._background_failed("listener", exc)
                 failures += 1
                 gevent.sleep(backoff(failures))
             finally:
@@ -670,8 +815,15 @@ class RedisHub(Hub):
                     self._on_cancel(data)
         except UNAVAILABLE:
             raise
-        except Exception:  # one bad message must not stop this node hearing the others
-            log.exception("cluster message could not be handled")
+        except Exception as exc:  # one bad message must not stop this node hearing the others
+            # the first of a series with its traceback (a Redis refusing writes fails
+            # every confirmation the same way: one line, not one per message)
+            kind = f"{type(exc).__name__}: {exc}"
+            if kind != self._handle_failing:
+                log.exception("cluster message could not be handled")
+                self._handle_failing = kind
+        else:
+            self._handle_failing = None
 
     def _on_deliver(self, data: dict[str, Any]) -> None:
         sid, name = data["sid"], data["name"]
@@ -679,6 +831,8 @@ class RedisHub(Hub):
         live = self._local.get(sid)
         if live is not None:
             result = live.apply(name, args)
+            if name in ("tool_done", "fail_call") and sid in self._remote_calls:
+                self._settle_calls(sid)
         else:  # it moved on since the sender looked
             result = self._deliver_remote(sid, name, args, data["hops"] + 1)
         pipe = self.redis.pipeline(transaction=False)
@@ -700,7 +854,13 @@ class RedisHub(Hub):
             pass  # already reported downstream; the posting node answered the HTTP 400
 
     def _journal_failed(self, exc: BaseException, session_ids: set[str]) -> None:
-        self._went_down(exc)
+        """A journal write failed (it logged why): degraded until the next beat copies
+        every window over again, whatever the failure was."""
+        if isinstance(exc, UNAVAILABLE):
+            self._went_down(exc)
+            return
+        self.degraded = True
+        self.journal.paused = True
 
     def _went_down(self, exc: BaseException) -> None:
         if not self.degraded:
@@ -710,21 +870,37 @@ class RedisHub(Hub):
         if self._journal is not None:
             self._journal.paused = True
 
+    def _background_failed(self, what: str, exc: Exception) -> None:
+        """An unexpected failure in the beat or the listener: logged once per series,
+        reported by /health, retried with backoff."""
+        if self._background_failing is None:
+            log.error("cluster %s failed; retrying with backoff", what, exc_info=exc)
+        self._background_failing = f"{what}: {type(exc).__name__}: {exc}"
+        self.degraded = True
+        if self._journal is not None:
+            self._journal.paused = True
+
     def _recover(self) -> None:
-        """Redis answers again: copy every local session over again, then deliver what
-        was queued for them meanwhile."""
+        """Redis takes writes again: journal from now on, copy every local session over
+        again (a message stamped meanwhile is in the copy, or appended after it; the
+        journal skips what the copy already holds), then deliver what was queued for
+        them meanwhile. Anything failing on the way leaves the node degraded, and the
+        next beat starts again."""
+        self.journal.paused = False
         for live in self.sessions():
             self._rewrite(live)
         self._drain_inboxes()
+        if self.journal.paused:  # a write failed meanwhile (it said why)
+            return
+        self.journal.resumed()
         self.degraded = False
-        self.journal.paused = False
-        log.warning("Redis at %s is reachable again; %d sessions copied over", self.url,
+        log.warning("Redis at %s takes writes again; %d sessions copied over", self.url,
                     len(self._local))
 
     def _rewrite(self, live: LiveSession) -> None:
         sid = live.id
         holder = self.redis.hget(self.keys.session(sid), "node")
-        if holder and holder.decode() not in ("", self.node_id):
+        if holder and text(holder) not in ("", self.node_id):
             self._lost([sid])  # taken over while this node could not reach Redis
             return
         entries = [pack_entry(e.seq, e.stored_at, e.data) for e in live.core.replay]
@@ -751,7 +927,7 @@ class RedisHub(Hub):
 
 def backoff(failures: int) -> float:
     """Seconds before the next attempt: 0.1, 0.2, 0.4 ... up to 5."""
-    return min(5.0, 0.1 * 2 ** min(failures - 1, 6))
+    return min(5.0, 0.1 * 2.0 ** min(failures - 1, 6))
 
 
 # -- delivery operations on the wire ---------------------------------------------------------

@@ -7,23 +7,35 @@ waiting in a single pipeline: under load many sessions share one round trip.
 
 While Redis is unreachable nothing waits: sessions keep working from their in-memory
 windows and the hub copies each window over again once Redis answers (``resync``).
+
+Nothing a flush meets stops the journal: the script missing from Redis (``SCRIPT FLUSH``,
+a restart) is loaded again and the batch retried; any other failure, Redis's or ours, is
+logged once, handed to the hub (which reports "degraded" and copies every window over
+again) and the flusher carries on; a writer never sees the exception. A state that orjson
+cannot encode is written by the standard library's encoder instead, and one nothing can
+encode is left out (its messages are still written). Appends are idempotent: the script
+skips entries at or below the list's last seq, so a batch that races a full copy of the
+window never doubles a message.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
 import orjson
-import redis
 from gevent.event import Event
+from redis.exceptions import NoScriptError
 
 from ..core.handoff import export_state
 from .keys import Keys, pack_entry
 from .redis_client import UNAVAILABLE
 
 if TYPE_CHECKING:
+    import redis
+
     from ..hub import LiveSession
 
 log = logging.getLogger("protoflask.cluster")
@@ -34,7 +46,9 @@ log = logging.getLogger("protoflask.cluster")
 # this node's id, then per session one blob: its state JSON, then its packed entries,
 # newline-separated (orjson never writes a raw newline). A session another node has taken
 # over is left alone (fenced), and so is one whose record is gone (Redis lost its data):
-# the script returns the positions of the first, and of the second negated.
+# the script returns the positions of the first, and of the second negated. Entries at or
+# below the list's last seq are already there (a full copy of the window raced this
+# batch) and are skipped; an empty state (one that could not be encoded) is not written.
 APPEND_SCRIPT = """
 local window, ttl, node = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local fenced = {}
@@ -48,11 +62,14 @@ for i = 4, #ARGV do
   else
     local blob = ARGV[i]
     local nl = string.find(blob, "\\n", 1, true)
+    local last = redis.call('LINDEX', replay, -1)
+    local after = last and tonumber(string.match(last, "^%d+")) or -1
     local items = {}
     local pos = nl and nl + 1
     while pos and pos <= #blob do
       local e = string.find(blob, "\\n", pos, true)
-      items[#items + 1] = string.sub(blob, pos, (e or #blob + 1) - 1)
+      local item = string.sub(blob, pos, (e or #blob + 1) - 1)
+      if tonumber(string.match(item, "^%d+")) > after then items[#items + 1] = item end
       pos = e and e + 1
     end
     for j = 1, #items, 4000 do
@@ -60,7 +77,8 @@ for i = 4, #ARGV do
     end
     if #items > 0 then redis.call('LTRIM', replay, -window, -1) end
     redis.call('PEXPIRE', replay, ttl)
-    redis.call('HSET', session, 'state', nl and string.sub(blob, 1, nl - 1) or blob)
+    local state = nl and string.sub(blob, 1, nl - 1) or blob
+    if #state > 0 then redis.call('HSET', session, 'state', state) end
     redis.call('PEXPIRE', session, ttl)
   end
 end
@@ -68,6 +86,24 @@ return fenced
 """
 
 WAIT_LIMIT = 2.0  # s a writer waits for Redis before it gives up and carries on
+
+
+def encode_state(state: dict[str, Any]) -> bytes:
+    """A session's exported state as one line of JSON: orjson's, or where orjson refuses
+    a value (an integer beyond 64 bits, say) the standard library's, which writes any
+    integer exactly and anything else as its ``str``. Raises only for a state no encoder
+    can write (a reference cycle)."""
+    try:
+        return orjson.dumps(state)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return json.dumps(state, default=str, separators=(",", ":")).encode()
+
+
+def decode_state(raw: bytes | str) -> dict[str, Any]:
+    """The inverse of ``encode_state``. The standard library's decoder, not orjson's:
+    orjson reads an integer beyond 64 bits as a float (it loses digits)."""
+    state: dict[str, Any] = json.loads(raw)
+    return state
 
 
 class Journal:
@@ -82,28 +118,51 @@ class Journal:
         self.on_fenced = on_fenced
         self.window_size = window_size
         self.ttl_ms = ttl_ms
-        self.on_failure = on_failure  # the hub marks itself degraded and resyncs later
+        # the hub marks itself degraded and copies every window over again later
+        self.on_failure = on_failure
         self.paused = False  # degraded: append() only remembers nothing, resync covers it
+        #: why the last flush failed ("Type: message"), None once one succeeds again
+        self.failing: str | None = None
+        self.failures = 0  # flushes that failed (a figure for /metrics and the tests)
+        self.restarts = 0  # times a dead flusher greenlet had to be started again
         self._sha: str | None = None  # loaded once; again after Redis restarts empty
         self._batch: dict[str, tuple["LiveSession", list[bytes]]] = {}
         self._committed = Event()
         self._work = Event()
+        self._running = False  # between start() and stop(): a flusher greenlet writes
         self._flusher: gevent.Greenlet | None = None
+        self._unencodable: set[str] = set()  # sessions whose state was left out (logged)
         self.batches = 0  # pipelines sent (for the benchmark's figures)
 
     def start(self) -> None:
+        self._running = True
         if self._flusher is None or self._flusher.dead:
             self._flusher = gevent.spawn(self._flush_forever)
 
     def stop(self) -> None:
+        self._running = False
         self.flush()
         if self._flusher is not None:
             self._flusher.kill(block=False)
             self._flusher = None
 
+    @property
+    def alive(self) -> bool:
+        """False while the journal cannot write: its last flush failed, or its flusher is
+        dead (then the next append starts it again)."""
+        return self.failing is None and not (
+            self._running and (self._flusher is None or self._flusher.dead))
+
+    def resumed(self) -> None:
+        """The hub copied every window over again: journal from here on."""
+        self.failing = None
+        self.paused = False
+
     def append(self, live: "LiveSession", ready: list[tuple[int, bytes]], now: int) -> None:
         """Journal a batch of (seq, data) messages stamped at ``now``; returns once Redis
-        has them. Replays of messages already journaled are skipped."""
+        has them, or after WAIT_LIMIT. Never raises: a failure degrades the hub, which
+        copies the window over again once Redis takes writes. Replays of messages already
+        journaled are skipped."""
         if self.paused:
             return
         entries = self._entries_for(live)
@@ -113,10 +172,18 @@ class Journal:
                 live.journaled_seq = seq
         committed = self._committed
         self._work.set()
-        if self._flusher is None or self._flusher.dead:
+        if not self._running:
             self.flush()  # not serving yet (or stopping): write through
-        else:
-            committed.wait(WAIT_LIMIT)
+            return
+        if self._flusher is None or self._flusher.dead:
+            self.restarts += 1
+            log.error("the journal's flusher had died; started again")
+            self._flusher = gevent.spawn(self._flush_forever)
+        committed.wait(WAIT_LIMIT)
+
+    def forget(self, session_id: str) -> None:
+        """The session is gone: drop what the journal remembers of it."""
+        self._unencodable.discard(session_id)
 
     def note_state(self, live: "LiveSession") -> None:
         """Write the session's state with the next batch even if it sends nothing."""
@@ -134,10 +201,14 @@ class Journal:
         while True:
             self._work.wait()
             self._work.clear()
-            self.flush()
+            try:
+                self.flush()
+            except Exception:  # noqa: BLE001 - flush handles its failures; never die here
+                log.exception("journal flush failed unexpectedly")
 
     def flush(self) -> None:
-        """Send everything waiting in one pipeline and release its writers."""
+        """Send everything waiting in one pipeline and release its writers. Never raises:
+        a failure is logged (once, until a flush succeeds again) and handed to the hub."""
         batch, self._batch = self._batch, {}
         committed, self._committed = self._committed, Event()
         if not batch:
@@ -146,14 +217,47 @@ class Journal:
         try:
             try:
                 self._write(batch)
-            except redis.NoScriptError:
+            except NoScriptError:  # SCRIPT FLUSH, or Redis restarted: load it again
                 self._sha = None
                 self._write(batch)
+        except Exception as exc:  # noqa: BLE001 - Redis's or ours: the writers carry on
+            self._failed(exc, batch)
+        else:
             self.batches += 1
-        except UNAVAILABLE as exc:
-            self.on_failure(exc, set(batch))
+            if self.failing is not None and not self.paused:
+                log.warning("the journal writes again")
+                self.failing = None
         finally:
             committed.set()
+
+    def _failed(self, exc: Exception, batch: dict[str, tuple["LiveSession", list[bytes]]]
+                ) -> None:
+        """Forget the script (a restarted Redis has lost it), remember why, log the first
+        failure of a series, and let the hub degrade and copy every window over again."""
+        self._sha = None
+        self.failures += 1
+        if self.failing is None:
+            if isinstance(exc, UNAVAILABLE):
+                log.error("journal: Redis is unreachable (%s)", exc)
+            else:
+                log.error("journal: a write failed; the node is degraded until every "
+                          "window is copied over again", exc_info=exc)
+        self.failing = f"{type(exc).__name__}: {exc}"
+        self.on_failure(exc, set(batch))
+
+    def state_of(self, live: "LiveSession") -> bytes:
+        """The session's state for Redis; empty (left out, logged once) if nothing can
+        encode it."""
+        try:
+            blob = encode_state(export_state(live.core))
+        except Exception as exc:  # noqa: BLE001 - the messages still go to Redis
+            if live.id not in self._unencodable:
+                self._unencodable.add(live.id)
+                log.error("session %s: its state cannot be encoded (%s); its messages are "
+                          "journaled, its state in Redis stays as it was", live.id, exc)
+            return b""
+        self._unencodable.discard(live.id)
+        return blob
 
     def _write(self, batch: dict[str, tuple["LiveSession", list[bytes]]]) -> None:
         # EVALSHA, not redis-py's Script objects: those ask SCRIPT EXISTS on each call.
@@ -163,7 +267,7 @@ class Journal:
         blobs: list[bytes] = []
         for sid, (live, entries) in batch.items():
             keys += (self.keys.replay(sid), self.keys.session(sid))
-            blobs.append(b"\n".join((orjson.dumps(export_state(live.core)), *entries)))
+            blobs.append(b"\n".join((self.state_of(live), *entries)))
         fenced = self.redis.evalsha(self._sha, len(keys), *keys, self.window_size, self.ttl_ms,
                                     self.node_id, *blobs)
         if fenced:

@@ -6,7 +6,9 @@ are packed into list items.
     {p}:metrics:{node}    string the node's /metrics text, likewise
     {p}:marker:{node}     string set every beat for a minute: gone means Redis lost our data
     {p}:s:{session}       hash   user, node (empty when no node holds it), connected,
-                                 transport, state (core.handoff's JSON)
+                                 transport, state (core.handoff's JSON), calls_on (JSON
+                                 call_id -> node, for open calls running elsewhere than
+                                 the holder; absent when none)
     {p}:r:{session}       list   the replay window: "seq stored_at data" items
     {p}:in:{session}      list   deliveries made while no node held the session, or
                                  while its holder was not listening

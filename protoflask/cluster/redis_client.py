@@ -29,5 +29,10 @@ def connect(url: str, *, timeout: float = 5.0) -> redis.Redis:
     return redis.Redis(connection_pool=pool)
 
 
+def text(reply: bytes | str) -> str:
+    """A Redis reply as text (this client's replies are bytes: no decode_responses)."""
+    return reply.decode() if isinstance(reply, bytes) else reply
+
+
 #: What a lost or refused Redis connection raises (the cluster then runs degraded).
 UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, OSError)

@@ -394,3 +394,25 @@ def test_a_delivery_that_finds_the_holder_not_listening_arrives_at_its_next_beat
         assert rdb.llen(f"{prefix}:in:{sid}") == 0
     finally:
         client.close()
+
+
+def test_a_call_left_running_on_a_node_that_then_stops_ends_once(
+        make_node: Callable[..., ProtoServer]) -> None:
+    """The session moved to node b while its call ran on a; a stops before the call
+    reports: b ends it (one TOOL_DONE ERROR, TOOL_EXECUTION_ERROR) and frees its call_id."""
+    a, b = make_node(), make_node()
+    move = ToolOnTheMove(a, b)
+    try:
+        a.stop()
+        done = move.second.recv_type("TOOL_DONE", within=15, call_id="s1")
+        assert done["payload"]["status"] == "ERROR"
+        assert done["payload"]["error"]["code"] == "TOOL_EXECUTION_ERROR"
+        move.second.send("TOOL_CALL", payload={"call_id": "s1", "tool": "add",
+                                               "params": {"a": 1, "b": 1}})
+        assert move.second.recv_type("TOOL_DONE", call_id="s1")["payload"]["status"] == "OK"
+        move.second.send("PING", "SYSTEM", {"nonce": "n"})
+        move.second.recv_type("PONG", nonce="n")
+        assert [m["payload"]["status"] for m in move.second.received
+                if m["type"] == "TOOL_DONE"] == ["ERROR", "OK"]
+    finally:
+        move.close()

@@ -137,3 +137,99 @@ def test_a_client_resumes_on_another_node_after_its_node_is_killed(
                 c.drop()
         a.stop()
         b.stop()
+
+
+@pytest.mark.parametrize("resume", ["at-once", "after-the-node-dropped-out"])
+def test_a_call_running_on_a_killed_node_ends_once_and_frees_its_call_id(
+        cluster_env: dict[str, str], resume: str) -> None:
+    """The holder dies (SIGKILL, worker and master) mid-call: the session resumed on the
+    other node gets exactly one TOOL_DONE for it, ERROR / TOOL_EXECUTION_ERROR saying the
+    node was lost, and the call_id can be used again. Resumed at once, the dead node
+    still looks alive (its key lives 3 s): the call is watched and ended when the key
+    goes; resumed later, it is ended as the session is taken over."""
+    import os
+    import signal
+    import time
+
+    a = GunicornServer(cluster_env, app=APP)
+    b = GunicornServer(cluster_env, app=APP)
+    client = None
+    try:
+        wait_for(lambda: len(stats(b.base_url).get("nodes", [])) == 2, within=10,
+                 what="both nodes in the cluster")
+        worker = requests.get(a.base_url + "/test/pid", timeout=timeout(5)).json()["pid"]
+        client = WSClient(a.base_url, token("alice"))
+        client.hello()
+        client.send("TOOL_CALL", payload={"call_id": "c1", "tool": "slow", "params": {}})
+        seen = int(client.recv_type("TOOL_UPDATE", call_id="c1")["seq"])
+
+        os.kill(worker, signal.SIGKILL)  # the node dies: nothing of it runs on
+        a.kill()
+        killed = time.monotonic()
+        if resume != "at-once":
+            wait_for(lambda: len(stats(b.base_url).get("nodes", [])) == 1, within=10,
+                     what="the dead node to drop out")
+
+        resumed = WSClient(b.base_url, token("alice"), session=client.session_id,
+                           last_seq=seen)
+        try:
+            resumed.envelopes = client.envelopes
+            done = resumed.recv_type("TOOL_DONE", within=15, call_id="c1")
+            assert done["payload"]["status"] == "ERROR"
+            assert done["payload"]["error"]["code"] == "TOOL_EXECUTION_ERROR"
+            assert "lost" in done["payload"]["error"]["message"]
+            print(f"TOOL_DONE ERROR {time.monotonic() - killed:.2f}s after the kill")
+            resumed.send("TOOL_CALL", payload={"call_id": "c1", "tool": "add",
+                                               "params": {"a": 2, "b": 40}})
+            again = resumed.recv_type("TOOL_DONE", call_id="c1")
+            assert again["payload"]["status"] == "OK", again
+            resumed.send("PING", "SYSTEM", {"nonce": "end"})
+            resumed.recv_type("PONG", nonce="end")
+            assert [m["payload"]["status"] for m in resumed.received
+                    if m["type"] == "TOOL_DONE"] == ["ERROR", "OK"]
+        finally:
+            resumed.close()
+    finally:
+        if client is not None:
+            client.drop()
+        a.stop()
+        b.stop()
+
+
+def test_script_flush_under_gunicorn_is_survived(private_redis: Any) -> None:
+    """SCRIPT FLUSH under two gunicorn nodes: every PING after it is answered, nothing is
+    dropped, new connections work and /health stays ok (before: no PONG, every client
+    dropped, new connections refused, /health ok all along)."""
+    import redis
+
+    env = {"REDIS_URL": private_redis.url, "HEARTBEAT_INTERVAL": "1000"}
+    a = GunicornServer(env, app=APP)
+    b = GunicornServer(env, app=APP)
+    clients: list[WSClient] = []
+    try:
+        wait_for(lambda: len(stats(b.base_url).get("nodes", [])) == 2, within=10,
+                 what="both nodes in the cluster")
+        clients = [WSClient(node.base_url, token(f"user-{i}"))
+                   for i, node in enumerate((a, b))]
+        for c in clients:
+            c.hello()
+        redis.Redis.from_url(private_redis.url).script_flush()
+        for n in range(5):
+            for c, other in zip(clients, (b, a), strict=True):
+                assert send(other.base_url, c.session_id, note(n)).status_code == 200
+        for c in clients:
+            assert notes(c, 5) == [0, 1, 2, 3, 4]
+            c.send("PING", "SYSTEM", {"nonce": "after"})
+            c.recv_type("PONG", nonce="after")
+            seqs = [int(m["seq"]) for m in c.received]
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+        for node in (a, b):
+            with WSClient(node.base_url, token("newcomer")) as fresh:
+                fresh.hello()
+            assert requests.get(node.base_url + "/health",
+                                timeout=timeout(5)).json()["status"] == "ok"
+    finally:
+        for c in clients:
+            c.close()
+        a.stop()
+        b.stop()
