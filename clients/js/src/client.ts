@@ -212,6 +212,7 @@ export class ProtoClient {
   private token = "";
   private ticketsUnsupported = false;
   private link: Link | undefined;
+  private lastLink: Link | undefined;
   private linkReady = false;
   private helloSeq = 0;
   private connectWaiter: Pending | undefined;
@@ -379,6 +380,8 @@ export class ProtoClient {
   }
 
   private async openConnection(): Promise<void> {
+    const previous = this.lastLink;
+    if (previous) await previous.settled();
     const token = await this.freshToken();
     const credential = this.transport === "websocket" ? await this.credential(token) : undefined;
     if (this._state === "closed") return;
@@ -424,6 +427,7 @@ export class ProtoClient {
       },
     );
     this.link = link;
+    this.lastLink = link;
     // the stream transport puts the HELLO in the request that opens it
     if (this.helloSeq) this.frameOut(this.lastHelloRaw);
   }

@@ -72,6 +72,9 @@ export interface Link {
   close(code?: number, reason?: string): void;
   /** True when the server confirms what a link carried with a 202 (POST upstream). */
   readonly confirmsByPost: boolean;
+  /** Resolves once no upstream request of this link is in flight: the next connection
+   * waits for it, so the server never reads an old POST after the resumed HELLO. */
+  settled(): Promise<void>;
 }
 
 /** Read an HTTP error body `{"error": {"code", "message"}}` into a ConnectionRefused. */
@@ -154,6 +157,7 @@ function openWebSocket(opts: LinkOptions, on: LinkHandlers): Link {
   };
   return {
     confirmsByPost: false,
+    settled: () => Promise.resolve(),
     send(raw) {
       if (!ended && ws.readyState === 1) ws.send(raw);
     },
@@ -208,9 +212,16 @@ class Poster {
     void this.pump();
   }
 
+  private idleWaiters: Array<() => void> = [];
+
   stop(): void {
     this.dead = true;
     this.queue = [];
+  }
+
+  idle(): Promise<void> {
+    if (!this.busy) return Promise.resolve();
+    return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
   pump = async (): Promise<void> => {
@@ -242,6 +253,7 @@ class Poster {
       this.fail({ code: 1006, reason: `POST failed: ${exc}` });
     } finally {
       this.busy = false;
+      for (const wake of this.idleWaiters.splice(0)) wake();
     }
     void this.pump();
   };
@@ -332,6 +344,7 @@ function openSse(opts: LinkOptions, on: LinkHandlers): Link {
 
   return {
     confirmsByPost: true,
+    settled: () => poster.idle(),
     send(raw, seq) {
       poster.push(raw, seq);
     },
@@ -382,6 +395,7 @@ function openPostStream(opts: LinkOptions, on: LinkHandlers): Link {
 
   return {
     confirmsByPost: true,
+    settled: () => poster.idle(),
     send(raw, seq) {
       poster.push(raw, seq);
     },
@@ -460,6 +474,7 @@ function openDuplexStream(opts: LinkOptions, on: LinkHandlers): Link {
 
   return {
     confirmsByPost: false,
+    settled: () => Promise.resolve(),
     send(raw) {
       if (ended) return;
       if (req) req.write(raw + "\n");

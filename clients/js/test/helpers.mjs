@@ -7,6 +7,14 @@ import { ProtoClient } from "../dist/index.js";
 
 const SERVER = fileURLToPath(new URL("./server.py", import.meta.url));
 export const TRANSPORTS = ["websocket", "sse", "stream"];
+/** Every way the client can talk: the stream both full duplex (Node's default) and with
+ * follow-up POSTs (what a browser does). */
+export const VARIANTS = [
+  { name: "websocket", transport: "websocket", options: {} },
+  { name: "sse", transport: "sse", options: {} },
+  { name: "stream (duplex)", transport: "stream", options: { duplex: true } },
+  { name: "stream (follow-up POSTs)", transport: "stream", options: { duplex: false } },
+];
 
 /** Start a server (config overrides as in protoflask's config); resolves {url, token, stop}. */
 export async function startServer(config = {}) {
