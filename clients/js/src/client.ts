@@ -418,8 +418,8 @@ export class ProtoClient {
         closed: (info) => {
           if (current()) this.linkClosed(info);
         },
-        confirmed: (seq) => {
-          if (current()) this.confirm(seq);
+        confirmed: (last, first) => {
+          if (current()) this.confirm(last, first);
         },
         activity: () => {
           if (current()) this.kickWatchdog();
@@ -659,11 +659,16 @@ export class ProtoClient {
     this.write(raw);
   }
 
-  /** The server has seen every upstream message up to `seq`. */
-  private confirm(seq: number): void {
-    let n = 0;
-    while (n < this.unconfirmed.length && this.unconfirmed[n].seq <= seq) n += 1;
-    if (n) this.unconfirmed.splice(0, n);
+  /** The server has seen the upstream messages `first`..`last`. (A POST confirms only
+   * what it carried: messages of a dropped connection before it are not confirmed.) */
+  private confirm(last: number, first = 0): void {
+    if (first <= (this.unconfirmed[0]?.seq ?? 0)) {
+      let n = 0;
+      while (n < this.unconfirmed.length && this.unconfirmed[n].seq <= last) n += 1;
+      if (n) this.unconfirmed.splice(0, n);
+      return;
+    }
+    this.unconfirmed = this.unconfirmed.filter((m) => m.seq < first || m.seq > last);
   }
 
   /** Over WebSocket and a duplex stream nothing confirms a message by itself: a PING

@@ -45,8 +45,8 @@ export interface LinkHandlers {
   raw(raw: string): void;
   /** Called exactly once. */
   closed(info: CloseInfo): void;
-  /** The server has surely received every upstream message up to `seq` (a 202). */
-  confirmed(seq: number): void;
+  /** The server has surely received the upstream messages `first`..`last` (a 202). */
+  confirmed(last: number, first: number): void;
   /** Something arrived (a keep-alive comment counts): the connection is alive. */
   activity(): void;
 }
@@ -229,6 +229,7 @@ class Poster {
     if (this.busy || this.dead || !this.queue.length || session === undefined) return;
     this.busy = true;
     const batch = this.queue.splice(0);
+    const first = batch[0][1];
     const last = batch[batch.length - 1][1];
     try {
       const resp = await this.opts.fetch(endpoint(this.opts, this.path, { session }), {
@@ -238,13 +239,13 @@ class Poster {
       });
       if (resp.status === 202) {
         await resp.body?.cancel().catch(() => undefined);
-        this.on.confirmed(last);
+        this.on.confirmed(last, first);
       } else {
         const error = await refusal(resp);
         if (resp.status === 413) {
           // too large: the server also sent ERROR MESSAGE_TOO_LARGE downstream; the
           // body was dropped, its messages are not resent
-          this.on.confirmed(last);
+          this.on.confirmed(last, first);
         } else {
           this.fail({ code: 1006, reason: `POST answered ${resp.status}`, error });
         }
