@@ -1,7 +1,10 @@
-"use strict";
-// The playground: connect with a token over WebSocket or SSE, chat, call a tool through
-// a form built from its inputSchema (TOOL_LIST), and watch every frame in the wire log.
-(function () {
+// The playground: connect with a token over WebSocket, SSE or the HTTP stream, chat, call
+// a tool through a form built from its inputSchema (TOOL_LIST), and watch every frame in
+// the wire log. It runs on protoclient.mjs, the TypeScript client's browser build
+// (clients/js), which keeps the session healthy and resumes it after a drop.
+import { ProtoClient, ToolCancelled } from "./protoclient.mjs";
+
+{
   const ROOT = document.querySelector('meta[name="protoflask-root"]').content;
   const MAX_LOG = 500;
   const $ = (id) => document.getElementById(id);
@@ -58,8 +61,8 @@
     status.classList.toggle("bad", state === "closed");
     status.dataset.state = state;
     if (state === "ready") {
-      status.textContent = `ready: session ${detail} over ${client.transport}`;
-      client.send("TOOL_LIST", "SYSTEM", {});
+      status.textContent = `ready: session ${client.session} over ${client.transport}`;
+      client.listTools().then(setTools, (e) => note(`TOOL_LIST failed: ${e.message}`));
     } else {
       status.textContent = detail ? `${state}: ${detail}` : state;
     }
@@ -74,9 +77,17 @@
     }
     if (client) client.close();
     tools = {};
-    client = new ProtoClient(ROOT, token, $("transport").value,
-                             {onFrame, onState, onMessage, onNote: note});
-    client.connect();
+    // downstream credit on, so the wire log shows the page granting it (FLOW_UPDATE)
+    const mine = client = new ProtoClient({url: ROOT, token, transport: $("transport").value,
+                                           downstream: {messages: 200, bytes: 1 << 20}});
+    client.on("frame", onFrame);
+    client.on("state", (state, detail) => { if (client === mine) onState(state, detail); });
+    client.on("message", onMessage);
+    client.on("error", (e) => note(`ERROR ${e.code}: ${e.message}`));
+    readTexts(mine);
+    client.connect().catch((e) => {
+      if (client === mine) onState("closed", e.message);
+    });
     setConnected(false);
   });
 
@@ -84,29 +95,23 @@
   $("log-clear").addEventListener("click", () => $("wire-log").replaceChildren());
 
   // -- incoming ------------------------------------------------------------------------------
-  function onMessage(msg) {
-    const p = msg.payload || {};
-    switch (msg.type) {
-      case "MESSAGE_START": bubble("agent", p.message_id, ""); break;
-      case "MESSAGE_PART": {
-        const node = agentTexts[p.message_id] || bubble("agent", p.message_id, "");
-        node.textContent += p.content;
-        break;
+  // streamed texts, chunk by chunk as they arrive
+  async function readTexts(mine) {
+    for await (const chunk of mine.texts()) {
+      if (chunk.kind === "start") {
+        bubble("agent", chunk.messageId, "");
+      } else if (chunk.kind === "part") {
+        const node = agentTexts[chunk.messageId] || bubble("agent", chunk.messageId, "");
+        node.textContent += chunk.content;
+      } else {
+        if (agentTexts[chunk.messageId]) window.playground.chat.push({who: "agent", text: chunk.text});
+        delete agentTexts[chunk.messageId];
       }
-      case "MESSAGE_END": {
-        const node = agentTexts[p.message_id];
-        if (node) window.playground.chat.push({who: "agent", text: node.textContent});
-        delete agentTexts[p.message_id];
-        break;
-      }
-      case "TOOL_LIST": setTools(p.tools || []); break;
-      case "TOOL_UPDATE": onToolUpdate(p); break;
-      case "TOOL_DONE": onToolDone(p); break;
-      case "ERROR":
-        note(`ERROR ${p.code}: ${p.message}`);
-        break;
-      default: break;
     }
+  }
+
+  function onMessage(msg) {
+    if (msg.type === "TOOL_LIST") setTools(msg.payload.tools || []);
   }
 
   // -- chat --------------------------------------------------------------------------------
@@ -131,10 +136,7 @@
     const input = $("chat-input");
     const text = input.value;
     if (!text || !client || client.state !== "ready") return;
-    const id = `web-text-${++counter}`;
-    client.send("MESSAGE_START", "USER", {message_id: id, content_type: "text/plain"});
-    client.send("MESSAGE_PART", "USER", {message_id: id, content: text});
-    client.send("MESSAGE_END", "USER", {message_id: id});
+    client.sendText(text);
     bubble("me", null, text);
     window.playground.chat.push({who: "me", text});
     input.value = "";
@@ -226,9 +228,20 @@
       const {kind, required} = input.dataset;
       const empty = kind !== "boolean" && input.value.trim() === "";
       if (empty && !required) continue;
+      if (empty) {
+        input.setAttribute("aria-invalid", "true");
+        input.focus();
+        throw new Error(`${input.name} is required`);
+      }
+      input.removeAttribute("aria-invalid");
       let value;
       if (kind === "boolean") value = input.checked;
-      else if (kind === "number" || kind === "integer") value = Number(input.value);
+      else if (kind === "number" || kind === "integer") {
+        value = Number(input.value);
+        if (!Number.isFinite(value) || (kind === "integer" && !Number.isInteger(value))) {
+          throw new Error(`${input.name}: not ${kind === "integer" ? "an integer" : "a number"}`);
+        }
+      }
       else if (kind === "enum" || kind === "json") {
         try { value = JSON.parse(input.value); } catch (e) {
           throw new Error(`${input.name}: not valid JSON (${e.message})`);
@@ -255,32 +268,38 @@
       return;
     }
     const callId = `web-call-${++counter}`;
-    currentCall = callId;
-    window.playground.calls[callId] = {tool: $("tool-select").value, params, updates: [], done: null};
+    const tool = $("tool-select").value;
+    const record = window.playground.calls[callId] = {tool, params, updates: [], done: null};
+    currentCall = {callId, abort: new AbortController()};
     $("tool-progress").value = 0;
     $("tool-status").textContent = "sent";
     result.textContent = "";
     result.classList.remove("bad");
     $("tool-cancel").disabled = false;
-    client.send("TOOL_CALL", "USER", {call_id: callId, tool: $("tool-select").value, params});
+    const mine = currentCall;
+    const onProgress = (progress, status, partial) => {
+      const update = {call_id: callId, status};
+      if (progress !== undefined) update.progress = progress;
+      if (partial !== undefined) update.partial = partial;
+      record.updates.push(update);
+      if (currentCall !== mine) return;
+      if (typeof progress === "number") $("tool-progress").value = progress;
+      $("tool-status").textContent = status + (typeof progress === "number" ? ` ${progress}%` : "");
+    };
+    client.callTool(tool, params, {callId, onProgress, signal: mine.abort.signal}).then(
+      (value) => done(mine, record, {call_id: callId, status: "OK", result: value}),
+      (e) => done(mine, record, e instanceof ToolCancelled
+        ? {call_id: callId, status: "CANCELLED"}
+        : {call_id: callId, status: "ERROR", error: {code: e.code || "ERROR", message: e.message}}));
   });
 
   $("tool-cancel").addEventListener("click", () => {
-    if (currentCall && client) client.send("TOOL_CANCEL", "USER", {call_id: currentCall});
+    if (currentCall) currentCall.abort.abort();  // the client sends TOOL_CANCEL
   });
 
-  function onToolUpdate(p) {
-    const call = window.playground.calls[p.call_id];
-    if (call) call.updates.push(p);
-    if (p.call_id !== currentCall) return;
-    if (typeof p.progress === "number") $("tool-progress").value = p.progress;
-    $("tool-status").textContent = p.status + (typeof p.progress === "number" ? ` ${p.progress}%` : "");
-  }
-
-  function onToolDone(p) {
-    const call = window.playground.calls[p.call_id];
-    if (call) call.done = p;
-    if (p.call_id !== currentCall) return;
+  function done(mine, record, p) {
+    record.done = p;
+    if (currentCall !== mine) return;
     const result = $("tool-result");
     $("tool-status").textContent = p.status;
     $("tool-cancel").disabled = true;
@@ -289,8 +308,8 @@
       result.textContent = JSON.stringify(p.result, null, 2);
       result.classList.remove("bad");
     } else {
-      result.textContent = p.error ? `${p.error.code}: ${p.error.message}` : p.status;
+      result.textContent = p.error ? p.error.message : p.status;
       result.classList.add("bad");
     }
   }
-})();
+}

@@ -26,7 +26,7 @@ def test_the_page_is_at_the_root_of_protoflasks_own_app(server):
         assert '<meta name="protoflask-root" content="/">' in resp.text
         assert "__PROTOFLASK_ROOT__" not in resp.text
     for name, kind in (("app.css", "text/css"), ("dashboard.js", "javascript"),
-                       ("playground.js", "javascript"), ("protoclient.js", "javascript")):
+                       ("playground.js", "javascript"), ("protoclient.mjs", "javascript")):
         resp = requests.get(f"{server.base_url}/dashboard/static/{name}", timeout=5)
         assert resp.status_code == 200 and kind in resp.headers["Content-Type"]
     assert requests.get(server.base_url + "/dashboard/static/../dashboard.py",

@@ -245,7 +245,7 @@ def test_metrics_and_the_page_under_gunicorn():
         assert value(samples, "protoflask_uptime_seconds") > 0
         page = requests.get(gunicorn.base_url + "/", timeout=5)
         assert page.status_code == 200 and "protoflask" in page.text
-        script = requests.get(gunicorn.base_url + "/dashboard/static/protoclient.js", timeout=5)
-        assert script.status_code == 200 and "class ProtoClient" in script.text
+        script = requests.get(gunicorn.base_url + "/dashboard/static/protoclient.mjs", timeout=5)
+        assert script.status_code == 200 and "ProtoClient" in script.text
     finally:
         gunicorn.stop()

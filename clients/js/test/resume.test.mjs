@@ -1,0 +1,72 @@
+// Drops and resumes: the server cuts every connection mid-text, or the client drops its
+// own mid-upload; every message arrives exactly once, in order, both ways.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { makeClient, startServer, VARIANTS, waitFor } from "./helpers.mjs";
+
+let server;
+before(async () => {
+  server = await startServer();
+});
+after(async () => {
+  await server.stop();
+});
+
+for (const { name, transport, options } of VARIANTS) {
+  describe(name, () => {
+    test("the server drops the connection mid-stream: the text arrives whole, once", async () => {
+      const client = makeClient(server, transport, options);
+      const errors = [];
+      client.on("error", (e) => errors.push(e));
+      await client.connect();
+      const session = client.session;
+      const call = client.callTool("stream_text", { parts: 300, kick_at: 100 });
+      const parts = [];
+      let end;
+      for await (const chunk of client.texts()) {
+        if (chunk.kind === "part") parts.push(chunk.content);
+        if (chunk.kind === "end") {
+          end = chunk;
+          break;
+        }
+      }
+      const result = await call;
+      assert.equal(end.messageId, result.message_id);
+      assert.deepEqual(parts, Array.from({ length: 300 }, (_, i) => `p${i} `));
+      assert.equal(end.text, parts.join(""));
+      assert.ok(client.reconnects >= 1, "the client resumed");
+      assert.equal(client.session, session, "the same session");
+      assert.deepEqual(errors, []);
+      await client.close();
+    });
+
+    test("the client drops mid-upload: every text reaches the server once", async () => {
+      const client = makeClient(server, transport, options);
+      const errors = [];
+      client.on("error", (e) => errors.push(e));
+      await client.connect();
+      const sent = [];
+      const send = (from, to) => {
+        for (let i = from; i < to; i++) {
+          client.sendText([`text `, `${i}`]);
+          sent.push(`text ${i}`);
+        }
+      };
+      send(0, 20);
+      client.dropConnection(); // 20 texts written or queued, none confirmed yet
+      send(20, 40); // queued while it reconnects
+      await waitFor(() => client.reconnects === 1 && client.state === "ready", "the first resume");
+      send(40, 60);
+      client.dropConnection();
+      const echoed = [];
+      while (echoed.length < sent.length) echoed.push((await client.nextText({ timeoutMs: 15000 })).text);
+      assert.deepEqual(echoed, sent);
+      assert.ok(client.reconnects >= 2);
+      // nothing more arrives (no duplicate echo), and the server saw no protocol error
+      assert.equal(await client.ping() >= 0, true);
+      await assert.rejects(client.nextText({ timeoutMs: 300 }), /TIMEOUT/);
+      assert.deepEqual(errors.map(String), []);
+      await client.close();
+    });
+  });
+}
