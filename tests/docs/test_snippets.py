@@ -56,10 +56,7 @@ RUN_TIMEOUT = 60.0
 #: with the reason given, until that file's new version lands (a changed snippet no longer
 #: matches and is run; an entry that matches nothing fails test_pending_entries_are_live,
 #: so the list cannot rot).
-PENDING: dict[str, str] = {
-    "2e72cc98": "docs/OPERATIONS.md: uses `proto` without defining it; OPERATIONS.md is "
-                "being rewritten on the docs branch",
-}
+PENDING: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
