@@ -66,6 +66,25 @@ class _Handler(WSGIHandler):
         environ["protoflask.socket"] = self.socket
         return environ
 
+    def process_result(self) -> None:
+        """gevent's, except that an empty chunk before the head sends the head: a
+        streaming response flushes its status line that way when it has nothing to write
+        yet (gevent skips empty chunks, and would hold the head until the first bytes)."""
+        for data in self.result:
+            if data:
+                self.write(data)
+            elif not self.headers_sent:
+                # a 100 Continue still owed to the request body goes first, then the head
+                # alone (an empty chunk on the wire would end the body)
+                send_continue = getattr(self.wsgi_input, "_send_100_continue", None)
+                if send_continue is not None:
+                    send_continue()
+                self.write(b"")
+        if self.status and not self.headers_sent:
+            self.write(b"")
+        if self.response_use_chunked:
+            self._sendall(b"0\r\n\r\n")
+
     def run_application(self) -> None:
         try:
             super().run_application()
