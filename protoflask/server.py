@@ -44,6 +44,22 @@ log = logging.getLogger("protoflask")
 STOP_TIMEOUT = 3.0
 
 
+def _error_body(code: int) -> tuple[str, bytes]:
+    """The status line and JSON body of an error the WSGI server answers by itself."""
+    reason, name, message = {
+        400: ("Bad Request", "INVALID_MESSAGE", "malformed HTTP request"),
+        414: ("Request-URI Too Long", "URI_TOO_LONG", "the request line is too long"),
+    }.get(code, ("Internal Server Error", "INTERNAL_ERROR", "internal error"))
+    body = b'{"error":{"code":"%s","message":"%s"}}' % (name.encode(), message.encode())
+    return f"{code} {reason}", body
+
+
+def _raw_error(code: int) -> bytes:
+    status, body = _error_body(code)
+    return (f"HTTP/1.1 {status}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
+
+
 class _Handler(WSGIHandler):
     """gevent's handler, exposing the client socket to the WebSocket route."""
 
@@ -65,6 +81,28 @@ class _Handler(WSGIHandler):
         environ = super().get_environ()
         environ["protoflask.socket"] = self.socket
         return environ
+
+    def handle_one_request(self) -> Any:
+        """gevent's, except that a request it cannot parse (400, 414) is answered with
+        the JSON error body every other error has, not an empty or plain-text one."""
+        result = super().handle_one_request()
+        if isinstance(result, tuple) and len(result) == 2:
+            return result[0], _raw_error(int(result[0]))
+        return result
+
+    def _send_error_response_if_possible(self, error_code: int) -> None:
+        """gevent's plain-text 400/500 for errors outside the application, as JSON."""
+        if self.response_length:
+            self.close_connection = True
+            return
+        status, body = _error_body(error_code)
+        try:
+            self.start_response(status, [("Content-Type", "application/json"),
+                                         ("Content-Length", str(len(body))),
+                                         ("Connection", "close")])
+            self.write(body)
+        except OSError:
+            self.close_connection = True
 
     def process_result(self) -> None:
         """gevent's, except that an empty chunk before the head sends the head: a

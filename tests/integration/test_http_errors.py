@@ -116,3 +116,37 @@ def test_embedded_application_handlers_keep_their_say(make_server):
     resp = call(server, "POST", "/only-get")
     assert (resp.status_code, resp.text) == (405, "app's own 405")
     assert error_of(call(server, "DELETE", "/health"))[:2] == (405, "METHOD_NOT_ALLOWED")
+
+
+def _raw(server: Any, data: bytes) -> bytes:
+    import socket
+
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=timeout(5))
+    try:
+        sock.sendall(data)
+        out = b""
+        while True:
+            piece = sock.recv(65536)
+            if not piece:
+                return out
+            out += piece
+    finally:
+        sock.close()
+
+
+def test_embedded_server_answers_unparsable_requests_with_json(make_server):
+    """Errors the WSGI server answers before Flask sees the request (the embedded server;
+    gunicorn's own parse errors stay gunicorn's)."""
+    import orjson
+
+    server = make_server()
+    for data, status, code in (
+            (b"GARBAGE\r\n\r\n", 400, "INVALID_MESSAGE"),
+            (b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400,
+             "INVALID_MESSAGE"),
+            (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "URI_TOO_LONG")):
+        out = _raw(server, data)
+        head, _, body = out.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 %d " % status), out[:200]
+        assert b"content-type: application/json" in head.lower()
+        assert orjson.loads(body)["error"]["code"] == code
