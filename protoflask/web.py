@@ -244,6 +244,7 @@ def install_error_handlers(app: Flask, server: "ProtoServer") -> None:
     comes before this one, as Flask looks up handlers by code first."""
     previous = app.error_handler_spec.get(None, {}).get(None, {}).get(HTTPException)
     own_paths: set[str] = set()
+    origins = OriginPolicy(server.config.allowed_origins)
 
     def ours() -> bool:
         if server._own_app or request.path.startswith(PROTO_PREFIX):
@@ -256,7 +257,10 @@ def install_error_handlers(app: Flask, server: "ProtoServer") -> None:
     def handle(exc: HTTPException) -> Any:
         if not ours():
             return previous(exc) if previous is not None else exc
-        return http_error_response(exc)
+        response = http_error_response(exc)
+        if server.config.enable_cors:  # the blueprint's own hook misses routing errors
+            _add_cors(response, origins)
+        return response
 
     app.register_error_handler(HTTPException, handle)
 

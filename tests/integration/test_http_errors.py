@@ -57,6 +57,16 @@ def test_wrong_method_is_json_405_with_allow(any_server):
         (405, "METHOD_NOT_ALLOWED")
 
 
+def test_routing_errors_carry_cors_headers_so_a_page_can_read_them(make_server):
+    server = make_server(allowedOrigins=["https://app.example"])
+    resp = call(server, "PUT", "/proto/sse", Origin="https://app.example")
+    assert error_of(resp)[:2] == (405, "METHOD_NOT_ALLOWED")
+    assert resp.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    other = call(server, "GET", "/proto/nope", Origin="https://elsewhere.example")
+    assert error_of(other)[:2] == (404, "NOT_FOUND")
+    assert "Access-Control-Allow-Origin" not in other.headers
+
+
 def test_websocket_route_without_upgrade_is_426_with_a_proxy_hint(any_server):
     # a proxy that drops hop-by-hop headers: neither Upgrade nor Connection arrive
     for headers in ({}, {"Upgrade": "websocket"}, {"Connection": "Upgrade"},
