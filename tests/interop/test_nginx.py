@@ -37,6 +37,7 @@ class Nginx:
         probe.close()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.access_log = tmp / "access.log"
+        self.error_log = tmp / "error.log"
         site = CONF.read_text()
         for old, new in (("server 127.0.0.1:8080;", f"server 127.0.0.1:{backend_port};"),
                          ("listen 80;", f"listen 127.0.0.1:{self.port};"),
@@ -58,8 +59,10 @@ http {{
   include {tmp / "protoflask.conf"};
 }}
 """)
-        self.error_log = tmp / "error.log"
-        self.proc = subprocess.Popen([nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf")],
+        # -e: the error log before the config is read (the default path may not be
+        # writable for a non-root user)
+        self.proc = subprocess.Popen([nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"),
+                                      "-e", str(self.error_log)],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             wait_for(self._up, within=10, what="nginx to answer")
