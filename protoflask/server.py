@@ -46,6 +46,22 @@ log = logging.getLogger("protoflask")
 STOP_TIMEOUT = 3.0
 
 
+def _error_body(code: int) -> tuple[str, bytes]:
+    """The status line and JSON body of an error the WSGI server answers by itself."""
+    reason, name, message = {
+        400: ("Bad Request", "INVALID_MESSAGE", "malformed HTTP request"),
+        414: ("Request-URI Too Long", "URI_TOO_LONG", "the request line is too long"),
+    }.get(code, ("Internal Server Error", "INTERNAL_ERROR", "internal error"))
+    body = b'{"error":{"code":"%s","message":"%s"}}' % (name.encode(), message.encode())
+    return f"{code} {reason}", body
+
+
+def _raw_error(code: int) -> bytes:
+    status, body = _error_body(code)
+    return (f"HTTP/1.1 {status}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
+
+
 class _Handler(WSGIHandler):
     """gevent's handler, exposing the client socket to the WebSocket route."""
 
@@ -67,6 +83,47 @@ class _Handler(WSGIHandler):
         environ = super().get_environ()
         environ["protoflask.socket"] = self.socket
         return environ
+
+    def handle_one_request(self) -> Any:
+        """gevent's, except that a request it cannot parse (400, 414) is answered with
+        the JSON error body every other error has, not an empty or plain-text one."""
+        result = super().handle_one_request()
+        if isinstance(result, tuple) and len(result) == 2:
+            return result[0], _raw_error(int(result[0]))
+        return result
+
+    def _send_error_response_if_possible(self, error_code: int) -> None:
+        """gevent's plain-text 400/500 for errors outside the application, as JSON."""
+        if self.response_length:
+            self.close_connection = True
+            return
+        status, body = _error_body(error_code)
+        try:
+            self.start_response(status, [("Content-Type", "application/json"),
+                                         ("Content-Length", str(len(body))),
+                                         ("Connection", "close")])
+            self.write(body)
+        except OSError:
+            self.close_connection = True
+
+    def process_result(self) -> None:
+        """gevent's, except that an empty chunk before the head sends the head: a
+        streaming response flushes its status line that way when it has nothing to write
+        yet (gevent skips empty chunks, and would hold the head until the first bytes)."""
+        for data in self.result:
+            if data:
+                self.write(data)
+            elif not self.headers_sent:
+                # a 100 Continue still owed to the request body goes first, then the head
+                # alone (an empty chunk on the wire would end the body)
+                send_continue = getattr(self.wsgi_input, "_send_100_continue", None)
+                if send_continue is not None:
+                    send_continue()
+                self.write(b"")
+        if self.status and not self.headers_sent:
+            self.write(b"")
+        if self.response_use_chunked:
+            self._sendall(b"0\r\n\r\n")
 
     def run_application(self) -> None:
         try:

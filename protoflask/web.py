@@ -10,7 +10,9 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from flask import Blueprint, Response, g, request
+from flask import Blueprint, Flask, Response, g, request
+from werkzeug.exceptions import HTTPException
+from werkzeug.routing import WebsocketMismatch
 
 from . import vitals
 from .auth import token_from_request
@@ -59,6 +61,7 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
     engine = server.engine
     config = server.config
     origins = OriginPolicy(config.allowed_origins)
+    bp.record_once(lambda state: install_error_handlers(state.app, server))
 
     @bp.before_request
     def _start_request() -> Response | None:
@@ -214,3 +217,90 @@ def _maybe_gzip(response: Response) -> None:
     response.set_data(gzip.compress(body, compresslevel=5))
     response.headers["Content-Encoding"] = "gzip"
     response.headers.add("Vary", "Accept-Encoding")
+
+
+# -- HTTP errors of the app's own making (routing, werkzeug): JSON like every other ------
+
+#: The contract's code for the HTTP errors werkzeug raises itself; any other status gets
+#: its werkzeug name in upper snake case (415 UNSUPPORTED_MEDIA_TYPE, 500 INTERNAL_ERROR).
+HTTP_ERROR_CODES = {400: "INVALID_MESSAGE", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED",
+                    413: "MESSAGE_TOO_LARGE", 500: "INTERNAL_ERROR"}
+#: Where protoflask's own routes live when it is mounted on an application's Flask app.
+PROTO_PREFIX = "/proto/"
+NO_UPGRADE_MESSAGE = (
+    "this endpoint is a WebSocket: the request needs the headers 'Upgrade: websocket' and "
+    "'Connection: Upgrade', and it arrived without them. If a proxy is in front of the "
+    "server, it probably dropped them (nginx: proxy_http_version 1.1; proxy_set_header "
+    "Upgrade $http_upgrade; proxy_set_header Connection \"upgrade\")")
+
+
+def install_error_handlers(app: Flask, server: "ProtoServer") -> None:
+    """Answer 400/404/405 (and any other werkzeug HTTPException) with the JSON error body.
+
+    On protoflask's own app, every path. On an application's app, only protoflask's
+    paths (its routes, and anything under /proto/); the application's own 404s and 405s
+    stay the application's business and go to the handler it had (Flask's HTML page if
+    none). A handler the application registers for a status code (``@app.errorhandler(404)``)
+    comes before this one, as Flask looks up handlers by code first."""
+    previous = app.error_handler_spec.get(None, {}).get(None, {}).get(HTTPException)
+    own_paths: set[str] = set()
+    origins = OriginPolicy(server.config.allowed_origins)
+
+    def ours() -> bool:
+        if server._own_app or request.path.startswith(PROTO_PREFIX):
+            return True
+        if not own_paths:
+            own_paths.update(rule.rule for rule in app.url_map.iter_rules()
+                             if rule.endpoint.startswith("protoflask."))
+        return request.path in own_paths
+
+    def handle(exc: HTTPException) -> Any:
+        if not ours():
+            return previous(exc) if previous is not None else exc
+        response = http_error_response(exc)
+        if server.config.enable_cors:  # the blueprint's own hook misses routing errors
+            _add_cors(response, origins)
+        return response
+
+    app.register_error_handler(HTTPException, handle)
+
+
+def http_error_response(exc: HTTPException) -> Response:
+    """The JSON body for a werkzeug HTTPException; a WebSocket route reached without the
+    upgrade headers is 426 Upgrade Required with a hint about proxies."""
+    if isinstance(exc, WebsocketMismatch):
+        if _asks_for_websocket():
+            return json_response({"error": {
+                "code": "INVALID_MESSAGE",
+                "message": f"{request.path} is not a WebSocket endpoint"}}, 400)
+        resp = json_response({"error": {"code": "UPGRADE_REQUIRED",
+                                        "message": NO_UPGRADE_MESSAGE}}, 426)
+        resp.headers["Upgrade"] = "websocket"  # (Connection is the WSGI server's header)
+        return resp
+    status = exc.code or 500
+    if status == 405 and request.method == "GET" and _asks_for_websocket():
+        # werkzeug reports a WebSocket upgrade to an HTTP-only route as a 405
+        return json_response({"error": {
+            "code": "INVALID_MESSAGE",
+            "message": f"{request.path} is not a WebSocket endpoint"}}, 400)
+    code = HTTP_ERROR_CODES.get(status) or re.sub(r"[^A-Z0-9]+", "_",
+                                                  (exc.name or "error").upper()).strip("_")
+    message = exc.description or exc.name or "error"
+    if status == 404:
+        message = f"no route {request.path}"
+    elif status == 405:
+        allowed = ", ".join(sorted(getattr(exc, "valid_methods", None) or []))
+        message = f"{request.method} is not allowed on {request.path}" + \
+            (f" (allowed: {allowed})" if allowed else "")
+    resp = json_response({"error": {"code": code, "message": message}}, status)
+    for name, value in exc.get_headers():
+        if name.lower() not in ("content-type", "content-length"):
+            resp.headers[name] = value  # Allow on a 405, Retry-After, WWW-Authenticate
+    return resp
+
+
+def _asks_for_websocket() -> bool:
+    upgrade = request.headers.get("Upgrade", "").lower() == "websocket"
+    connection = any(v.strip() == "upgrade"
+                     for v in request.headers.get("Connection", "").lower().split(","))
+    return upgrade and connection

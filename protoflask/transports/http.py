@@ -346,6 +346,11 @@ class HTTPDownstream:
                                 else f" resume last_seq={self.last_seq}")
             self.started()
             chunk = self.preamble() + self._take()
+            if not chunk:
+                # Nothing to write yet (a caught-up resume, a new stream before its HELLO):
+                # an empty chunk makes the server send the status line and headers now, so
+                # a client that waits for them before writing its body is not stuck.
+                yield b""
             keepalive = self.keepalive_frame()
             last_write = time.monotonic()
             while True:

@@ -464,7 +464,10 @@ def test_an_exception_in_a_view_is_logged_once_not_forever():
     try:
         resp = requests.get(f"http://127.0.0.1:{server.port}/boom", timeout=timeout(5))
         assert resp.status_code == 500
-        assert resp.headers["Content-Type"].startswith("text/html")  # Flask's own 500
+        # Flask's own error path (not gevent's bare text/plain 500): the JSON error body
+        assert resp.headers["Content-Type"].startswith("application/json")
+        assert resp.json()["error"]["code"] == "INTERNAL_ERROR"
+        assert "boom" not in resp.text  # the exception stays in the log
     finally:
         server.stop()
 
