@@ -19,7 +19,8 @@ Exactly once, both ways (CONTRACT 1, 6):
   are sent again with new seqs (a seq at or below the server's last seen would be
   dropped as a retransmission).
 
-Credits (CONTRACT 5): the client announces its downstream credit in HELLO and tops each
+Credits (docs/PROTOCOL.md "Flow control"): the client asks for downstream credit in HELLO
+(``flow_control.downstream: true``, unless ``downstream_credit=False``) and tops each
 channel up with FLOW_UPDATE when half is spent; a re-HELLO after a resume resets the
 server's view of it, so a FLOW_UPDATE lost with a connection costs nothing. Upstream, it
 counts down the server's grants from the HELLO reply, adds the server's FLOW_UPDATEs,
@@ -140,6 +141,7 @@ class Client:
     def __init__(self, url: str = "http://127.0.0.1:8080", token: str | None = None, *,
                  transport: str = "ws", accept_events: Iterable[str] = (),
                  credit_messages: int = 1000, credit_bytes: int = 16 * 1024 * 1024,
+                 downstream_credit: bool = True,
                  reconnect: bool = True, reconnect_timeout: float | None = None,
                  timeout: float = 10.0,
                  on_message: Callable[[dict[str, Any]], None] | None = None,
@@ -153,6 +155,7 @@ class Client:
         self.accept_events = wanted + [t for t in _NEEDED_EVENTS if t not in wanted] \
             if wanted else []
         self.credit_messages, self.credit_bytes = credit_messages, credit_bytes
+        self.downstream_credit = downstream_credit
         self.reconnect, self.timeout = reconnect, timeout
         self.reconnect_timeout = reconnect_timeout
         self.on_message, self.on_text_part = on_message, on_text_part
@@ -480,11 +483,12 @@ class Client:
                 conn.start()
 
     def _hello_payload(self) -> dict[str, Any]:
+        # Downstream credit is ours to ask for; asking means we keep granting (_spend_down).
+        flow = {"downstream": True, "initial_credit_messages": self.credit_messages,
+                "initial_credit_bytes": self.credit_bytes} if self.downstream_credit else {}
         return {"proto_version": PROTO_VERSION, "accept_major": [1],
                 "accept_events": self.accept_events,
-                "capabilities": {"flow_control": {
-                    "initial_credit_messages": self.credit_messages,
-                    "initial_credit_bytes": self.credit_bytes}}}
+                "capabilities": {"flow_control": flow}}
 
     def _on_close(self, conn: Any, code: int | None, error: BaseException | None) -> None:
         with self._lock:
@@ -659,7 +663,7 @@ class Client:
             if conn is not self._conn or seq <= self._last_seq:
                 return  # a stale connection, or already delivered before a resume
             self._last_seq = seq
-            if mtype not in CONTROL_TYPES:
+            if mtype not in CONTROL_TYPES and self.downstream_credit:
                 self._spend_down(channel, len(data))
             if seq - self._acked >= 32:
                 self._ack()

@@ -36,6 +36,7 @@ def export_state(session: ProtocolSession) -> dict[str, Any]:
         "counter": session._counter,
         "credits": {
             "grant": credits.grant,
+            "downstream": credits.downstream_enabled,
             "down_default": [credits._down_messages, credits._down_bytes],
             "up": {ch: [a.messages, a.bytes] for ch, a in credits._up.items()},
             "down": {ch: [a.messages, a.bytes] for ch, a in credits._down.items()},
@@ -68,6 +69,9 @@ def restore(state: dict[str, Any], settings: SessionSettings, now: int,
     credits, saved = session.credits, state.get("credits") or {}
     if saved:
         credits.grant = int(saved["grant"])
+        # absent in a state exported before downstream credit was opt-in: not counting
+        # never stalls the client
+        credits.downstream_enabled = saved.get("downstream") is True
         credits._down_messages, credits._down_bytes = saved["down_default"]
         credits._up = {ch: _Account(m, b) for ch, (m, b) in saved["up"].items()}
         credits._down = {ch: _Account(m, b) for ch, (m, b) in saved["down"].items()}

@@ -390,9 +390,13 @@ class ProtocolSession:
         wanted = frozenset(p["accept_events"]) & SERVER_TYPES
         self.accept_events = wanted | {"HELLO", "ERROR", "PING"} if wanted else None
         fc = p["capabilities"].get("flow_control") if isinstance(p["capabilities"], dict) else None
-        if isinstance(fc, dict):
-            self.credits.announce_client_credit(_positive_int(fc.get("initial_credit_messages")),
-                                                _positive_int(fc.get("initial_credit_bytes")))
+        if not isinstance(fc, dict):
+            fc = {}
+        # Downstream credit only for a client that asks for it (docs/PROTOCOL.md "Flow
+        # control"): one that merely announces initial_credit_messages is never stalled.
+        self.credits.announce_client_credit(_positive_int(fc.get("initial_credit_messages")),
+                                            _positive_int(fc.get("initial_credit_bytes")),
+                                            downstream=fc.get("downstream") is True)
         first = not self.handshake_completed
         self.handshake_completed = True
         self.send(messages.hello(

@@ -123,6 +123,24 @@ def test_credit_held_by_a_client_stays_bounded_when_threshold_exceeds_the_grant(
         assert bytes_left <= 1048576
 
 
+@pytest.mark.parametrize("initial", [5, 150, 1000])
+def test_first_top_up_lifts_to_threshold_plus_one_grant_then_one_grant_each(initial):
+    # CONTRACT 5: when creditThreshold exceeds the grant, the first top-up may lift the
+    # channel to threshold + one grant in one FLOW_UPDATE (not one message at a time);
+    # every later top-up is exactly one grant.
+    led = ledger(initial_credit_messages=initial, credit_threshold=200, initial_credits=100,
+                 adaptive_adjustment=False)
+    updates = []
+    for _ in range(initial + 1000):
+        led.charge("USER", 10)
+        grant = led.replenish("USER")
+        if grant is not None:
+            updates.append((grant[0], led.upstream()["USER"][0]))
+    assert updates[0][1] == 200 + 100
+    assert all(add == 100 and left == 300 for add, left in updates[1:])
+    assert len(updates) >= 10
+
+
 def grants(led, n, under_load=False):
     """The grant size after each of n top-ups (spending down to the threshold first)."""
     out = []
@@ -181,16 +199,31 @@ def test_disabled_ledger_counts_nothing():
 # -- downstream ledger ----------------------------------------------------------------------------
 
 
-def test_downstream_default_is_initial_credits_messages_and_unlimited_bytes():
+def test_downstream_is_not_counted_for_a_client_that_did_not_ask():
+    # CONTRACT 5 (amended): downstream credit is the client's to ask for.
     led = ledger(initial_credits=2)
+    for _ in range(5):
+        assert led.can_send("AGENT", 10**9)
+        led.spend("AGENT", 10**9)
+    led.announce_client_credit(2, 100, downstream=False)  # announced, but did not ask
+    for _ in range(5):
+        assert led.can_send("AGENT", 10**6)
+        led.spend("AGENT", 10**6)
+    assert led.downstream() == {}
+
+
+def test_downstream_default_for_a_client_that_asks_is_initial_credits_and_bytes():
+    led = ledger(initial_credits=2, initial_credit_bytes=10**9)
+    led.announce_client_credit(None, None, downstream=True)
+    assert not led.can_send("AGENT", 10**9 + 1)
     assert led.can_send("AGENT", 10**9)
-    led.spend("AGENT", 10**9)
+    led.spend("AGENT", 10**9 - 5)
     led.spend("AGENT", 5)
-    assert not led.can_send("AGENT", 1)
+    assert not led.can_send("AGENT", 0)
     assert led.can_send("USER", 1)  # another channel has its own credit
-    led.add_client_credit("AGENT", 1, 0)
-    assert led.can_send("AGENT", 1)
-    assert led.downstream()["AGENT"] == (1, None)
+    led.add_client_credit("AGENT", 1, 10)
+    assert led.can_send("AGENT", 10)
+    assert led.downstream()["AGENT"] == (1, 10)
 
 
 def test_downstream_client_announced_credit_counts_bytes():
@@ -205,14 +238,17 @@ def test_downstream_client_announced_credit_counts_bytes():
     assert led.downstream() == {"AGENT": (2, 50)}
 
 
-def test_announce_resets_channels_used_before_and_none_keeps_the_default():
-    led = ledger(initial_credits=4)
+def test_every_announce_starts_over_and_none_means_the_defaults():
+    led = ledger(initial_credits=4, initial_credit_bytes=1000)
+    led.announce_client_credit(10, 50)
     led.spend("AGENT", 1)
     led.announce_client_credit(None, None)
-    assert led.downstream() == {"AGENT": (4, None)}
+    assert led.downstream() == {"AGENT": (4, 1000)}
     led.spend("AGENT", 1)
     led.announce_client_credit(10, None)
-    assert led.downstream() == {"AGENT": (10, None)}
+    assert led.downstream() == {"AGENT": (10, 1000)}
+    led.announce_client_credit(10, None, downstream=False)  # a re-HELLO that stops asking
+    assert led.downstream() == {} and led.can_send("AGENT", 10**9)
 
 
 # -- the session upstream -------------------------------------------------------------------------
@@ -372,7 +408,8 @@ def contents(out):
 def test_downstream_credit_blocks_a_channel_and_keeps_order():
     s = make_session(credits={"initial_credits": 3})
     c = Client(s)
-    c.handshake()  # no capabilities: the client is assumed to grant initial_credits
+    # asks for downstream credit without announcing its own: initial_credits apply
+    c.handshake(capabilities={"flow_control": {"downstream": True}})
     for i in range(6):
         s.send(messages.text_part("m", str(i)))
     first = c.take()
@@ -398,7 +435,8 @@ def test_held_message_blocks_later_ones_on_its_channel_by_bytes():
     s = make_session()
     c = Client(s)
     c.handshake(capabilities={"flow_control": {"initial_credit_messages": 100,
-                                               "initial_credit_bytes": 300}})
+                                               "initial_credit_bytes": 300,
+                                               "downstream": True}})
     s.send(messages.text_part("m", "big" + "x" * 400))
     s.send(messages.text_part("m", "small"))  # would fit, but must not overtake
     assert c.take() == []

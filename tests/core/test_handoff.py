@@ -75,11 +75,12 @@ def test_acknowledged_and_expired_entries_do_not_come_back() -> None:
 def test_messages_waiting_for_credit_move_with_the_session() -> None:
     s = make_session(now=0, credits={"initial_credits": 1})
     c = Client(s)
-    c.handshake()
+    c.handshake(capabilities={"flow_control": {"downstream": True}})
     for n in range(3):
         s.send(messages.create("NOTE", {"n": n}))
     assert len(c.take()) == 1  # one credit on AGENT; two wait
     copy = moved(s, now=10)
+    assert copy.credits.downstream_enabled  # the client asked, and still counts
     assert [ob.payload["n"] for ob in copy.pending] == [1, 2]
     copy.credits.add_client_credit("AGENT", 5, 0)
     assert [m["payload"]["n"] for m in Client(copy).take()] == [1, 2]

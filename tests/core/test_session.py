@@ -171,10 +171,27 @@ def test_handshake_required_rejection_still_advances_the_seq():
 def test_client_announced_capabilities_set_downstream_credit():
     s = make_session()
     c = Client(s)
-    c.handshake(capabilities={"flow_control": {"initial_credit_messages": 2}})
+    c.handshake(capabilities={"flow_control": {"initial_credit_messages": 2,
+                                               "downstream": True}})
     for i in range(4):
         s.send(messages.text_part("m", str(i)))
     assert [m["payload"]["content"] for m in c.take()] == ["0", "1"]
+
+
+@pytest.mark.parametrize("flow_control", [
+    {"initial_credit_messages": 2},  # the reference SDK: announces, never tops up
+    {"initial_credit_messages": 2, "downstream": False},
+    {"initial_credit_messages": 2, "downstream": "true"},  # only the JSON true asks
+    None,
+])
+def test_a_client_that_does_not_ask_for_downstream_credit_is_never_stalled(flow_control):
+    s = make_session()
+    c = Client(s)
+    c.handshake(capabilities={} if flow_control is None else {"flow_control": flow_control})
+    for i in range(2000):
+        s.send(messages.text_part("m", str(i)))
+    assert len([m for m in c.take() if m["type"] == "MESSAGE_PART"]) == 2000
+    assert s.snapshot()["downstreamCredits"] == {}
 
 
 # -- upstream seq ------------------------------------------------------------------------------
