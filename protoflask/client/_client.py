@@ -830,8 +830,11 @@ class Client:
     def _on_error(self, p: dict[str, Any], msg: dict[str, Any]) -> bool:
         code, text = p.get("code", "ERROR"), p.get("message", "")
         related = p.get("related_id")
+        if code in ("CHANNEL_PAUSED", "INSUFFICIENT_CREDITS") and related in self._recent:
+            # refused unprocessed, and the server charged nothing for it: neither do we
+            self._refund(self._recent[related])
         if code == "CHANNEL_PAUSED" and related in self._recent:
-            # Not processed: send it again once the channel is resumed (CONTRACT 5).
+            # Not processed: send it again once the channel is resumed.
             entry = self._recent.pop(related)
             if entry in self._unconfirmed:
                 self._unconfirmed.remove(entry)

@@ -16,8 +16,8 @@ Rules, in the order a received message meets them (CONTRACT 1, 4, 5, 6):
 3. Unknown type                          -> ERROR UNSUPPORTED_TYPE
 4. Not HELLO/PING before the handshake   -> ERROR HANDSHAKE_REQUIRED
 5. Payload invalid                       -> ERROR INVALID_MESSAGE / MISSING_RUN_ID
-6. Not a control type and no credit      -> ERROR INSUFFICIENT_CREDITS (nothing spent)
-7. USER message while back-pressured     -> ERROR CHANNEL_PAUSED
+6. USER message while back-pressured     -> ERROR CHANNEL_PAUSED (nothing spent)
+7. Not a control type and no credit      -> ERROR INSUFFICIENT_CREDITS (nothing spent)
 8. Processed; the channel's credit is topped up with FLOW_UPDATE when it runs low.
 
 Downstream, a message is filtered by the client's accept_events when queued, then
@@ -245,6 +245,8 @@ class ProtocolSession:
         # below this nothing in _check_pressure can trigger (half the pause threshold)
         self._low_water = min(settings.outbound_buffer_size * settings.back_pressure_threshold / 2,
                               settings.outbound_buffer_size)
+        # back-pressure may pause USER only after data was queued since the last resume
+        self._pause_armed = True
         self._overflowed = False
         self._resend: list[tuple[int, bytes]] = []
 
@@ -350,10 +352,12 @@ class ProtocolSession:
                 raise HandshakeRequired()
             msg = validate_payload(msg)
             if msg.type not in CONTROL_TYPES:
-                self.credits.charge(msg.channel, nbytes)
-                charged = True
+                # refused before it is charged: a message the client must send again
+                # must not cost it credit (nor earn it a top-up)
                 if msg.channel in self.paused_by_server:
                     raise ChannelPaused(f"channel {msg.channel} is paused", related_id=msg.id)
+                self.credits.charge(msg.channel, nbytes)
+                charged = True
             self._process(msg, seen_before, now)
         except InsufficientCredits as exc:
             exc.related_id = exc.related_id or msg.id
@@ -616,6 +620,8 @@ class ProtocolSession:
             self._events.append(SendRefused(out.type, out.channel))
             return False
         self._enqueue(out)
+        if out.type not in CONTROL_TYPES:
+            self._pause_armed = True
         self._check_pressure()
         return True
 
@@ -641,11 +647,19 @@ class ProtocolSession:
         self.in_flight = nbytes
         self._check_pressure(writer=True)
 
-    def _check_pressure(self, writer: bool = False) -> None:
-        """Back-pressure (CONTRACT 5): pause USER above backPressureThreshold of the
-        buffer, resume below half of that. A client is stuck when bytes the session could
-        send (not held back by the client's own credit or pause) pass the whole buffer
-        while a write is blocked: only another caller than the writer can see that."""
+    def _check_pressure(self, writer: bool = False, may_resume: bool = True) -> None:
+        """Back-pressure (docs/PROTOCOL.md "Flow control"), with hysteresis: USER is paused
+        when the unsent bytes (queued plus being written) pass the high mark,
+        backPressureThreshold of the buffer, and resumed only once they are down to the
+        low mark, a quarter of the high one. Two rules keep the pair from feeding itself:
+        a pause needs data queued since the last resume (the PAUSE/RESUME frames and the
+        write of what is already queued never pause again on their own), and no resume is
+        decided inside take_writable, between taking a batch off the queue and the
+        transport reporting it in flight, when the batch is counted nowhere.
+
+        A client is stuck when bytes the session could send (not held back by the client's
+        own credit or pause) pass the whole buffer while a write is blocked: only another
+        caller than the writer can see that."""
         s = self.settings
         unsent = self.pending_bytes + self.in_flight
         if unsent < self._low_water and not self.paused_by_server:
@@ -653,11 +667,12 @@ class ProtocolSession:
         high = s.outbound_buffer_size * s.back_pressure_threshold
         if s.credits.enabled:
             if "USER" not in self.paused_by_server:
-                if unsent > high:
+                if unsent > high and self._pause_armed:
                     self.paused_by_server.add("USER")
                     self._enqueue(messages.pause_channel("USER"))
-            elif unsent <= high / 2:
+            elif may_resume and unsent <= high / 4:
                 self.paused_by_server.discard("USER")
+                self._pause_armed = False
                 self._enqueue(messages.resume_channel("USER"))
         if writer or not self.in_flight or self._overflowed or not self.connected:
             return
@@ -721,7 +736,8 @@ class ProtocolSession:
                 sent[ob.type] += 1
             except KeyError:  # an application's own type
                 sent[ob.type] = 1
-        self._check_pressure()
+        # what was just taken is not in flight yet: no resume decision here (see above)
+        self._check_pressure(may_resume=False)
         return out
 
     def _hold(self, ob: messages.Outbound, size: int) -> None:

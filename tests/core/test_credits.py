@@ -3,6 +3,8 @@ applies it upstream and downstream."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from protoflask.core import errors, messages
@@ -512,3 +514,85 @@ def test_no_byte_top_up_for_a_message_refused_for_want_of_message_credit():
         led.charge("USER", 50)
     assert led.top_up_bytes("USER", 50) is None
     assert led.replenish("USER") == (led.settings.credit_threshold + led.grant, 90)
+
+
+# -- back-pressure: hysteresis ---------------------------------------------------------------
+
+
+def pump(s, now=0, limit=50):
+    """Write like the WebSocket transport does: take a batch, report it in flight, write
+    it, report 0, and go on while anything is writable. Returns the messages written;
+    fails if the loop does not end by itself."""
+    written = []
+    for _ in range(limit):
+        batch = s.take_writable(now)
+        if not batch:
+            return written
+        s.set_in_flight(sum(len(data) + 2 for _, data in batch))  # + WebSocket frame head
+        written.extend(json.loads(data) for _, data in batch)
+        s.set_in_flight(0)
+    raise AssertionError(f"the writer never ran dry: {types(written)[-6:]}")
+
+
+@pytest.mark.parametrize("part", ["", "x" * 20])
+@pytest.mark.parametrize("texts", range(2, 7))
+@pytest.mark.parametrize("granted", range(1, 5))
+def test_writing_pause_and_resume_frames_never_pauses_or_resumes_again(part, texts, granted):
+    # The livelock behind a flaky client test: with bytes held by the client's own credit
+    # between the marks, the resume decided inside take_writable (the batch just taken
+    # counted nowhere) queued a RESUME, writing it pushed the unsent bytes over the high
+    # mark (PAUSE), writing that brought them under the low one (RESUME), for ever: the
+    # writer never ran dry (400,000 pairs in 10 s). E.g. no part, 3 texts, 3 granted.
+    s = make_session(outbound_buffer_size=1024)
+    c = Client(s)
+    c.handshake(capabilities={"flow_control": {"initial_credit_messages": 1,
+                                               "downstream": True}})
+    for n in range(texts):
+        s.send(messages.text_start(f"t{n}"))
+        if part:
+            s.send(messages.text_part(f"t{n}", part))
+        s.send(messages.text_end(f"t{n}"))
+    written = pump(s)
+    for _ in range(30):  # the client grants a little at a time
+        c.send("FLOW_UPDATE", {"channel": "AGENT", "add_messages": granted})
+        written += pump(s)
+    kinds = types(written)
+    assert kinds.count("MESSAGE_START") == kinds.count("MESSAGE_END") == texts
+    # one burst of data: at most one pause, and one resume once it drained
+    assert kinds.count("PAUSE_CHANNEL") == kinds.count("RESUME_CHANNEL") <= 1
+    assert not s.paused_by_server
+
+
+def paused_session(buffer, **credits):
+    """A session whose USER is paused: AGENT messages wait for the client's credit."""
+    s = make_session(outbound_buffer_size=buffer, credits=credits or None)
+    c = Client(s)
+    c.handshake(capabilities={"flow_control": {"initial_credit_messages": 1,
+                                               "downstream": True}})
+    for _ in range(buffer // 150):
+        s.send(messages.text_part("m", "x" * 100))
+    pump(s)
+    assert s.paused_by_server == {"USER"}
+    return s, c
+
+
+def test_resume_waits_for_the_low_mark_a_quarter_of_the_high_one():
+    s, c = paused_session(10000)  # the high mark is 8000 bytes, the low one 2000
+    still_paused = []
+    while s.paused_by_server:
+        c.send("FLOW_UPDATE", {"channel": "AGENT", "add_messages": 1})
+        out = types(pump(s))
+        assert ("RESUME_CHANNEL" in out) == (s.pending_bytes <= 2000)
+        if s.paused_by_server:
+            still_paused.append(s.pending_bytes)
+    assert min(still_paused) < 4000  # half the high mark was not enough
+
+
+def test_a_message_refused_for_back_pressure_costs_no_credit():
+    s, c = paused_session(1024, initial_credit_messages=5, credit_threshold=2)
+    for n in range(10):
+        start(c, f"m{n}")
+    out = c.take()
+    assert error_codes(out) == ["CHANNEL_PAUSED"] * 10
+    assert "FLOW_UPDATE" not in types(out)  # nothing spent, so nothing to give back
+    assert s.snapshot()["credits"] == {}
