@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from . import messages
 from .credits import _Account
+from .seen import SeenSeqs
 from .session import ProtocolSession, Run, SessionSettings, _Call
 
 STATE_VERSION = 1
@@ -29,6 +30,7 @@ def export_state(session: ProtocolSession) -> dict[str, Any]:
         "handshake": session.handshake_completed,
         "last_activity": session.last_activity,
         "upstream_seq": session.upstream_seq,
+        "upstream_missing": session.up_seqs.missing(),
         "downstream_seq": session.downstream_seq,
         "last_ack": session.last_ack,
         "accept_events": sorted(session.accept_events) if session.accept_events else None,
@@ -59,7 +61,8 @@ def restore(state: dict[str, Any], settings: SessionSettings, now: int,
     session = ProtocolSession(state["id"], state["user"], settings, now)
     session.handshake_completed = bool(state["handshake"])
     session.last_activity = int(state["last_activity"])
-    session.upstream_seq = int(state["upstream_seq"])
+    # absent in a state exported before out-of-order seqs: everything below counts as seen
+    session.up_seqs = SeenSeqs(int(state["upstream_seq"]), state.get("upstream_missing") or ())
     session.last_ack = int(state["last_ack"])
     accept = state.get("accept_events")
     session.accept_events = frozenset(accept) if accept else None

@@ -12,7 +12,8 @@ Rules, in the order a received message meets them (CONTRACT 1, 4, 5, 6):
 0. Over the rate limit                  -> ERROR RATE_LIMITED, dropped unread (close 1008
                                            when the client keeps flooding)
 1. Envelope invalid                      -> ERROR INVALID_MESSAGE (or MESSAGE_TOO_LARGE)
-2. seq <= last seen upstream seq         -> dropped silently (a resend); else seq is recorded
+2. seq already seen                      -> dropped silently (a resend); else seq is recorded
+   (seen.py: out-of-order seqs are processed; more than 1024 below the highest count as seen)
 3. Unknown type                          -> ERROR UNSUPPORTED_TYPE
 4. Not HELLO/PING before the handshake   -> ERROR HANDSHAKE_REQUIRED
 5. Payload invalid                       -> ERROR INVALID_MESSAGE / MISSING_RUN_ID
@@ -46,6 +47,7 @@ from .errors import (
 )
 from .ratelimit import RateLimiter, Verdict
 from .replay import ReplayWindow
+from .seen import SeenSeqs
 from .traffic import INVALID, UNKNOWN_TYPE, TrafficCounters
 
 # WebSocket-style close codes the core asks transports to use (CONTRACT 2).
@@ -224,7 +226,7 @@ class ProtocolSession:
         self.handshake_completed = False
         self.closed = False  # expired or closed for good: no more sends
 
-        self.upstream_seq = 0
+        self.up_seqs = SeenSeqs()  # upstream seqs seen: the highest, and gaps below it
         self.downstream_seq = 0
         self.last_ack = 0
         self.accept_events: frozenset[str] | None = None
@@ -262,6 +264,11 @@ class ProtocolSession:
         self._events: list[Event] = []
         # shared by every session of a server (the server's /metrics); own one otherwise
         self.traffic = traffic if traffic is not None else TrafficCounters()
+
+    @property
+    def upstream_seq(self) -> int:
+        """The highest upstream seq seen."""
+        return self.up_seqs.highest
 
     # -- connection lifecycle ------------------------------------------------------------
 
@@ -340,10 +347,9 @@ class ProtocolSession:
             received[msg.type] += 1
         except KeyError:  # a type no client may send: one bounded label for all of them
             received[UNKNOWN_TYPE] += 1
-        if msg.seq <= self.upstream_seq:
+        seen_before = self.up_seqs.highest
+        if not self.up_seqs.first_time(msg.seq):
             return self._take_events()  # a retransmission: already seen
-        seen_before = self.upstream_seq
-        self.upstream_seq = msg.seq
         charged = False
         try:
             if msg.type not in CLIENT_TYPES:

@@ -206,14 +206,36 @@ def test_resend_with_seq_not_greater_than_last_is_dropped_silently(client):
     assert client.s.upstream_seq == 2
 
 
-def test_gaps_are_allowed_and_older_seqs_after_a_gap_are_dropped(client):
+def test_gaps_are_allowed_and_a_seq_in_a_gap_is_processed_once(client):
+    # CONTRACT 1 (amended): below the highest, only a seq already seen is a resend.
     client.send("PING", {"nonce": "a"}, seq=10)
     assert [m["payload"]["nonce"] for m in client.take()] == ["a"]
     client.send("PING", {"nonce": "b"}, seq=5)
+    assert [m["payload"]["nonce"] for m in client.take()] == ["b"]
+    client.send("PING", {"nonce": "b again"}, seq=5)
     assert client.take() == []
     client.send("PING", {"nonce": "c"}, seq=11)
     assert [m["payload"]["nonce"] for m in client.take()] == ["c"]
     assert client.s.snapshot()["lastClientSeq"] == "11"
+
+
+def test_out_of_order_tool_calls_are_each_processed_once():
+    # 50 TOOL_CALLs arriving shuffled (concurrent POSTs), then all of them again.
+    import random
+
+    s = make_session()
+    c = Client(s)
+    c.handshake()
+    seqs_ = list(range(2, 52))
+    random.Random(14).shuffle(seqs_)
+    calls = []
+    for seq in seqs_ + seqs_:
+        events = c.send("TOOL_CALL", {"call_id": f"c{seq}", "tool": "t", "params": {}},
+                        seq=seq)
+        calls += [e.call_id for e in events if isinstance(e, ToolCallReceived)]
+    assert sorted(calls) == sorted(f"c{seq}" for seq in seqs_)
+    assert error_codes(c.take()) == []
+    assert s.upstream_seq == 51
 
 
 @pytest.mark.parametrize("mtype,payload,code", [
