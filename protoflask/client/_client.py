@@ -25,6 +25,14 @@ channel up with FLOW_UPDATE when half is spent; a re-HELLO after a resume resets
 server's view of it, so a FLOW_UPDATE lost with a connection costs nothing. Upstream, it
 counts down the server's grants from the HELLO reply, adds the server's FLOW_UPDATEs,
 and holds data messages while a channel has no credit or is paused.
+
+Back-pressure: a message the server refused with CHANNEL_PAUSED is sent again after
+RESUME_CHANNEL. Everything sent between the server's pause and our hearing of it is
+refused too, so after a refusal the channel is sent in a window that starts at
+``_CAUTIOUS_START`` messages and doubles each time the server is known to have processed
+the whole window (the PONG to a PING sent after it), until it passes
+``_CAUTIOUS_END``; another refusal starts it over. This keeps a client that is paused
+again and again from resending its whole queue into each pause.
 """
 
 from __future__ import annotations
@@ -56,6 +64,8 @@ TRANSPORTS: dict[str, type] = {
     "sse": SSEConnection,
     "stream": StreamConnection, "http": StreamConnection,
 }
+#: The window of a channel after a CHANNEL_PAUSED refusal (see the module docstring).
+_CAUTIOUS_START, _CAUTIOUS_END = 8, 1024
 #: Close codes after which reconnecting would be wrong (CONTRACT 2).
 _FINAL_CLOSES = {4001: "UNSUPPORTED_VERSION", 4002: "SUPERSEDED"}
 #: HTTP refusals that no retry will fix: the token or the session is gone.
@@ -187,6 +197,9 @@ class Client:
         self._up_initial = (0, 0)
         self._paused_up: set[str] = set()
         self._retry: list[_Entry] = []  # refused with CHANNEL_PAUSED: sent again on resume
+        # channel -> [window, sent since the last proof, seq of the last sent] after a
+        # CHANNEL_PAUSED refusal
+        self._cautious: dict[str, list[int]] = {}
         self._down: dict[str, list[int]] = {}  # channel -> [messages, bytes] granted
         self._last_seq = 0  # last downstream seq delivered
         self._acked = 0
@@ -579,6 +592,9 @@ class Client:
             entry = self._data[0]
             if entry.channel in self._paused_up:
                 break
+            window = self._cautious.get(entry.channel)
+            if window is not None and window[1] >= window[0]:
+                break  # wait until the server has surely processed the window
             entry.seq = seq + 1
             entry.data = self._encode(entry)
             if self._flow:
@@ -589,14 +605,18 @@ class Client:
                 credit[1] -= len(entry.data)
                 entry.charged = True
             seq += 1
+            if window is not None:
+                window[1] += 1
+                window[2] = seq
             self._data.popleft()
             batch.append(entry)
             self._unconfirmed.append(entry)
             self._recent[entry.id] = entry
             if len(self._recent) > 1024:
                 self._recent.popitem(last=False)
-        if not self._conn.confirms_on_send and len(self._unconfirmed) >= 64 \
-                and self._confirm_ping is None:
+        if self._confirm_ping is None and (
+                (not self._conn.confirms_on_send and len(self._unconfirmed) >= 64)
+                or any(w[1] >= w[0] for w in self._cautious.values())):
             # Ask for a PONG: it proves every message before it arrived (same connection).
             nonce = self._confirm_ping = f"{self._prefix}-confirm{next(self._ids)}"
             seq += 1
@@ -637,6 +657,18 @@ class Client:
     def _confirm(self, seq: int) -> None:
         while self._unconfirmed and self._unconfirmed[0].seq <= seq:
             self._unconfirmed.popleft()
+
+    def _proved(self, seq: int) -> None:
+        """Under the lock: a PONG says the server processed everything up to ``seq``, and
+        any refusal of those came before it (a 202 does not: the ERRORs of a body come on
+        the downstream, after it)."""
+        for channel, window in list(self._cautious.items()):
+            if window[1] and window[2] <= seq:  # the whole window went through
+                if window[0] * 2 > _CAUTIOUS_END:
+                    del self._cautious[channel]
+                else:
+                    window[0], window[1] = window[0] * 2, 0
+                self._poke()
 
     def _ack(self) -> None:
         self._acked = self._last_seq
@@ -708,6 +740,8 @@ class Client:
             self._refund(entry)
             self._data.appendleft(entry)
         self._down.clear()  # the HELLO's announcement restarts the server's count
+        for window in self._cautious.values():
+            window[1] = 0  # what it counted is resent (or was confirmed) above
         self._ready = True
         self._poke()
         if self._hello is not None:
@@ -734,6 +768,7 @@ class Client:
             return False
         waiter, entry, sent_at = ping
         self._confirm(entry.seq - 1)
+        self._proved(entry.seq - 1)
         if nonce == self._confirm_ping:
             self._confirm_ping = None
             del self._pings[nonce]
@@ -840,6 +875,7 @@ class Client:
                 self._unconfirmed.remove(entry)
             self._retry.append(entry)
             self._paused_up.add(entry.channel)
+            self._cautious[entry.channel] = [_CAUTIOUS_START, 0, 0]
             return True
         target = self._requests.pop(related, None) if related else None
         if isinstance(target, ToolCall):
