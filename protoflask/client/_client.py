@@ -16,8 +16,9 @@ Exactly once, both ways (CONTRACT 1, 6):
   PING of ours (the server handles one connection's messages in order), or a HELLO reply
   whose ``last_client_seq`` covers it. After a reconnect the client sends HELLO first;
   the reply's ``last_client_seq`` says which unconfirmed messages arrived, and the others
-  are sent again with new seqs (a seq at or below the server's last seen would be
-  dropped as a retransmission).
+  are sent again with new seqs (the client writes one batch at a time, so every message
+  at or below ``last_client_seq`` arrived; a seq the server has seen would be dropped as a
+  retransmission).
 
 Credits (docs/PROTOCOL.md "Flow control"): the client asks for downstream credit in HELLO
 (``flow_control.downstream: true``, unless ``downstream_credit=False``) and tops each
