@@ -43,7 +43,8 @@ def _o(key, attr, env, kind, default, doc, low=None, high=None, choices=None) ->
 FLOW_OPTIONS: tuple[Option, ...] = (
     _o("enabled", "enabled", "FLOW_CONTROL_ENABLED", bool, True, "credit-based flow control on"),
     _o("initialCredits", "initial_credits", "FLOW_CONTROL_INITIAL_CREDITS", int, 1000,
-       "downstream credit assumed per channel; fixed grant size without adaptiveAdjustment", 1),
+       "downstream credit per channel of a client that asks for downstream credit without"
+       " announcing its own; fixed grant size without adaptiveAdjustment", 1),
     _o("minCredits", "min_credits", "FLOW_CONTROL_MIN_CREDITS", int, 100,
        "smallest adaptive grant", 1),
     _o("maxCredits", "max_credits", "FLOW_CONTROL_MAX_CREDITS", int, 10000,
@@ -52,7 +53,8 @@ FLOW_OPTIONS: tuple[Option, ...] = (
        "remaining message credit at which the server tops a channel up", 0),
     _o("backPressureThreshold", "back_pressure_threshold",
        "FLOW_CONTROL_BACK_PRESSURE_THRESHOLD", float, 0.8,
-       "fraction of the outbound buffer at which USER is paused", 0.0, 1.0),
+       "fraction of the outbound buffer at which USER is paused (resumed at a quarter of"
+       " that)", 0.0, 1.0),
     _o("adaptiveAdjustment", "adaptive_adjustment", "FLOW_CONTROL_ADAPTIVE_ADJUSTMENT", bool,
        True, "grow/shrink grants with load"),
     _o("initialCreditMessages", "initial_credit_messages", "FLOW_CONTROL_INITIAL_CREDIT_MESSAGES",

@@ -16,14 +16,24 @@ Exactly once, both ways (docs/PROTOCOL.md §2, §8):
   PING of ours (the server handles one connection's messages in order), or a HELLO reply
   whose ``last_client_seq`` covers it. After a reconnect the client sends HELLO first;
   the reply's ``last_client_seq`` says which unconfirmed messages arrived, and the others
-  are sent again with new seqs (a seq at or below the server's last seen would be
-  dropped as a retransmission).
+  are sent again with new seqs (the client writes one batch at a time, so every message
+  at or below ``last_client_seq`` arrived; a seq the server has seen would be dropped as a
+  retransmission).
 
-Credits (docs/PROTOCOL.md §5): the client announces its downstream credit in HELLO and tops each
+Credits (docs/PROTOCOL.md §5 Flow control): the client asks for downstream credit in HELLO
+(``flow_control.downstream: true``, unless ``downstream_credit=False``) and tops each
 channel up with FLOW_UPDATE when half is spent; a re-HELLO after a resume resets the
 server's view of it, so a FLOW_UPDATE lost with a connection costs nothing. Upstream, it
 counts down the server's grants from the HELLO reply, adds the server's FLOW_UPDATEs,
 and holds data messages while a channel has no credit or is paused.
+
+Back-pressure: a message the server refused with CHANNEL_PAUSED is sent again after
+RESUME_CHANNEL. Everything sent between the server's pause and our hearing of it is
+refused too, so after a refusal the channel is sent in a window that starts at
+``_CAUTIOUS_START`` messages and doubles each time the server is known to have processed
+the whole window (the PONG to a PING sent after it), until it passes
+``_CAUTIOUS_END``; another refusal starts it over. This keeps a client that is paused
+again and again from resending its whole queue into each pause.
 """
 
 from __future__ import annotations
@@ -55,7 +65,9 @@ TRANSPORTS: dict[str, type] = {
     "sse": SSEConnection,
     "stream": StreamConnection, "http": StreamConnection,
 }
-#: Close codes after which reconnecting would be wrong (docs/PROTOCOL.md §6 Errors).
+#: The window of a channel after a CHANNEL_PAUSED refusal (see the module docstring).
+_CAUTIOUS_START, _CAUTIOUS_END = 8, 1024
+#: Close codes after which reconnecting would be wrong (docs/PROTOCOL.md §6.2 Close codes).
 _FINAL_CLOSES = {4001: "UNSUPPORTED_VERSION", 4002: "SUPERSEDED"}
 #: HTTP refusals that no retry will fix: the token or the session is gone.
 _FINAL_STATUSES = {400, 401, 403, 404, 413}
@@ -140,6 +152,7 @@ class Client:
     def __init__(self, url: str = "http://127.0.0.1:8080", token: str | None = None, *,
                  transport: str = "ws", accept_events: Iterable[str] = (),
                  credit_messages: int = 1000, credit_bytes: int = 16 * 1024 * 1024,
+                 downstream_credit: bool = True,
                  reconnect: bool = True, reconnect_timeout: float | None = None,
                  timeout: float = 10.0,
                  on_message: Callable[[dict[str, Any]], None] | None = None,
@@ -153,6 +166,7 @@ class Client:
         self.accept_events = wanted + [t for t in _NEEDED_EVENTS if t not in wanted] \
             if wanted else []
         self.credit_messages, self.credit_bytes = credit_messages, credit_bytes
+        self.downstream_credit = downstream_credit
         self.reconnect, self.timeout = reconnect, timeout
         self.reconnect_timeout = reconnect_timeout
         self.on_message, self.on_text_part = on_message, on_text_part
@@ -184,6 +198,9 @@ class Client:
         self._up_initial = (0, 0)
         self._paused_up: set[str] = set()
         self._retry: list[_Entry] = []  # refused with CHANNEL_PAUSED: sent again on resume
+        # channel -> [window, sent since the last proof, seq of the last sent] after a
+        # CHANNEL_PAUSED refusal
+        self._cautious: dict[str, list[int]] = {}
         self._down: dict[str, list[int]] = {}  # channel -> [messages, bytes] granted
         self._last_seq = 0  # last downstream seq delivered
         self._acked = 0
@@ -480,11 +497,12 @@ class Client:
                 conn.start()
 
     def _hello_payload(self) -> dict[str, Any]:
+        # Downstream credit is ours to ask for; asking means we keep granting (_spend_down).
+        flow = {"downstream": True, "initial_credit_messages": self.credit_messages,
+                "initial_credit_bytes": self.credit_bytes} if self.downstream_credit else {}
         return {"proto_version": PROTO_VERSION, "accept_major": [1],
                 "accept_events": self.accept_events,
-                "capabilities": {"flow_control": {
-                    "initial_credit_messages": self.credit_messages,
-                    "initial_credit_bytes": self.credit_bytes}}}
+                "capabilities": {"flow_control": flow}}
 
     def _on_close(self, conn: Any, code: int | None, error: BaseException | None) -> None:
         with self._lock:
@@ -575,6 +593,9 @@ class Client:
             entry = self._data[0]
             if entry.channel in self._paused_up:
                 break
+            window = self._cautious.get(entry.channel)
+            if window is not None and window[1] >= window[0]:
+                break  # wait until the server has surely processed the window
             entry.seq = seq + 1
             entry.data = self._encode(entry)
             if self._flow:
@@ -585,14 +606,18 @@ class Client:
                 credit[1] -= len(entry.data)
                 entry.charged = True
             seq += 1
+            if window is not None:
+                window[1] += 1
+                window[2] = seq
             self._data.popleft()
             batch.append(entry)
             self._unconfirmed.append(entry)
             self._recent[entry.id] = entry
             if len(self._recent) > 1024:
                 self._recent.popitem(last=False)
-        if not self._conn.confirms_on_send and len(self._unconfirmed) >= 64 \
-                and self._confirm_ping is None:
+        if self._confirm_ping is None and (
+                (not self._conn.confirms_on_send and len(self._unconfirmed) >= 64)
+                or any(w[1] >= w[0] for w in self._cautious.values())):
             # Ask for a PONG: it proves every message before it arrived (same connection).
             nonce = self._confirm_ping = f"{self._prefix}-confirm{next(self._ids)}"
             seq += 1
@@ -634,6 +659,18 @@ class Client:
         while self._unconfirmed and self._unconfirmed[0].seq <= seq:
             self._unconfirmed.popleft()
 
+    def _proved(self, seq: int) -> None:
+        """Under the lock: a PONG says the server processed everything up to ``seq``, and
+        any refusal of those came before it (a 202 does not: the ERRORs of a body come on
+        the downstream, after it)."""
+        for channel, window in list(self._cautious.items()):
+            if window[1] and window[2] <= seq:  # the whole window went through
+                if window[0] * 2 > _CAUTIOUS_END:
+                    del self._cautious[channel]
+                else:
+                    window[0], window[1] = window[0] * 2, 0
+                self._poke()
+
     def _ack(self) -> None:
         self._acked = self._last_seq
         self._control.append(_Entry("ACK", "SYSTEM", {"seq": str(self._last_seq)},
@@ -659,7 +696,7 @@ class Client:
             if conn is not self._conn or seq <= self._last_seq:
                 return  # a stale connection, or already delivered before a resume
             self._last_seq = seq
-            if mtype not in CONTROL_TYPES:
+            if mtype not in CONTROL_TYPES and self.downstream_credit:
                 self._spend_down(channel, len(data))
             if seq - self._acked >= 32:
                 self._ack()
@@ -704,6 +741,8 @@ class Client:
             self._refund(entry)
             self._data.appendleft(entry)
         self._down.clear()  # the HELLO's announcement restarts the server's count
+        for window in self._cautious.values():
+            window[1] = 0  # what it counted is resent (or was confirmed) above
         self._ready = True
         self._poke()
         if self._hello is not None:
@@ -730,6 +769,7 @@ class Client:
             return False
         waiter, entry, sent_at = ping
         self._confirm(entry.seq - 1)
+        self._proved(entry.seq - 1)
         if nonce == self._confirm_ping:
             self._confirm_ping = None
             del self._pings[nonce]
@@ -826,13 +866,17 @@ class Client:
     def _on_error(self, p: dict[str, Any], msg: dict[str, Any]) -> bool:
         code, text = p.get("code", "ERROR"), p.get("message", "")
         related = p.get("related_id")
+        if code in ("CHANNEL_PAUSED", "INSUFFICIENT_CREDITS") and related in self._recent:
+            # refused unprocessed, and the server charged nothing for it: neither do we
+            self._refund(self._recent[related])
         if code == "CHANNEL_PAUSED" and related in self._recent:
-            # Not processed: send it again once the channel resumes (docs/PROTOCOL.md §5.3).
+            # Not processed: send it again once the channel is resumed.
             entry = self._recent.pop(related)
             if entry in self._unconfirmed:
                 self._unconfirmed.remove(entry)
             self._retry.append(entry)
             self._paused_up.add(entry.channel)
+            self._cautious[entry.channel] = [_CAUTIOUS_START, 0, 0]
             return True
         target = self._requests.pop(related, None) if related else None
         if isinstance(target, ToolCall):

@@ -15,9 +15,13 @@ Rules (docs/PROTOCOL.md §5 Flow control, which says the same for clients):
   adaptive adjustment it doubles toward ``max_credits`` when the session keeps up and
   halves toward ``min_credits`` when it is under load; without it, it stays put at
   exactly ``initial_credits``.
-- Downstream, the client is the receiver: each channel starts with the credit the
-  client announced in HELLO (else ``initial_credits`` messages and unlimited bytes);
-  FLOW_UPDATE from the client adds to it.
+- Downstream, the client is the receiver, but only when it asks to be: a HELLO whose
+  ``capabilities.flow_control.downstream`` is ``true`` makes the session count downstream
+  credit (each channel starts with the client's ``initial_credit_messages`` /
+  ``initial_credit_bytes``, else ``initial_credits`` / ``initial_credit_bytes``;
+  FLOW_UPDATE from the client adds to it). Any other client is sent everything without
+  counting (docs/PROTOCOL.md §5.2): a client that announces credit it never
+  tops up must not be stalled.
 - Control types never spend credit; with ``enabled=False`` nothing is counted.
 """
 
@@ -60,6 +64,8 @@ class CreditLedger:
         self._byte_threshold = settings.initial_credit_bytes // 4
         self._down_messages = settings.initial_credits
         self._down_bytes: int | None = None
+        # the client asked for downstream credit (HELLO flow_control.downstream: true)
+        self.downstream_enabled = False
 
     @property
     def enabled(self) -> bool:
@@ -128,12 +134,14 @@ class CreditLedger:
 
     # -- downstream: the server spends what the client granted ---------------------------
 
-    def announce_client_credit(self, messages: int | None, nbytes: int | None) -> None:
-        """The client's HELLO capabilities.flow_control: the per-channel starting credit."""
-        if messages is not None:
-            self._down_messages = messages
-        if nbytes is not None:
-            self._down_bytes = nbytes
+    def announce_client_credit(self, messages: int | None, nbytes: int | None,
+                               downstream: bool = True) -> None:
+        """The client's HELLO capabilities.flow_control: whether it takes part in downstream
+        credit at all (``downstream``), and the per-channel starting credit if it does.
+        Every HELLO decides anew, so a re-HELLO after a resume restarts the count."""
+        self.downstream_enabled = downstream
+        self._down_messages = self.settings.initial_credits if messages is None else messages
+        self._down_bytes = self.settings.initial_credit_bytes if nbytes is None else nbytes
         for acct in self._down.values():  # channels used before HELLO start over
             acct.messages, acct.bytes = self._down_messages, self._down_bytes
 
@@ -144,13 +152,13 @@ class CreditLedger:
         return acct
 
     def can_send(self, channel: str, nbytes: int) -> bool:
-        if not self.settings.enabled:
+        if not self.downstream_enabled or not self.settings.enabled:
             return True
         acct = self._down_account(channel)
         return acct.messages >= 1 and (acct.bytes is None or acct.bytes >= nbytes)
 
     def spend(self, channel: str, nbytes: int) -> None:
-        if not self.settings.enabled:
+        if not self.downstream_enabled or not self.settings.enabled:
             return
         acct = self._down_account(channel)
         acct.messages -= 1
@@ -164,4 +172,7 @@ class CreditLedger:
             acct.bytes += add_bytes
 
     def downstream(self) -> dict[str, tuple[int, int | None]]:
+        """Remaining downstream credit per channel; empty for a client not taking part."""
+        if not self.downstream_enabled:
+            return {}
         return {ch: (a.messages, a.bytes) for ch, a in self._down.items()}

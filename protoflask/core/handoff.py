@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from . import messages
 from .credits import _Account
+from .seen import SeenSeqs
 from .session import ProtocolSession, Run, SessionSettings, _Call
 
 STATE_VERSION = 1
@@ -29,6 +30,7 @@ def export_state(session: ProtocolSession) -> dict[str, Any]:
         "handshake": session.handshake_completed,
         "last_activity": session.last_activity,
         "upstream_seq": session.upstream_seq,
+        "upstream_missing": session.up_seqs.missing(),
         "downstream_seq": session.downstream_seq,
         "last_ack": session.last_ack,
         "accept_events": sorted(session.accept_events) if session.accept_events else None,
@@ -36,6 +38,7 @@ def export_state(session: ProtocolSession) -> dict[str, Any]:
         "counter": session._counter,
         "credits": {
             "grant": credits.grant,
+            "downstream": credits.downstream_enabled,
             "down_default": [credits._down_messages, credits._down_bytes],
             "up": {ch: [a.messages, a.bytes] for ch, a in credits._up.items()},
             "down": {ch: [a.messages, a.bytes] for ch, a in credits._down.items()},
@@ -58,7 +61,8 @@ def restore(state: dict[str, Any], settings: SessionSettings, now: int,
     session = ProtocolSession(state["id"], state["user"], settings, now)
     session.handshake_completed = bool(state["handshake"])
     session.last_activity = int(state["last_activity"])
-    session.upstream_seq = int(state["upstream_seq"])
+    # absent in a state exported before out-of-order seqs: everything below counts as seen
+    session.up_seqs = SeenSeqs(int(state["upstream_seq"]), state.get("upstream_missing") or ())
     session.last_ack = int(state["last_ack"])
     accept = state.get("accept_events")
     session.accept_events = frozenset(accept) if accept else None
@@ -68,6 +72,9 @@ def restore(state: dict[str, Any], settings: SessionSettings, now: int,
     credits, saved = session.credits, state.get("credits") or {}
     if saved:
         credits.grant = int(saved["grant"])
+        # absent in a state exported before downstream credit was opt-in: not counting
+        # never stalls the client
+        credits.downstream_enabled = saved.get("downstream") is True
         credits._down_messages, credits._down_bytes = saved["down_default"]
         credits._up = {ch: _Account(m, b) for ch, (m, b) in saved["up"].items()}
         credits._down = {ch: _Account(m, b) for ch, (m, b) in saved["down"].items()}

@@ -12,12 +12,13 @@ Rules, in the order a received message meets them (docs/PROTOCOL.md §2, §4, §
 0. Over the rate limit                  -> ERROR RATE_LIMITED, dropped unread (close 1008
                                            when the client keeps flooding)
 1. Envelope invalid                      -> ERROR INVALID_MESSAGE (or MESSAGE_TOO_LARGE)
-2. seq <= last seen upstream seq         -> dropped silently (a resend); else seq is recorded
+2. seq already seen                      -> dropped silently (a resend); else seq is recorded
+   (seen.py: out-of-order seqs are processed; more than 1024 below the highest count as seen)
 3. Unknown type                          -> ERROR UNSUPPORTED_TYPE
 4. Not HELLO/PING before the handshake   -> ERROR HANDSHAKE_REQUIRED
 5. Payload invalid                       -> ERROR INVALID_MESSAGE / MISSING_RUN_ID
-6. Not a control type and no credit      -> ERROR INSUFFICIENT_CREDITS (nothing spent)
-7. USER message while back-pressured     -> ERROR CHANNEL_PAUSED
+6. USER message while back-pressured     -> ERROR CHANNEL_PAUSED (nothing spent)
+7. Not a control type and no credit      -> ERROR INSUFFICIENT_CREDITS (nothing spent)
 8. Processed; the channel's credit is topped up with FLOW_UPDATE when it runs low.
 
 Downstream, a message is filtered by the client's accept_events when queued, then
@@ -46,6 +47,7 @@ from .errors import (
 )
 from .ratelimit import RateLimiter, Verdict
 from .replay import ReplayWindow
+from .seen import SeenSeqs
 from .traffic import INVALID, UNKNOWN_TYPE, TrafficCounters
 
 # WebSocket-style close codes the core asks transports to use (docs/PROTOCOL.md §6 Errors).
@@ -224,7 +226,7 @@ class ProtocolSession:
         self.handshake_completed = False
         self.closed = False  # expired or closed for good: no more sends
 
-        self.upstream_seq = 0
+        self.up_seqs = SeenSeqs()  # upstream seqs seen: the highest, and gaps below it
         self.downstream_seq = 0
         self.last_ack = 0
         self.accept_events: frozenset[str] | None = None
@@ -245,6 +247,8 @@ class ProtocolSession:
         # below this nothing in _check_pressure can trigger (half the pause threshold)
         self._low_water = min(settings.outbound_buffer_size * settings.back_pressure_threshold / 2,
                               settings.outbound_buffer_size)
+        # back-pressure may pause USER only after data was queued since the last resume
+        self._pause_armed = True
         self._overflowed = False
         self._resend: list[tuple[int, bytes]] = []
 
@@ -260,6 +264,11 @@ class ProtocolSession:
         self._events: list[Event] = []
         # shared by every session of a server (the server's /metrics); own one otherwise
         self.traffic = traffic if traffic is not None else TrafficCounters()
+
+    @property
+    def upstream_seq(self) -> int:
+        """The highest upstream seq seen."""
+        return self.up_seqs.highest
 
     # -- connection lifecycle ------------------------------------------------------------
 
@@ -338,10 +347,9 @@ class ProtocolSession:
             received[msg.type] += 1
         except KeyError:  # a type no client may send: one bounded label for all of them
             received[UNKNOWN_TYPE] += 1
-        if msg.seq <= self.upstream_seq:
+        seen_before = self.up_seqs.highest
+        if not self.up_seqs.first_time(msg.seq):
             return self._take_events()  # a retransmission: already seen
-        seen_before = self.upstream_seq
-        self.upstream_seq = msg.seq
         charged = False
         try:
             if msg.type not in CLIENT_TYPES:
@@ -350,10 +358,12 @@ class ProtocolSession:
                 raise HandshakeRequired()
             msg = validate_payload(msg)
             if msg.type not in CONTROL_TYPES:
-                self.credits.charge(msg.channel, nbytes)
-                charged = True
+                # refused before it is charged: a message the client must send again
+                # must not cost it credit (nor earn it a top-up)
                 if msg.channel in self.paused_by_server:
                     raise ChannelPaused(f"channel {msg.channel} is paused", related_id=msg.id)
+                self.credits.charge(msg.channel, nbytes)
+                charged = True
             self._process(msg, seen_before, now)
         except InsufficientCredits as exc:
             exc.related_id = exc.related_id or msg.id
@@ -390,9 +400,13 @@ class ProtocolSession:
         wanted = frozenset(p["accept_events"]) & SERVER_TYPES
         self.accept_events = wanted | {"HELLO", "ERROR", "PING"} if wanted else None
         fc = p["capabilities"].get("flow_control") if isinstance(p["capabilities"], dict) else None
-        if isinstance(fc, dict):
-            self.credits.announce_client_credit(_positive_int(fc.get("initial_credit_messages")),
-                                                _positive_int(fc.get("initial_credit_bytes")))
+        if not isinstance(fc, dict):
+            fc = {}
+        # Downstream credit only for a client that asks for it (docs/PROTOCOL.md §5.2):
+        # one that merely announces initial_credit_messages is never stalled.
+        self.credits.announce_client_credit(_positive_int(fc.get("initial_credit_messages")),
+                                            _positive_int(fc.get("initial_credit_bytes")),
+                                            downstream=fc.get("downstream") is True)
         first = not self.handshake_completed
         self.handshake_completed = True
         self.send(messages.hello(
@@ -612,6 +626,8 @@ class ProtocolSession:
             self._events.append(SendRefused(out.type, out.channel))
             return False
         self._enqueue(out)
+        if out.type not in CONTROL_TYPES:
+            self._pause_armed = True
         self._check_pressure()
         return True
 
@@ -637,11 +653,19 @@ class ProtocolSession:
         self.in_flight = nbytes
         self._check_pressure(writer=True)
 
-    def _check_pressure(self, writer: bool = False) -> None:
-        """Back-pressure (docs/PROTOCOL.md §5.3): pause USER above backPressureThreshold of the
-        buffer, resume below half of that. A client is stuck when bytes the session could
-        send (not held back by the client's own credit or pause) pass the whole buffer
-        while a write is blocked: only another caller than the writer can see that."""
+    def _check_pressure(self, writer: bool = False, may_resume: bool = True) -> None:
+        """Back-pressure (docs/PROTOCOL.md §5 Flow control), with hysteresis: USER is paused
+        when the unsent bytes (queued plus being written) pass the high mark,
+        backPressureThreshold of the buffer, and resumed only once they are down to the
+        low mark, a quarter of the high one. Two rules keep the pair from feeding itself:
+        a pause needs data queued since the last resume (the PAUSE/RESUME frames and the
+        write of what is already queued never pause again on their own), and no resume is
+        decided inside take_writable, between taking a batch off the queue and the
+        transport reporting it in flight, when the batch is counted nowhere.
+
+        A client is stuck when bytes the session could send (not held back by the client's
+        own credit or pause) pass the whole buffer while a write is blocked: only another
+        caller than the writer can see that."""
         s = self.settings
         unsent = self.pending_bytes + self.in_flight
         if unsent < self._low_water and not self.paused_by_server:
@@ -649,11 +673,12 @@ class ProtocolSession:
         high = s.outbound_buffer_size * s.back_pressure_threshold
         if s.credits.enabled:
             if "USER" not in self.paused_by_server:
-                if unsent > high:
+                if unsent > high and self._pause_armed:
                     self.paused_by_server.add("USER")
                     self._enqueue(messages.pause_channel("USER"))
-            elif unsent <= high / 2:
+            elif may_resume and unsent <= high / 4:
                 self.paused_by_server.discard("USER")
+                self._pause_armed = False
                 self._enqueue(messages.resume_channel("USER"))
         if writer or not self.in_flight or self._overflowed or not self.connected:
             return
@@ -717,7 +742,8 @@ class ProtocolSession:
                 sent[ob.type] += 1
             except KeyError:  # an application's own type
                 sent[ob.type] = 1
-        self._check_pressure()
+        # what was just taken is not in flight yet: no resume decision here (see above)
+        self._check_pressure(may_resume=False)
         return out
 
     def _hold(self, ob: messages.Outbound, size: int) -> None:

@@ -216,7 +216,10 @@ def test_unknown_transport_is_a_value_error():
 def test_back_pressure_pause_and_resend(make_server, connect_client):
     """A tiny outbound buffer and little downstream credit make the server pause USER;
     texts it refused with CHANNEL_PAUSED are sent again after RESUME_CHANNEL, once each
-    and in order."""
+    and in order, and the pause does not feed on itself: the server pauses at most once
+    per burst of data it queued (the 40 texts pushed first, then each echoed text), and
+    what the client sends stays bounded (a livelock once sent 400,000 PAUSE/RESUME pairs
+    and 25,000 client messages for these 30 texts)."""
     server = make_server(outboundBufferSize=1024)
     got_up: list[str] = []
     server.on("textMessage", lambda sid, m: got_up.append(m["payload"]["text"])
@@ -233,7 +236,16 @@ def test_back_pressure_pause_and_resend(make_server, connect_client):
     assert [t for t in texts if t.startswith("x")] == ["x" * 100] * 40
     assert [t for t in texts if t.startswith("up")] == sent
     wait_for(lambda: got_up == sent, what="every text at the server once, in order")
-    assert "PAUSE_CHANNEL" in seen and "RESUME_CHANNEL" in seen
+    pauses, resumes = seen.count("PAUSE_CHANNEL"), seen.count("RESUME_CHANNEL")
+    assert 1 <= pauses <= 1 + len(sent) and pauses - 1 <= resumes <= pauses
+    # After a refusal the client resends in a window (8 messages, doubled only once a
+    # PONG proved the server processed it), so a pause refuses a few messages, not the
+    # whole queue (630 ERRORs and ~960 client messages for these 90 before). Besides the
+    # resends, the client sends one FLOW_UPDATE per AGENT message (credit 2), an ACK
+    # per 32 and a PING per window.
+    errors = seen.count("ERROR")
+    assert errors <= 2 * 3 * len(sent)
+    assert client._seq <= 3 * len(sent) + errors + 3 * 70 + 70 // 32 + 2 * (pauses + 10)
 
 
 @pytest.mark.parametrize("transport", ["ws", "sse"])

@@ -3,6 +3,8 @@ applies it upstream and downstream."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from protoflask.core import errors, messages
@@ -123,6 +125,24 @@ def test_credit_held_by_a_client_stays_bounded_when_threshold_exceeds_the_grant(
         assert bytes_left <= 1048576
 
 
+@pytest.mark.parametrize("initial", [5, 150, 1000])
+def test_first_top_up_lifts_to_threshold_plus_one_grant_then_one_grant_each(initial):
+    # CONTRACT 5: when creditThreshold exceeds the grant, the first top-up may lift the
+    # channel to threshold + one grant in one FLOW_UPDATE (not one message at a time);
+    # every later top-up is exactly one grant.
+    led = ledger(initial_credit_messages=initial, credit_threshold=200, initial_credits=100,
+                 adaptive_adjustment=False)
+    updates = []
+    for _ in range(initial + 1000):
+        led.charge("USER", 10)
+        grant = led.replenish("USER")
+        if grant is not None:
+            updates.append((grant[0], led.upstream()["USER"][0]))
+    assert updates[0][1] == 200 + 100
+    assert all(add == 100 and left == 300 for add, left in updates[1:])
+    assert len(updates) >= 10
+
+
 def grants(led, n, under_load=False):
     """The grant size after each of n top-ups (spending down to the threshold first)."""
     out = []
@@ -181,16 +201,31 @@ def test_disabled_ledger_counts_nothing():
 # -- downstream ledger ----------------------------------------------------------------------------
 
 
-def test_downstream_default_is_initial_credits_messages_and_unlimited_bytes():
+def test_downstream_is_not_counted_for_a_client_that_did_not_ask():
+    # CONTRACT 5 (amended): downstream credit is the client's to ask for.
     led = ledger(initial_credits=2)
+    for _ in range(5):
+        assert led.can_send("AGENT", 10**9)
+        led.spend("AGENT", 10**9)
+    led.announce_client_credit(2, 100, downstream=False)  # announced, but did not ask
+    for _ in range(5):
+        assert led.can_send("AGENT", 10**6)
+        led.spend("AGENT", 10**6)
+    assert led.downstream() == {}
+
+
+def test_downstream_default_for_a_client_that_asks_is_initial_credits_and_bytes():
+    led = ledger(initial_credits=2, initial_credit_bytes=10**9)
+    led.announce_client_credit(None, None, downstream=True)
+    assert not led.can_send("AGENT", 10**9 + 1)
     assert led.can_send("AGENT", 10**9)
-    led.spend("AGENT", 10**9)
+    led.spend("AGENT", 10**9 - 5)
     led.spend("AGENT", 5)
-    assert not led.can_send("AGENT", 1)
+    assert not led.can_send("AGENT", 0)
     assert led.can_send("USER", 1)  # another channel has its own credit
-    led.add_client_credit("AGENT", 1, 0)
-    assert led.can_send("AGENT", 1)
-    assert led.downstream()["AGENT"] == (1, None)
+    led.add_client_credit("AGENT", 1, 10)
+    assert led.can_send("AGENT", 10)
+    assert led.downstream()["AGENT"] == (1, 10)
 
 
 def test_downstream_client_announced_credit_counts_bytes():
@@ -205,14 +240,17 @@ def test_downstream_client_announced_credit_counts_bytes():
     assert led.downstream() == {"AGENT": (2, 50)}
 
 
-def test_announce_resets_channels_used_before_and_none_keeps_the_default():
-    led = ledger(initial_credits=4)
+def test_every_announce_starts_over_and_none_means_the_defaults():
+    led = ledger(initial_credits=4, initial_credit_bytes=1000)
+    led.announce_client_credit(10, 50)
     led.spend("AGENT", 1)
     led.announce_client_credit(None, None)
-    assert led.downstream() == {"AGENT": (4, None)}
+    assert led.downstream() == {"AGENT": (4, 1000)}
     led.spend("AGENT", 1)
     led.announce_client_credit(10, None)
-    assert led.downstream() == {"AGENT": (10, None)}
+    assert led.downstream() == {"AGENT": (10, 1000)}
+    led.announce_client_credit(10, None, downstream=False)  # a re-HELLO that stops asking
+    assert led.downstream() == {} and led.can_send("AGENT", 10**9)
 
 
 # -- the session upstream -------------------------------------------------------------------------
@@ -372,7 +410,8 @@ def contents(out):
 def test_downstream_credit_blocks_a_channel_and_keeps_order():
     s = make_session(credits={"initial_credits": 3})
     c = Client(s)
-    c.handshake()  # no capabilities: the client is assumed to grant initial_credits
+    # asks for downstream credit without announcing its own: initial_credits apply
+    c.handshake(capabilities={"flow_control": {"downstream": True}})
     for i in range(6):
         s.send(messages.text_part("m", str(i)))
     first = c.take()
@@ -398,7 +437,8 @@ def test_held_message_blocks_later_ones_on_its_channel_by_bytes():
     s = make_session()
     c = Client(s)
     c.handshake(capabilities={"flow_control": {"initial_credit_messages": 100,
-                                               "initial_credit_bytes": 300}})
+                                               "initial_credit_bytes": 300,
+                                               "downstream": True}})
     s.send(messages.text_part("m", "big" + "x" * 400))
     s.send(messages.text_part("m", "small"))  # would fit, but must not overtake
     assert c.take() == []
@@ -474,3 +514,85 @@ def test_no_byte_top_up_for_a_message_refused_for_want_of_message_credit():
         led.charge("USER", 50)
     assert led.top_up_bytes("USER", 50) is None
     assert led.replenish("USER") == (led.settings.credit_threshold + led.grant, 90)
+
+
+# -- back-pressure: hysteresis ---------------------------------------------------------------
+
+
+def pump(s, now=0, limit=50):
+    """Write like the WebSocket transport does: take a batch, report it in flight, write
+    it, report 0, and go on while anything is writable. Returns the messages written;
+    fails if the loop does not end by itself."""
+    written = []
+    for _ in range(limit):
+        batch = s.take_writable(now)
+        if not batch:
+            return written
+        s.set_in_flight(sum(len(data) + 2 for _, data in batch))  # + WebSocket frame head
+        written.extend(json.loads(data) for _, data in batch)
+        s.set_in_flight(0)
+    raise AssertionError(f"the writer never ran dry: {types(written)[-6:]}")
+
+
+@pytest.mark.parametrize("part", ["", "x" * 20])
+@pytest.mark.parametrize("texts", range(2, 7))
+@pytest.mark.parametrize("granted", range(1, 5))
+def test_writing_pause_and_resume_frames_never_pauses_or_resumes_again(part, texts, granted):
+    # The livelock behind a flaky client test: with bytes held by the client's own credit
+    # between the marks, the resume decided inside take_writable (the batch just taken
+    # counted nowhere) queued a RESUME, writing it pushed the unsent bytes over the high
+    # mark (PAUSE), writing that brought them under the low one (RESUME), for ever: the
+    # writer never ran dry (400,000 pairs in 10 s). E.g. no part, 3 texts, 3 granted.
+    s = make_session(outbound_buffer_size=1024)
+    c = Client(s)
+    c.handshake(capabilities={"flow_control": {"initial_credit_messages": 1,
+                                               "downstream": True}})
+    for n in range(texts):
+        s.send(messages.text_start(f"t{n}"))
+        if part:
+            s.send(messages.text_part(f"t{n}", part))
+        s.send(messages.text_end(f"t{n}"))
+    written = pump(s)
+    for _ in range(30):  # the client grants a little at a time
+        c.send("FLOW_UPDATE", {"channel": "AGENT", "add_messages": granted})
+        written += pump(s)
+    kinds = types(written)
+    assert kinds.count("MESSAGE_START") == kinds.count("MESSAGE_END") == texts
+    # one burst of data: at most one pause, and one resume once it drained
+    assert kinds.count("PAUSE_CHANNEL") == kinds.count("RESUME_CHANNEL") <= 1
+    assert not s.paused_by_server
+
+
+def paused_session(buffer, **credits):
+    """A session whose USER is paused: AGENT messages wait for the client's credit."""
+    s = make_session(outbound_buffer_size=buffer, credits=credits or None)
+    c = Client(s)
+    c.handshake(capabilities={"flow_control": {"initial_credit_messages": 1,
+                                               "downstream": True}})
+    for _ in range(buffer // 150):
+        s.send(messages.text_part("m", "x" * 100))
+    pump(s)
+    assert s.paused_by_server == {"USER"}
+    return s, c
+
+
+def test_resume_waits_for_the_low_mark_a_quarter_of_the_high_one():
+    s, c = paused_session(10000)  # the high mark is 8000 bytes, the low one 2000
+    still_paused = []
+    while s.paused_by_server:
+        c.send("FLOW_UPDATE", {"channel": "AGENT", "add_messages": 1})
+        out = types(pump(s))
+        assert ("RESUME_CHANNEL" in out) == (s.pending_bytes <= 2000)
+        if s.paused_by_server:
+            still_paused.append(s.pending_bytes)
+    assert min(still_paused) < 4000  # half the high mark was not enough
+
+
+def test_a_message_refused_for_back_pressure_costs_no_credit():
+    s, c = paused_session(1024, initial_credit_messages=5, credit_threshold=2)
+    for n in range(10):
+        start(c, f"m{n}")
+    out = c.take()
+    assert error_codes(out) == ["CHANNEL_PAUSED"] * 10
+    assert "FLOW_UPDATE" not in types(out)  # nothing spent, so nothing to give back
+    assert s.snapshot()["credits"] == {}

@@ -75,11 +75,27 @@ def test_acknowledged_and_expired_entries_do_not_come_back() -> None:
 def test_messages_waiting_for_credit_move_with_the_session() -> None:
     s = make_session(now=0, credits={"initial_credits": 1})
     c = Client(s)
-    c.handshake()
+    c.handshake(capabilities={"flow_control": {"downstream": True}})
     for n in range(3):
         s.send(messages.create("NOTE", {"n": n}))
     assert len(c.take()) == 1  # one credit on AGENT; two wait
     copy = moved(s, now=10)
+    assert copy.credits.downstream_enabled  # the client asked, and still counts
     assert [ob.payload["n"] for ob in copy.pending] == [1, 2]
     copy.credits.add_client_credit("AGENT", 5, 0)
     assert [m["payload"]["n"] for m in Client(copy).take()] == [1, 2]
+
+
+def test_upstream_seqs_not_seen_yet_move_with_the_session() -> None:
+    s = make_session(now=0)
+    c = Client(s)
+    c.handshake()  # seq 1
+    for seq in (2, 5):
+        c.send("PING", {"nonce": str(seq)}, seq=seq)
+    c.take()
+    copy = moved(s, now=10)
+    c2 = Client(copy)
+    copy.attach(10)
+    for seq in (5, 4, 4, 3, 2, 1):  # only 3 and 4 were never seen
+        c2.send("PING", {"nonce": str(seq)}, seq=seq)
+    assert [m["payload"]["nonce"] for m in c2.take()] == ["4", "3"]

@@ -171,10 +171,27 @@ def test_handshake_required_rejection_still_advances_the_seq():
 def test_client_announced_capabilities_set_downstream_credit():
     s = make_session()
     c = Client(s)
-    c.handshake(capabilities={"flow_control": {"initial_credit_messages": 2}})
+    c.handshake(capabilities={"flow_control": {"initial_credit_messages": 2,
+                                               "downstream": True}})
     for i in range(4):
         s.send(messages.text_part("m", str(i)))
     assert [m["payload"]["content"] for m in c.take()] == ["0", "1"]
+
+
+@pytest.mark.parametrize("flow_control", [
+    {"initial_credit_messages": 2},  # the reference SDK: announces, never tops up
+    {"initial_credit_messages": 2, "downstream": False},
+    {"initial_credit_messages": 2, "downstream": "true"},  # only the JSON true asks
+    None,
+])
+def test_a_client_that_does_not_ask_for_downstream_credit_is_never_stalled(flow_control):
+    s = make_session()
+    c = Client(s)
+    c.handshake(capabilities={} if flow_control is None else {"flow_control": flow_control})
+    for i in range(2000):
+        s.send(messages.text_part("m", str(i)))
+    assert len([m for m in c.take() if m["type"] == "MESSAGE_PART"]) == 2000
+    assert s.snapshot()["downstreamCredits"] == {}
 
 
 # -- upstream seq ------------------------------------------------------------------------------
@@ -189,14 +206,36 @@ def test_resend_with_seq_not_greater_than_last_is_dropped_silently(client):
     assert client.s.upstream_seq == 2
 
 
-def test_gaps_are_allowed_and_older_seqs_after_a_gap_are_dropped(client):
+def test_gaps_are_allowed_and_a_seq_in_a_gap_is_processed_once(client):
+    # CONTRACT 1 (amended): below the highest, only a seq already seen is a resend.
     client.send("PING", {"nonce": "a"}, seq=10)
     assert [m["payload"]["nonce"] for m in client.take()] == ["a"]
     client.send("PING", {"nonce": "b"}, seq=5)
+    assert [m["payload"]["nonce"] for m in client.take()] == ["b"]
+    client.send("PING", {"nonce": "b again"}, seq=5)
     assert client.take() == []
     client.send("PING", {"nonce": "c"}, seq=11)
     assert [m["payload"]["nonce"] for m in client.take()] == ["c"]
     assert client.s.snapshot()["lastClientSeq"] == "11"
+
+
+def test_out_of_order_tool_calls_are_each_processed_once():
+    # 50 TOOL_CALLs arriving shuffled (concurrent POSTs), then all of them again.
+    import random
+
+    s = make_session()
+    c = Client(s)
+    c.handshake()
+    seqs_ = list(range(2, 52))
+    random.Random(14).shuffle(seqs_)
+    calls = []
+    for seq in seqs_ + seqs_:
+        events = c.send("TOOL_CALL", {"call_id": f"c{seq}", "tool": "t", "params": {}},
+                        seq=seq)
+        calls += [e.call_id for e in events if isinstance(e, ToolCallReceived)]
+    assert sorted(calls) == sorted(f"c{seq}" for seq in seqs_)
+    assert error_codes(c.take()) == []
+    assert s.upstream_seq == 51
 
 
 @pytest.mark.parametrize("mtype,payload,code", [

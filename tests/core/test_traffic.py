@@ -46,7 +46,8 @@ def test_unknown_types_and_unreadable_envelopes_get_one_label_each():
 def test_a_message_is_counted_sent_once_when_it_gets_its_seq_not_when_queued():
     c = Client(ProtocolSession("a", "u", SessionSettings(), 0))
     c.s.attach(0)
-    c.handshake(capabilities={"flow_control": {"initial_credit_messages": 1}})
+    c.handshake(capabilities={"flow_control": {"initial_credit_messages": 1,
+                                               "downstream": True}})
     c.s.send(messages.text_start("m1"))
     c.s.send(messages.text_end("m1"))
     c.s.send(messages.from_dict({"type": "APP_EVENT", "channel": "AGENT", "payload": {}}))

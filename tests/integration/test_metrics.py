@@ -143,7 +143,8 @@ def test_tool_durations_queue_depth_and_cancelled_calls(make_server):
 def test_pending_outbound_gauges_follow_the_clients_credit(server, token):
     with WSClient(server.base_url, token) as client:
         client.send("HELLO", "SYSTEM", hello_payload(
-            capabilities={"flow_control": {"initial_credit_messages": 1}}))
+            capabilities={"flow_control": {"initial_credit_messages": 1,
+                                           "downstream": True}}))
         client.recv_type("HELLO")
         for mid in ("t1", "t2"):
             client.send("MESSAGE_START", "USER", {"message_id": mid, "content_type": "text/plain"})

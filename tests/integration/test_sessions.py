@@ -36,8 +36,8 @@ def test_client_within_its_grants_is_never_rejected(make_server, make_client):
     server = make_server(flowControl={"initialCreditMessages": 5, "creditThreshold": 1,
                                       "initialCredits": 4, "adaptiveAdjustment": False})
     client = make_client(server, server.issue_token("u"))
-    # initialCredits (4) is also the downstream credit assumed for a silent client:
-    # announce our own so the 40 TOOL_DONEs can all come back.
+    # initialCredits (4) would be the downstream credit of a client asking for downstream
+    # credit without announcing its own; this one does not ask, so all 40 TOOL_DONEs come.
     reply = client.hello(capabilities={"flow_control": {"initial_credit_messages": 1000}})
     credit = reply["payload"]["capabilities"]["flow_control"]["initial_credit_messages"]
     assert credit == 5
@@ -96,7 +96,8 @@ def test_flow_control_disabled(make_server, make_client):
 
 def test_downstream_credit_and_pause_keep_order(server, token, make_client):
     client = make_client(server, token)
-    client.hello(capabilities={"flow_control": {"initial_credit_messages": 3}})
+    client.hello(capabilities={"flow_control": {"initial_credit_messages": 3,
+                                                "downstream": True}})
     push_parts(server, client.session_id, [str(i) for i in range(10)])
     assert texts(client, 3) == ["0", "1", "2"]
     client.send("FLOW_UPDATE", "SYSTEM", {"channel": "AGENT", "add_messages": 4})
@@ -117,7 +118,8 @@ def test_downstream_credit_and_pause_keep_order(server, token, make_client):
 def test_back_pressure_pauses_user_then_resumes(make_server, make_client):
     server = make_server(outboundBufferSize=4096)
     client = make_client(server, server.issue_token("u"))
-    client.hello(capabilities={"flow_control": {"initial_credit_messages": 1}})
+    client.hello(capabilities={"flow_control": {"initial_credit_messages": 1,
+                                                "downstream": True}})
     push_parts(server, client.session_id, ["x" * 200 for _ in range(30)])
     pause = client.recv_type("PAUSE_CHANNEL")
     assert pause["payload"] == {"channel": "USER"} and pause["channel"] == "SYSTEM"
@@ -341,7 +343,8 @@ def test_full_pending_queue_drops_and_reports(make_server, make_client):
     errors: queue.Queue = queue.Queue()
     signals.error.connect(lambda sender, **kw: errors.put(kw), sender=server, weak=False)
     client = make_client(server, server.issue_token("u"))
-    client.hello(capabilities={"flow_control": {"initial_credit_messages": 1}})
+    client.hello(capabilities={"flow_control": {"initial_credit_messages": 1,
+                                                "downstream": True}})
     push_parts(server, client.session_id, [str(i) for i in range(10005)])  # 1 sent, 10000 held
     kw = errors.get(timeout=timeout(10))
     assert kw["error"].code == "OUTBOUND_QUEUE_FULL" and kw["session_id"] == client.session_id
