@@ -33,8 +33,9 @@ class TokenAuthority:
     """Verifies and issues the server's tokens."""
 
     def __init__(self, secret: str, algorithms: Iterable[str] = ("HS256",),
-                 expires_in: str | int = "24h") -> None:
+                 expires_in: str | int = "24h", *, require_exp: bool = True) -> None:
         self._secret = secret
+        self.require_exp = require_exp  # a token without exp would never expire
         self.algorithms = [a for a in algorithms if a.lower() != "none"]
         self.expires_in = parse_duration(expires_in)
 
@@ -44,9 +45,12 @@ class TokenAuthority:
             raise MissingToken()
         try:
             claims = jwt.decode(token, self._secret, algorithms=self.algorithms,
-                                options={"require": [], "verify_exp": True})
+                                options={"require": ["exp"] if self.require_exp else [],
+                                         "verify_exp": True})
         except jwt.ExpiredSignatureError:
             raise InvalidToken("token expired") from None
+        except jwt.MissingRequiredClaimError:
+            raise InvalidToken("token has no exp claim (jwtRequireExp)") from None
         except jwt.PyJWTError as exc:
             raise InvalidToken(f"invalid token: {exc}") from None
         for claim in USER_CLAIMS:

@@ -25,6 +25,8 @@ OTHER = {
     "redisPrefix": "from-app", "metrics": False, "dashboard": False,
     "maxJsonDepth": 16, "rateLimit": 50,
     "rateLimitBurst": 10, "allowedOrigins": ["https://app.example.com"], "debugVitals": True,
+    "maxConnectionsPerUser": 3, "maxKeptSessionsPerUser": 2, "bodyTimeout": 1500,
+    "jwtRequireExp": False,
 }
 FLOW_OTHER = {
     "enabled": False, "initialCredits": 300, "minCredits": 20, "maxCredits": 500,

@@ -43,11 +43,12 @@ BAD_TOKENS = {
     "rs256-header-hmac-signed": lambda: forged_token({"alg": "RS256"}, {"sub": "alice"},
                                                      b"\x00" * 256),
     "expired": lambda: jwt.encode({"sub": "alice", "exp": NOW - 30}, SECRET, algorithm="HS256"),
-    "not-yet-valid": lambda: jwt.encode({"sub": "alice", "nbf": NOW + 3600}, SECRET,
-                                        algorithm="HS256"),
+    "not-yet-valid": lambda: jwt.encode({"sub": "alice", "nbf": NOW + 3600, "exp": NOW + 7200},
+                                        SECRET, algorithm="HS256"),
+    "no-exp": lambda: jwt.encode({"sub": "alice"}, SECRET, algorithm="HS256"),  # jwtRequireExp
     "no-user-claim": lambda: jwt.encode({"name": "alice", "exp": NOW + 60}, SECRET,
                                         algorithm="HS256"),
-    "empty-sub": lambda: jwt.encode({"sub": ""}, SECRET, algorithm="HS256"),
+    "empty-sub": lambda: jwt.encode({"sub": "", "exp": NOW + 60}, SECRET, algorithm="HS256"),
     "garbage": lambda: "a.b.c",
 }
 
