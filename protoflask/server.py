@@ -111,13 +111,19 @@ class ProtoServer:
             self.config = self.config.replace(jwt_secret=secrets.token_urlsafe(32))
         assert self.config.jwt_secret is not None
         self.authority = TokenAuthority(self.config.jwt_secret, self.config.jwt_algorithms,
-                                        self.config.jwt_expires_in)
+                                        self.config.jwt_expires_in,
+                                        require_exp=self.config.jwt_require_exp)
         if self.config.dev_mode:
             self.dev_token = self.authority.issue("dev")
         self.hub = self._hub_arg or make_hub(self.config)
         if self.config.metrics and hasattr(self.hub, "publish_metrics"):
             self.hub.publish_metrics = self._metrics_text
         self.engine = Engine(self, self.config, self.hub, self.tools, self.authority)
+        redis_client = getattr(self.hub, "redis", None)
+        if redis_client is not None:  # clustered: a ticket works on every worker
+            from .cluster.tickets import RedisTicketStore
+
+            self.engine.tickets = RedisTicketStore(redis_client, self.config.redis_prefix)
 
     def _metrics_text(self) -> bytes:
         from prometheus_client import generate_latest

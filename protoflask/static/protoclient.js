@@ -51,11 +51,24 @@
       return new URL(this.root + path, global.location.href);
     }
 
-    connect() {
-      this._setState("connecting");
-      const token = encodeURIComponent(this.token);
+    // A single-use connect ticket (POST /proto/ticket), so the token never goes in a URL.
+    async _ticket() {
+      const r = await fetch(this.url("proto/ticket"), {method: "POST",
+        headers: {"Authorization": `Bearer ${this.token}`}});
+      const body = await r.json().catch(() => ({}));
+      if (!r.ok) throw new Error(body.error ? `${body.error.code} ${body.error.message}` : r.status);
+      return encodeURIComponent(body.ticket);
+    }
+
+    async connect() {
+      if (this.session === null) this._setState("connecting");
+      let ticket;
+      try { ticket = await this._ticket(); } catch (e) {
+        this._setState("closed", `no connect ticket: ${e.message}`);
+        return;
+      }
       if (this.transport === "websocket") {
-        const url = this.url("proto/websocket?token=" + token);
+        const url = this.url("proto/websocket?ticket=" + ticket);
         url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
         const ws = this.ws = new WebSocket(url.href);
         ws.onopen = () => { this._setState("open"); this._hello(); };
@@ -67,7 +80,11 @@
         };
         ws.onerror = () => this._hook("onNote", "WebSocket error");
       } else {
-        const es = this.es = new EventSource(this.url("proto/sse?token=" + token).href);
+        // a resume names the session and the last seq seen (the used ticket cannot be
+        // replayed, so the browser's own reconnect is replaced by this one)
+        const resume = this.session === null ? "" :
+          `&session=${encodeURIComponent(this.session)}&last_seq=${this.lastSeq}`;
+        const es = this.es = new EventSource(this.url("proto/sse?ticket=" + ticket + resume).href);
         es.addEventListener("session", (e) => {
           const first = this.session === null;
           this.session = JSON.parse(e.data).session;
@@ -84,10 +101,12 @@
           }
         });
         es.onerror = () => {
-          if (es.readyState === EventSource.CLOSED) {
+          es.close();
+          if (this.closedByUser || this.session === null || this.es !== es) {
             this._setState("closed", "event stream closed");
           } else {
-            this._hook("onNote", "event stream interrupted; the browser resumes it");
+            this._hook("onNote", "event stream interrupted; resuming with a new ticket");
+            setTimeout(() => { if (!this.closedByUser) this.connect(); }, 1000);
           }
         };
       }
