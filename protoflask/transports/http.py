@@ -188,8 +188,44 @@ def body_pieces(environ: dict[str, Any]) -> Iterator[bytes]:
                     yield piece
             reader.parser = None
         return
+    if _is_pywsgi_input(inp):
+        yield from _pywsgi_pieces(inp)
+        return
     while True:
         piece = inp.readline(PIECE_SIZE)
+        if not piece:
+            return
+        yield piece
+
+
+def _is_pywsgi_input(inp: Any) -> bool:
+    try:
+        from gevent.pywsgi import Input
+    except ImportError:  # pragma: no cover - gevent is a dependency
+        return False
+    return isinstance(inp, Input) and all(
+        hasattr(inp, a) for a in ("chunked_input", "chunk_length", "position", "rfile",
+                                  "content_length"))
+
+
+def _pywsgi_pieces(inp: Any) -> Iterator[bytes]:
+    """gevent.pywsgi's body as it arrives. Its ``readline`` holds a partial line until the
+    line ends (across chunks), which would hide a stalled line from the deadline; this
+    reads each chunk's bytes as they come (a byte at a chunk boundary, then the rest of
+    the chunk), or, without chunking, whatever the socket has."""
+    while True:
+        if inp.chunked_input:
+            left = (inp.chunk_length or 0) - inp.position
+            piece = inp.read(min(left, PIECE_SIZE) if left > 0 else 1)
+        else:
+            left = (inp.content_length or 0) - inp.position
+            if left <= 0:
+                return
+            inp.read(0)  # answers Expect: 100-continue
+            piece = inp.rfile.read1(min(left, PIECE_SIZE))
+            if not piece:
+                raise OSError("the request body ended early")
+            inp.position += len(piece)
         if not piece:
             return
         yield piece
