@@ -59,6 +59,10 @@ def add_dashboard_routes(bp: Blueprint, server: "ProtoServer", at_root: bool) ->
     def data() -> Response:
         g.protoflask_quiet = True  # polled every second or two: not in the access log
         try:
+            try:
+                request.args.get("since")  # parses the query
+            except UnicodeDecodeError:  # werkzeug raises on a query that is not UTF-8
+                raise InvalidMessage("the query string is not UTF-8") from None
             token = token_from_request(request.args.get("token"),
                                        request.headers.get("Authorization"))
             user = engine.authenticate(token) if token else None
