@@ -53,12 +53,15 @@ def free_port() -> int:
 def start_gunicorn(root: Path, port: int, env_extra: dict[str, str]) -> subprocess.Popen:
     env = {**os.environ, "JWT_SECRET": SECRET, "ENABLE_LOGGING": "false",
            "PYTHONPATH": str(root), "HOST": "127.0.0.1", "PORT": str(port), **env_extra}
+    # cwd=root: ``python -m`` puts the working directory ahead of PYTHONPATH
     proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c",
                              str(root / "gunicorn.conf.py"), "--chdir", str(root),
-                             "wsgi:app"], env=env, stdout=subprocess.DEVNULL,
+                             "wsgi:app"], env=env, cwd=root, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
+        if proc.poll() is not None:  # never measure whatever else answers on that port
+            raise SystemExit(f"gunicorn exited with {proc.returncode}")
         try:
             status, _ = http_get(port, "/health", 1.0)
             if status == 200:
