@@ -1,8 +1,9 @@
 """gunicorn settings: ``gunicorn -k gevent wsgi:app`` picks this file up by itself."""
 
+import importlib.util
 import logging
 import os
-import re
+import resource
 import sys
 
 import gevent
@@ -10,27 +11,42 @@ from gunicorn.glogging import Logger
 
 worker_class = "gevent"
 bind = [f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8080')}"]
-# gunicorn's default of 1000 would silently cap maxConnections per worker; keep headroom
-# for follow-up POSTs and /health next to the live transports.
-worker_connections = int(os.environ.get("MAX_CONNECTIONS", "1000")) + 100
+# Headroom (docs/DEPLOYMENT.md, "Slow clients"): gunicorn's default of 1000 would cap
+# maxConnections per worker and let slow clients starve /health. Besides MAX_CONNECTIONS
+# live transports, a worker takes as many POST bodies being read (each cut after
+# BODY_TIMEOUT, at most MAX_CONNECTIONS_PER_USER per user) and 1000 more for /health,
+# /metrics and connections still sending their headers (cut after `keepalive` seconds).
+_MAX_CONNECTIONS = int(os.environ.get("MAX_CONNECTIONS", "1000"))
+worker_connections = 2 * _MAX_CONNECTIONS + 1000
 # The gevent worker must monkey-patch before the application imports.
 preload_app = False
 workers = int(os.environ.get("WEB_CONCURRENCY", "1"))
 graceful_timeout = 10
+# gunicorn's gevent worker reads every request head (the first one too) within keepalive
+# seconds, or closes the connection: this bounds a header slowloris.
 keepalive = 5
+# Seconds a worker may go without a heartbeat (a blocked event loop) before it is killed.
+timeout = 30
 #: Seconds of graceful_timeout kept for closing connections after the drain (close
 #: handshakes, the ends of streams) before gunicorn kills what is left.
 CLOSE_MARGIN = 3
 
-# The rules of protoflask.logs.redact, repeated here: importing protoflask in gunicorn's
-# master would load Flask and gevent's pywsgi before the worker monkey-patches.
-_TOKEN_PARAM = re.compile(r"((?:t|%74)(?:o|%6f)(?:k|%6b)(?:e|%65)(?:n|%6e)=)[^&\s'\"]*",
-                          re.IGNORECASE)
-_BEARER = re.compile(r"(bearer\s+)[^\s'\",]+", re.IGNORECASE)
 
 
-def _redact(text):
-    return _BEARER.sub(r"\1***", _TOKEN_PARAM.sub(r"\1***", text))
+def _load_logs():
+    """protoflask/logs.py on its own (stdlib only): importing the protoflask package in
+    gunicorn's master would load Flask and gevent's pywsgi before the worker
+    monkey-patches."""
+    package = importlib.util.find_spec("protoflask")
+    path = os.path.join(package.submodule_search_locations[0], "logs.py")
+    spec = importlib.util.spec_from_file_location("_protoflask_logs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_logs = _load_logs()
+_redact, _redacted_query = _logs.redact, _logs.redacted_query
 
 
 class _RedactTokens(logging.Filter):
@@ -58,6 +74,8 @@ class RedactingLogger(Logger):
         for key, value in atoms.items():
             if key == "{authorization}i" and value != "-":
                 atoms[key] = "***"
+            elif key == "q" and isinstance(value, str):  # the query string, without "?"
+                atoms[key] = _redacted_query(value)
             elif isinstance(value, str):
                 atoms[key] = _redact(value)
         return atoms
@@ -66,10 +84,21 @@ class RedactingLogger(Logger):
 logger_class = RedactingLogger
 
 
+def _raise_open_files_limit():
+    """Let a worker hold worker_connections sockets (the soft limit is often 1024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = worker_connections + 256
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, limit), hard))
+
+
 def on_starting(server):
-    """Refuse several workers without Redis: each would hold its own sessions in memory,
+    """Raise the open-files limit the workers inherit. Refuse several workers without
+    Redis: each would hold its own sessions in memory,
     so a resume, a follow-up POST or send_message landing on another worker would silently
     miss them. With REDIS_URL the workers share sessions through Redis."""
+    _raise_open_files_limit()
     if server.cfg.workers > 1 and not os.environ.get("REDIS_URL", "").strip():
         raise SystemExit(
             f"protoflask: {server.cfg.workers} workers configured, but sessions live in each "

@@ -40,8 +40,9 @@ class TokenAuthority:
     def __init__(self, secret: str | None, algorithms: Iterable[str] = ("HS256",),
                  expires_in: str | int = "24h", *, public_keys: Iterable[PublicKey] = (),
                  jwks: JWKSCache | None = None, audience: str | None = None,
-                 issuer: str | None = None) -> None:
+                 issuer: str | None = None, require_exp: bool = True) -> None:
         self._secret = secret
+        self.require_exp = require_exp  # a token without exp would never expire
         self.algorithms = [a for a in algorithms if a.lower() != "none"]
         #: HMAC algorithms accepted with the secret (never with a public key)
         self._hmac = {a for a in self.algorithms if a.startswith("HS")} if secret else set()
@@ -92,12 +93,17 @@ class TokenAuthority:
             try:
                 return jwt.decode(token, key, algorithms=[alg], audience=self.audience,
                                   issuer=self.issuer,
-                                  options={"require": [], "verify_exp": True,
+                                  options={"require": ["exp"] if self.require_exp else [],
+                                           "verify_exp": True,
                                            "verify_aud": self.audience is not None})
             except jwt.InvalidSignatureError as exc:
                 error = exc
             except jwt.ExpiredSignatureError:
                 raise InvalidToken("token expired") from None
+            except jwt.MissingRequiredClaimError as exc:
+                if exc.claim == "exp":
+                    raise InvalidToken("token has no exp claim (jwtRequireExp)") from None
+                raise InvalidToken(f"invalid token: {exc}") from None
             except jwt.PyJWTError as exc:
                 raise InvalidToken(f"invalid token: {exc}") from None
         raise InvalidToken(f"invalid token: {error}")
@@ -131,7 +137,7 @@ def authority_from_config(config: "ServerConfig") -> TokenAuthority:
     public = load_public_keys(config.jwt_public_key) if config.jwt_public_key else []
     return TokenAuthority(config.jwt_secret, config.jwt_algorithms, config.jwt_expires_in,
                           public_keys=public, jwks=jwks, audience=config.jwt_audience,
-                          issuer=config.jwt_issuer)
+                          issuer=config.jwt_issuer, require_exp=config.jwt_require_exp)
 
 
 def token_from_request(query_token: str | None, authorization: str | None) -> str | None:

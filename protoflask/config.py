@@ -85,6 +85,17 @@ OPTIONS: tuple[Option, ...] = (
        "required iss claim of tokens (unset: not checked)"),
     _o("maxConnections", "max_connections", "MAX_CONNECTIONS", int, 1000,
        "simultaneous live transports", 1),
+    _o("maxConnectionsPerUser", "max_connections_per_user", "MAX_CONNECTIONS_PER_USER", int,
+       None, "live transports per user, and concurrent POST bodies per user, per worker "
+       "(503 USER_CONNECTION_LIMIT beyond); unset: max(1, maxConnections // 10)", 1),
+    _o("maxKeptSessionsPerUser", "max_kept_sessions_per_user", "MAX_KEPT_SESSIONS_PER_USER",
+       int, 10, "disconnected sessions kept per user, per worker; beyond it the oldest "
+       "disconnected one is dropped", 0),
+    _o("bodyTimeout", "body_timeout", "BODY_TIMEOUT", int, 30000,
+       "ms to read a POST body (408 REQUEST_TIMEOUT beyond); also how long an open stream "
+       "body may stall inside a line before its response ends", 1),
+    _o("jwtRequireExp", "jwt_require_exp", "JWT_REQUIRE_EXP", bool, True,
+       "refuse tokens without an exp claim (INVALID_TOKEN)"),
     _o("heartbeatInterval", "heartbeat_interval", "HEARTBEAT_INTERVAL", int, 30000,
        "ms between server PINGs", 1),
     _o("heartbeatTimeout", "heartbeat_timeout", "HEARTBEAT_TIMEOUT", int, 5000,
@@ -197,7 +208,11 @@ class ServerConfig:
     jwks_refresh_interval: int = 60000
     jwt_audience: str | None = None
     jwt_issuer: str | None = None
+    jwt_require_exp: bool = True
     max_connections: int = 1000
+    max_connections_per_user: int | None = None
+    max_kept_sessions_per_user: int = 10
+    body_timeout: int = 30000
     heartbeat_interval: int = 30000
     heartbeat_timeout: int = 5000
     flow_control: FlowControlConfig = field(default_factory=_flow_defaults)
@@ -309,6 +324,13 @@ class ServerConfig:
         return out + [f"flowControl.{o.key}" for o in FLOW_OPTIONS
                       if getattr(self.flow_control, o.attr) != getattr(other.flow_control,
                                                                        o.attr)]
+
+    @property
+    def connections_per_user(self) -> int:
+        """maxConnectionsPerUser, or its default: a tenth of maxConnections (at least 1)."""
+        if self.max_connections_per_user is not None:
+            return self.max_connections_per_user
+        return max(1, self.max_connections // 10)
 
     # -- derived settings for the core ---------------------------------------------------
 

@@ -33,7 +33,7 @@ from .auth import token_from_request
 from .core.errors import InvalidMessage, ProtoError
 from .hub import LiveSession, now_ms
 from .metrics import session_gauges
-from .transports.http import error_response, json_response
+from .transports.http import error_response, is_seq, json_response
 
 if TYPE_CHECKING:
     from .server import ProtoServer
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 ROOT_PLACEHOLDER = "__PROTOFLASK_ROOT__"
 MAX_LISTED_SESSIONS = 200  # the most recently active ones
+MAX_SAFE_INTEGER = 2**53 - 1  # JavaScript's; orjson refuses ints past 64 bits
 
 
 def add_dashboard_routes(bp: Blueprint, server: "ProtoServer", at_root: bool) -> None:
@@ -64,12 +65,16 @@ def add_dashboard_routes(bp: Blueprint, server: "ProtoServer", at_root: bool) ->
     def data() -> Response:
         g.protoflask_quiet = True  # polled every second or two: not in the access log
         try:
+            try:
+                request.args.get("since")  # parses the query
+            except UnicodeDecodeError:  # werkzeug raises on a query that is not UTF-8
+                raise InvalidMessage("the query string is not UTF-8") from None
             token = token_from_request(request.args.get("token"),
                                        request.headers.get("Authorization"))
             user = engine.authenticate(token) if token else None
-            since = request.args.get("since", "0")
-            if not since.isdigit():
-                raise InvalidMessage(f"since must be a number of ms, got {since!r}")
+            since = request.args.get("since") or "0"
+            if not is_seq(since):  # ASCII digits only: '²' passes str.isdigit, not int()
+                raise InvalidMessage(f"since must be a number of ms, got {since[:40]!r}")
         except ProtoError as exc:
             return error_response(exc)
         return json_response(dashboard_data(server, user, int(since)))
@@ -116,6 +121,11 @@ def dashboard_data(server: "ProtoServer", user: str | None, since: int) -> dict[
     out["sessionsListed"] = len(rows)
     out["sessionsComplete"] = complete
     out["sessions"] = rows[:MAX_LISTED_SESSIONS]
+    for row in out["sessions"]:  # JSON numbers a browser reads exactly; others as text
+        for key, value in row.items():
+            if isinstance(value, int) and not isinstance(value, bool) \
+                    and not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+                row[key] = str(value)
     out["tools"] = [t.to_dict() for t in engine.tools]
     return out
 

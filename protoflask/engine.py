@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 import gevent
 
 from .auth import TokenAuthority
+from .tickets import MemoryTicketStore, TicketStore
 from .config import ServerConfig
 from .core import messages
 from .core.errors import (
-    MaxConnections, OutboundQueueFull, ProtoError, SessionNotFound, ShuttingDown,
+    InvalidToken, MaxConnections, OutboundQueueFull, ProtoError, SessionNotFound, ShuttingDown,
+    UserConnectionLimit,
 )
 from .core.session import (
     CLOSE_HEARTBEAT, CLOSE_SLOW_CONSUMER, CLOSE_SUPERSEDED, AudioReceived, CloseRequested,
@@ -164,35 +166,82 @@ class Engine:
         self.stats = Stats(now_ms())
         self.shutting_down = False
         self._ticker: gevent.Greenlet | None = None
+        #: per user: live transports, and POST bodies being read (maxConnectionsPerUser)
+        self._user_connections: dict[str, int] = {}
+        self._user_bodies: dict[str, int] = {}
+        #: per user: ids of this process's disconnected (kept) sessions, oldest first
+        self._kept: dict[str, dict[str, None]] = {}
+        self._kept_pruned_at = 0
+        #: connect tickets (POST /proto/ticket); the server sets a shared one when clustered
+        self.tickets: TicketStore = MemoryTicketStore()
         hub.bind(self)
 
     # -- connections -----------------------------------------------------------------
 
-    def authenticate(self, token: str | None) -> str:
+    def authenticate(self, token: str | None, ticket: str | None = None) -> str:
+        """The user of a token, or of a connect ticket (redeemed: it works once)."""
+        if ticket and not token:
+            user_id = self.tickets.redeem(ticket)
+            if user_id is None:
+                raise InvalidToken("invalid, used or expired connect ticket")
+            return user_id
         return self.authority.verify(token)
 
-    def open_connection(self, kind: str = "unknown") -> None:
+    def issue_ticket(self, token: str | None) -> tuple[str, int]:
+        """A single-use connect ticket for the token's user, and its lifetime in ms."""
+        return self.tickets.issue(self.authority.verify(token)), self.tickets.lifetime_ms
+
+    def open_connection(self, kind: str = "unknown", user_id: str | None = None,
+                        replacing: bool = False) -> None:
         """Count a live transport of ``kind`` (websocket, sse, stream), or refuse it
-        (503 MAX_CONNECTIONS / SHUTTING_DOWN)."""
+        (503 MAX_CONNECTIONS / USER_CONNECTION_LIMIT / SHUTTING_DOWN). ``replacing``: it
+        takes over a transport of the same session, which is about to close, so the
+        user's cap does not count it twice."""
         if self.shutting_down:
             raise ShuttingDown()
         if self.stats.active_connections >= self.config.max_connections:
             raise MaxConnections(f"{self.config.max_connections} connections are open")
+        if user_id is not None:
+            held = self._user_connections.get(user_id, 0)
+            cap = self.config.connections_per_user
+            if held >= cap and not replacing:
+                raise UserConnectionLimit(f"this user has {held} live connections open "
+                                          f"(maxConnectionsPerUser {cap})")
+            self._user_connections[user_id] = held + 1
         self.ensure_running()
         self.stats.connection_opened(kind)
 
-    def close_connection(self, kind: str = "unknown") -> None:
+    def close_connection(self, kind: str = "unknown", user_id: str | None = None) -> None:
         self.stats.connection_closed(kind)
+        if user_id is not None:
+            _release(self._user_connections, user_id)
+
+    def open_body(self, user_id: str) -> None:
+        """Count a POST body being read for the user (their own cap, maxConnectionsPerUser
+        of them at once), or raise USER_CONNECTION_LIMIT; the caller owes close_body."""
+        held = self._user_bodies.get(user_id, 0)
+        cap = self.config.connections_per_user
+        if held >= cap:
+            self.stats.count(self.stats.connections_refused, UserConnectionLimit.code)
+            raise UserConnectionLimit(f"this user has {held} request bodies being read "
+                                      f"(maxConnectionsPerUser {cap})")
+        self._user_bodies[user_id] = held + 1
+
+    def close_body(self, user_id: str) -> None:
+        _release(self._user_bodies, user_id)
 
     def admit(self, token: str | None, session_id: str | None,
-              last_seq: int | None, kind: str = "unknown") -> Admission:
+              last_seq: int | None, kind: str = "unknown",
+              ticket: str | None = None) -> Admission:
         """Let a live transport in, or raise the contract's error (401, 404, 503).
 
-        Counts the connection: the caller owes one ``close_connection(kind)``."""
+        Counts the connection: the caller owes one
+        ``close_connection(kind, admission.user_id)``."""
         try:
-            user_id = self.authenticate(token)
+            user_id = self.authenticate(token, ticket)
             resume = self.find_session(session_id, user_id) if session_id else None
-            self.open_connection(kind)
+            self.open_connection(kind, user_id, replacing=resume is not None
+                                 and resume.transport is not None)
         except ProtoError as exc:
             self.stats.count(self.stats.connections_refused, exc.code)
             raise
@@ -260,6 +309,9 @@ class Engine:
             old.close(CLOSE_SUPERSEDED, "superseded by a resumed connection")
         live.core.attach(now_ms(), last_seq)
         live.transport = transport
+        kept = self._kept.get(live.user_id)
+        if kept is not None:
+            kept.pop(live.id, None)
         self.hub.changed(live)
         self._emit(signals.connect, session_id=live.id)
         self._drain_events(live)
@@ -272,6 +324,7 @@ class Engine:
         live.transport = None
         live.core.detach(now_ms())
         self.hub.changed(live)
+        self._keep(live)
         self._emit(signals.disconnect, session_id=live.id)
 
     # -- upstream --------------------------------------------------------------------
@@ -389,7 +442,46 @@ class Engine:
             transport.close(code, reason)
             self.detach(live, transport)
 
+    def _keep(self, live: LiveSession) -> None:
+        """A session just disconnected: the user's oldest disconnected sessions beyond
+        maxKeptSessionsPerUser are dropped (as if they had expired)."""
+        kept = self._kept.setdefault(live.user_id, {})
+        kept.pop(live.id, None)
+        kept[live.id] = None  # newest last
+        if len(kept) <= self.config.max_kept_sessions_per_user:
+            return
+        for sid in list(kept):
+            if len(kept) <= self.config.max_kept_sessions_per_user:
+                break
+            other = self.hub.get(sid)
+            if other is None or other.core.closed or other.transport is not None:
+                del kept[sid]  # gone or connected again meanwhile
+            else:
+                log.info("session %s: user %s keeps more than %d disconnected sessions; "
+                         "dropping the oldest", sid, live.user_id,
+                         self.config.max_kept_sessions_per_user)
+                other.core.closed = True
+                self._expire(other)
+
+    def _prune_kept(self, now: int) -> None:
+        """Forget kept ids whose sessions went away without passing _expire here (taken
+        over by another node); once a minute."""
+        if now - self._kept_pruned_at < 60_000:
+            return
+        self._kept_pruned_at = now
+        for user in list(self._kept):
+            kept = self._kept[user]
+            for sid in [s for s in kept if self.hub.get(s) is None]:
+                del kept[sid]
+            if not kept:
+                del self._kept[user]
+
     def _expire(self, live: LiveSession) -> None:
+        kept = self._kept.get(live.user_id)
+        if kept is not None:
+            kept.pop(live.id, None)
+            if not kept:
+                del self._kept[live.user_id]
         self.hub.remove(live.id)
         if live.runner is not None:
             live.runner.cancel_all()
@@ -423,6 +515,7 @@ class Engine:
     def tick(self) -> None:
         now = now_ms()
         self.stats.sample(now)
+        self._prune_kept(now)
         for live in self.hub.sessions():
             events = live.core.tick(now)
             if events:
@@ -442,3 +535,11 @@ class Engine:
 
     def _emit_error(self, exc: BaseException, **kwargs: Any) -> None:
         self.server._emit_error(exc, **kwargs)
+
+
+def _release(counts: dict[str, int], user_id: str) -> None:
+    left = counts.get(user_id, 0) - 1
+    if left > 0:
+        counts[user_id] = left
+    else:
+        counts.pop(user_id, None)

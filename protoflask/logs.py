@@ -6,35 +6,50 @@ from __future__ import annotations
 import logging
 import os
 import re
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import unquote_plus
 
-#: ``token=<value>`` anywhere in a line (a query string, a request line), its key possibly
-#: percent-encoded (``%74oken=`` is ``token=`` to the query parser), and Bearer credentials.
+#: The query keys logged in clear: the ones the server reads that carry no secret. Every
+#: other key (``token``, ``ticket``, and anything unknown, such as near misses like
+#: ``token%00`` or ``jwt``) is logged as ``<key>=[redacted]``.
+CLEAR_QUERY_KEYS = frozenset({"session", "last_seq", "since", "scope"})
+REDACTED = "[redacted]"
+#: A key shown as itself when it is redacted (a long or odd key may be the secret).
+_SHOWABLE_KEY = re.compile(r"[A-Za-z0-9_.%+\[\]-]{1,32}\Z")
+#: A query string inside a log line (a request line, a URL).
+_QUERY = re.compile(r"\?([^\s\"'#]*)")
+#: ``token=<value>`` outside a query (belt and braces), its key possibly percent-encoded.
 _TOKEN_PARAM = re.compile(r"((?:t|%74)(?:o|%6f)(?:k|%6b)(?:e|%65)(?:n|%6e)=)[^&\s'\"]*",
                           re.IGNORECASE)
 _BEARER = re.compile(r"(bearer\s+)[^\s'\",]+", re.IGNORECASE)
-REDACTED = "***"
-
-
-def redact(text: str) -> str:
-    """``text`` with token values and Bearer credentials replaced by ***."""
-    if "=" in text:
-        text = _TOKEN_PARAM.sub(r"\1" + REDACTED, text)
-    if " " in text:
-        text = _BEARER.sub(r"\1" + REDACTED, text)
-    return text
 
 
 def redacted_query(query: str) -> str:
-    """A query string with the value of every parameter the server reads as ``token``
-    hidden (the key compared after decoding, as the server's own parser sees it)."""
+    """A query string with every value hidden but those of CLEAR_QUERY_KEYS (the key
+    compared after decoding, as the server's own parser sees it)."""
     if not query:
         return query
-    pairs = parse_qsl(query, keep_blank_values=True)
-    if not any(key == "token" for key, _ in pairs):
-        return redact(query)
-    return urlencode([(k, REDACTED if k == "token" else v) for k, v in pairs],
-                     safe="*/:")
+    out = []
+    for pair in query.split("&"):
+        if not pair:
+            continue
+        key, sep, _ = pair.partition("=")
+        if sep and unquote_plus(key) in CLEAR_QUERY_KEYS:
+            out.append(pair)
+        else:
+            out.append(f"{key if _SHOWABLE_KEY.match(key) else REDACTED}={REDACTED}")
+    return "&".join(out)
+
+
+def redact(text: str) -> str:
+    """``text`` with query values (but the allowed keys'), token values and Bearer
+    credentials replaced by [redacted] / ***."""
+    if "?" in text:
+        text = _QUERY.sub(lambda m: "?" + redacted_query(m.group(1)), text)
+    if "=" in text:
+        text = _TOKEN_PARAM.sub(r"\1" + REDACTED, text)
+    if " " in text:
+        text = _BEARER.sub(r"\1***", text)
+    return text
 
 
 class RedactTokens(logging.Filter):

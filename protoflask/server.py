@@ -178,6 +178,11 @@ class ProtoServer:
         if self.config.metrics and hasattr(self.hub, "publish_metrics"):
             self.hub.publish_metrics = self._metrics_text
         self.engine = Engine(self, self.config, self.hub, self.tools, self.authority)
+        redis_client = getattr(self.hub, "redis", None)
+        if redis_client is not None:  # clustered: a ticket works on every worker
+            from .cluster.tickets import RedisTicketStore
+
+            self.engine.tickets = RedisTicketStore(redis_client, self.config.redis_prefix)
 
     def _metrics_text(self) -> bytes:
         from prometheus_client import generate_latest

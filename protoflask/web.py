@@ -33,7 +33,10 @@ access_log = logging.getLogger("protoflask.access")
 GZIP_MIN_BYTES = 100
 #: The endpoints an Origin outside allowedOrigins is refused on (403 ORIGIN_NOT_ALLOWED).
 TRANSPORT_ENDPOINTS = frozenset({"protoflask.websocket", "protoflask.sse_stream",
-                                 "protoflask.sse_post", "protoflask.http_stream"})
+                                 "protoflask.sse_post", "protoflask.http_stream",
+                                 "protoflask.ticket"})
+#: What the public /stats leaves out of each node of a cluster (where it runs).
+PRIVATE_NODE_FIELDS = frozenset({"host", "pid"})
 #: A Host header value: a name, an IPv4 address or a bracketed IPv6 address, and a port.
 #: (Commas are refused: that is how a WSGI server joins two Host headers.)
 _HOST = re.compile(r"([A-Za-z0-9._~!$&'()*+;=%-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{0,5})?\Z")
@@ -98,7 +101,23 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
 
     @bp.get("/stats")
     def stats() -> Response:
-        return json_response(server.get_stats())
+        """SPEC 2.6's figures (public); in a cluster each node's too, with its host and
+        pid only for a caller with a valid Bearer token."""
+        body = server.get_stats()
+        if "nodes" in body and not _bearer_is_valid():
+            body["nodes"] = [{k: v for k, v in n.items() if k not in PRIVATE_NODE_FIELDS}
+                             for n in body["nodes"]]
+        return json_response(body)
+
+    def _bearer_is_valid() -> bool:
+        token = token_from_request(None, request.headers.get("Authorization"))
+        if not token:
+            return False
+        try:
+            engine.authenticate(token)
+        except ProtoError:
+            return False
+        return True
 
     if config.metrics:
         @bp.get("/metrics")
@@ -133,7 +152,7 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
                                    request.headers.get("Authorization")),
                 request.args.get("session") or None,
                 parse_seq_arg(request.args.get("last_seq"), "last_seq"),
-                kind=WebSocketConnection.kind)
+                kind=WebSocketConnection.kind, ticket=request.args.get("ticket"))
         except ProtoError as exc:
             return error_response(exc)
         g.protoflask_live = True  # logged as open/closed, not as a request
@@ -151,8 +170,21 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
         except OSError:
             pass
         finally:
-            engine.close_connection(WebSocketConnection.kind)
+            engine.close_connection(WebSocketConnection.kind, admission.user_id)
         return _TakenOverResponse()
+
+    @bp.post("/proto/ticket")
+    def ticket() -> Response:
+        """A single-use connect ticket for the Bearer token's user (``?ticket=`` on the
+        transports instead of ``?token=``, which proxies would log)."""
+        try:
+            ticket, lifetime_ms = engine.issue_ticket(
+                token_from_request(None, request.headers.get("Authorization")))
+        except ProtoError as exc:
+            return error_response(exc)
+        response = json_response({"ticket": ticket, "expires_in_ms": lifetime_ms})
+        response.headers["Cache-Control"] = "no-store"
+        return response
 
     @bp.get("/proto/sse")
     def sse_stream() -> Response:

@@ -21,6 +21,10 @@ def authority() -> TokenAuthority:
 
 
 def sign(claims: dict, key: str = SECRET, algorithm: str = "HS256") -> str:
+    """``claims`` signed, with an exp a minute ahead unless they say otherwise."""
+    claims = {"exp": int(time.time()) + 60, **claims}
+    if claims["exp"] is None:  # exp: None signs a token without exp
+        del claims["exp"]
     return jwt.encode(claims, key, algorithm=algorithm)
 
 
@@ -28,8 +32,20 @@ def test_hs256_token_verifies(authority: TokenAuthority) -> None:
     assert authority.verify(sign({"sub": "alice", "exp": int(time.time()) + 60})) == "alice"
 
 
-def test_exp_is_optional(authority: TokenAuthority) -> None:
-    assert authority.verify(sign({"sub": "alice"})) == "alice"
+def test_a_token_without_exp_is_refused_by_default(authority: TokenAuthority) -> None:
+    """Issue 13 item 8: a token without exp would never expire (jwtRequireExp)."""
+    with pytest.raises(InvalidToken, match="exp"):
+        authority.verify(sign({"sub": "alice", "exp": None}))
+    lax = TokenAuthority(SECRET, require_exp=False)
+    assert lax.verify(sign({"sub": "alice", "exp": None})) == "alice"
+    with pytest.raises(InvalidToken, match="expired"):  # an exp present is still checked
+        lax.verify(sign({"sub": "alice", "exp": int(time.time()) - 10}))
+
+
+def test_issued_tokens_always_carry_exp(authority: TokenAuthority) -> None:
+    for lifetime in (None, "30s", 7):
+        claims = jwt.decode(authority.issue("alice", lifetime), SECRET, algorithms=["HS256"])
+        assert claims["exp"] > claims["iat"]
 
 
 @pytest.mark.parametrize("claims,user", [

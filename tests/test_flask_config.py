@@ -31,6 +31,8 @@ OTHER = {
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode(),
     "jwksUrl": "https://idp.example.com/.well-known/jwks.json", "jwksRefreshInterval": 5000,
     "jwtAudience": "my-app", "jwtIssuer": "https://idp.example.com/",
+    "maxConnectionsPerUser": 3, "maxKeptSessionsPerUser": 2, "bodyTimeout": 1500,
+    "jwtRequireExp": False,
 }
 FLOW_OTHER = {
     "enabled": False, "initialCredits": 300, "minCredits": 20, "maxCredits": 500,

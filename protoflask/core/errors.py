@@ -146,6 +146,20 @@ class MaxConnections(ProtoError):
     code, http_status, default_message = "MAX_CONNECTIONS", 503, "too many connections"
 
 
+class UserConnectionLimit(ProtoError):
+    """One user holds maxConnectionsPerUser live transports (or POST bodies) already."""
+
+    code, http_status, default_message = (
+        "USER_CONNECTION_LIMIT", 503, "too many connections for this user")
+
+
+class RequestTimeout(ProtoError):
+    """A request body did not arrive within bodyTimeout."""
+
+    code, http_status, default_message = (
+        "REQUEST_TIMEOUT", 408, "the request body did not arrive in time")
+
+
 class RateLimited(ProtoError):
     code, http_status, default_message = (
         "RATE_LIMITED", 429, "too many messages; this one was dropped")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -434,6 +435,7 @@ class ProtocolSession:
             "rate_limit": {"messages_per_second": s.rate_limit, "burst": s.rate_limit_burst}
             if s.rate_limit else None,
             "max_json_depth": s.max_json_depth,
+            "connect_ticket": True,  # POST /proto/ticket, then ?ticket= (docs/PROTOCOL.md)
         }
 
     def _on_ping(self, msg: Message, seen_before: int, now: int) -> None:
@@ -786,7 +788,7 @@ class ProtocolSession:
                     self._ping_nonce = None
                     self._events.append(HeartbeatTimedOut())
             elif now >= self._next_ping_at:
-                self._ping_nonce = f"hb-{self._next()}"
+                self._ping_nonce = f"hb-{secrets.token_urlsafe(12)}"  # unguessable: no blind PONGs
                 self._ping_sent_at = now
                 self._next_ping_at = now + s.heartbeat_interval
                 self.send(messages.ping(self._ping_nonce))

@@ -32,7 +32,7 @@ from flask import Request, Response
 
 from ..auth import token_from_request
 from ..core.envelope import MAX_DIGITS
-from ..core.errors import InvalidMessage, MessageTooLarge, ProtoError
+from ..core.errors import InvalidMessage, MessageTooLarge, ProtoError, RequestTimeout
 from ..hub import now_ms
 from .websocket import raw_socket
 
@@ -83,22 +83,32 @@ def is_seq(value: str) -> bool:
 # -- upstream: POST bodies ------------------------------------------------------------
 
 
-def read_body(environ: dict[str, Any], limit: int) -> bytes:
-    """The whole request body, or MessageTooLarge once it passes ``limit`` bytes."""
+def read_body(environ: dict[str, Any], limit: int, timeout_ms: int | None = None) -> bytes:
+    """The whole request body, or MessageTooLarge once it passes ``limit`` bytes, or
+    RequestTimeout (408) when it has not all arrived within ``timeout_ms`` (bodyTimeout:
+    a client trickling its body must not hold a connection and a greenlet forever)."""
     length = environ.get("CONTENT_LENGTH") or ""
     if length.isdigit() and int(length) > limit:
         raise MessageTooLarge(f"body of {length} bytes exceeds maxMessageSize ({limit})")
     inp = environ["wsgi.input"]
     parts: list[bytes] = []
     total = 0
-    while True:
-        data = inp.read(min(PIECE_SIZE, limit + 1 - total))
-        if not data:
-            return b"".join(parts)
-        total += len(data)
-        if total > limit:
-            raise MessageTooLarge(f"body exceeds maxMessageSize ({limit} bytes)")
-        parts.append(data)
+    deadline = gevent.Timeout.start_new(
+        timeout_ms / 1000.0, RequestTimeout(f"the request body did not arrive within "
+                                            f"bodyTimeout ({timeout_ms} ms)")) \
+        if timeout_ms else None
+    try:
+        while True:
+            data = inp.read(min(PIECE_SIZE, limit + 1 - total))
+            if not data:
+                return b"".join(parts)
+            total += len(data)
+            if total > limit:
+                raise MessageTooLarge(f"body exceeds maxMessageSize ({limit} bytes)")
+            parts.append(data)
+    finally:
+        if deadline is not None:
+            deadline.close()
 
 
 _NOT_JSON = object()
@@ -178,8 +188,44 @@ def body_pieces(environ: dict[str, Any]) -> Iterator[bytes]:
                     yield piece
             reader.parser = None
         return
+    if _is_pywsgi_input(inp):
+        yield from _pywsgi_pieces(inp)
+        return
     while True:
         piece = inp.readline(PIECE_SIZE)
+        if not piece:
+            return
+        yield piece
+
+
+def _is_pywsgi_input(inp: Any) -> bool:
+    try:
+        from gevent.pywsgi import Input
+    except ImportError:  # pragma: no cover - gevent is a dependency
+        return False
+    return isinstance(inp, Input) and all(
+        hasattr(inp, a) for a in ("chunked_input", "chunk_length", "position", "rfile",
+                                  "content_length"))
+
+
+def _pywsgi_pieces(inp: Any) -> Iterator[bytes]:
+    """gevent.pywsgi's body as it arrives. Its ``readline`` holds a partial line until the
+    line ends (across chunks), which would hide a stalled line from the deadline; this
+    reads each chunk's bytes as they come (a byte at a chunk boundary, then the rest of
+    the chunk), or, without chunking, whatever the socket has."""
+    while True:
+        if inp.chunked_input:
+            left = (inp.chunk_length or 0) - inp.position
+            piece = inp.read(min(left, PIECE_SIZE) if left > 0 else 1)
+        else:
+            left = (inp.content_length or 0) - inp.position
+            if left <= 0:
+                return
+            inp.read(0)  # answers Expect: 100-continue
+            piece = inp.rfile.read1(min(left, PIECE_SIZE))
+            if not piece:
+                raise OSError("the request body ended early")
+            inp.position += len(piece)
         if not piece:
             return
         yield piece
@@ -196,12 +242,24 @@ def _gunicorn_chunked_reader(inp: Any) -> Any:
     return None
 
 
-def iter_lines(pieces: Iterable[bytes], limit: int) -> Iterator[bytes]:
+def iter_lines(pieces: Iterable[bytes], limit: int,
+               stall_ms: int | None = None) -> Iterator[bytes]:
     """Non-blank lines (CR/LF stripped) from body pieces; a line may span any number of
     pieces. A line longer than ``limit`` is yielded cut at ``limit + 1`` bytes (enough for
-    the session to reject it as too large) and ends the iteration."""
+    the session to reject it as too large) and ends the iteration. With ``stall_ms``
+    (bodyTimeout), a partial line whose next piece does not come within it raises
+    RequestTimeout; waiting between lines has no deadline (an idle duplex stream)."""
     buf = bytearray()
-    for piece in pieces:
+    source = iter(pieces)
+    while True:
+        if buf and stall_ms:
+            with gevent.Timeout(stall_ms / 1000.0, RequestTimeout(
+                    f"the body stalled inside a line for bodyTimeout ({stall_ms} ms)")):
+                piece = next(source, None)
+        else:
+            piece = next(source, None)
+        if piece is None:
+            break
         buf += piece
         start = 0
         while True:
@@ -233,12 +291,18 @@ def post_messages(engine: "Engine", request: Request) -> Response:
     live: "LiveSession | None" = None
     try:
         user_id = engine.authenticate(token_from_request(
-            request.args.get("token"), request.headers.get("Authorization")))
+            request.args.get("token"), request.headers.get("Authorization")),
+            request.args.get("ticket"))
         session_id = request.args.get("session")
         if not session_id:
             raise InvalidMessage("the session query parameter is required")
         live = engine.held_session(session_id, user_id)
-        body = read_body(request.environ, engine.config.max_message_size)
+        engine.open_body(user_id)  # bodies being read count per user
+        try:
+            body = read_body(request.environ, engine.config.max_message_size,
+                             engine.config.body_timeout)
+        finally:
+            engine.close_body(user_id)
         if live is None:
             live = engine.session_for_body(session_id, user_id, body)
             if live is None:  # another node holds the session and processes the body
@@ -248,6 +312,10 @@ def post_messages(engine: "Engine", request: Request) -> Response:
         if live is not None:
             engine.reject(live, exc)
         return error_response(exc)
+    except RequestTimeout as exc:  # the rest of the body is not worth waiting for
+        response = error_response(exc)
+        response.headers["Connection"] = "close"
+        return response
     except ProtoError as exc:
         return error_response(exc)
     return json_response({"accepted": accepted}, 202)
@@ -425,7 +493,7 @@ class HTTPDownstream:
             if self._attached:
                 self.engine.detach(self.live, self)
         finally:
-            self.engine.close_connection(self.kind)
+            self.engine.close_connection(self.kind, self.live.user_id)
             if self.log_connections:
                 access_log.info("%s closed session=%s", self.kind, self.live.id)
 

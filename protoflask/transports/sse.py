@@ -68,7 +68,7 @@ def open_stream(engine: "Engine", request: Request) -> Response:
     try:
         admission = engine.admit(
             token_from_request(request.args.get("token"), request.headers.get("Authorization")),
-            *resume_point(request), kind=SSEStream.kind)
+            *resume_point(request), kind=SSEStream.kind, ticket=request.args.get("ticket"))
     except ProtoError as exc:
         return error_response(exc)
     live, last_seq = engine.session_for(admission)

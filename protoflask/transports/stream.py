@@ -25,7 +25,7 @@ import gevent
 from flask import Request, Response
 
 from ..auth import token_from_request
-from ..core.errors import ProtoError
+from ..core.errors import ProtoError, RequestTimeout
 from .http import (
     LINGER_SECONDS, HTTPDownstream, body_pieces, error_response, iter_lines, parse_seq_arg,
     post_messages,
@@ -42,6 +42,7 @@ class NDJSONStream(HTTPDownstream):
     mimetype = "application/x-ndjson"
 
     _reader: gevent.Greenlet | None = None
+    _stalled = False  # the body stalled inside a line: the socket is cut after the response
 
     def frame(self, seq: int, data: bytes) -> bytes:
         return data + b"\n"
@@ -57,7 +58,7 @@ class NDJSONStream(HTTPDownstream):
         response has ended, the rest of the body is read and dropped."""
         engine, live = self.engine, self.live
         pieces = body_pieces(self.environ)
-        lines = iter_lines(pieces, engine.config.max_message_size)
+        lines = iter_lines(pieces, engine.config.max_message_size, engine.config.body_timeout)
         try:
             while self._closing is None and not self._finished:
                 try:
@@ -72,6 +73,12 @@ class NDJSONStream(HTTPDownstream):
                     return
             for _ in pieces:
                 pass
+        except RequestTimeout as exc:  # stalled inside a line: end the response
+            log.info("stream %s: %s; ending the response, the session stays for resume",
+                     live.id, exc.message)
+            self._stalled = True
+            self.gone()
+            return
         except Exception as exc:  # the client went away, or broke the chunked encoding
             log.debug("stream %s: request body ended: %r", live.id, exc)
             self.gone()
@@ -83,6 +90,11 @@ class NDJSONStream(HTTPDownstream):
         version, closed by the server): let the reader drain that body for a moment so the
         close does not reset the connection under the response's tail, then cut it."""
         reader = self._reader
+        if self._stalled and self.sock is not None:
+            try:  # the server would wait for the rest of that body before the next request
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         if reader is None or reader.dead:
             return
         reader.join(LINGER_SECONDS)
@@ -104,7 +116,7 @@ def handle_post(engine: "Engine", request: Request) -> Response:
         admission = engine.admit(
             token_from_request(request.args.get("token"), request.headers.get("Authorization")),
             session_id, parse_seq_arg(request.args.get("last_seq"), "last_seq"),
-            kind=NDJSONStream.kind)
+            kind=NDJSONStream.kind, ticket=request.args.get("ticket"))
     except ProtoError as exc:
         return error_response(exc)
     live, last_seq = engine.session_for(admission)

@@ -4,6 +4,8 @@ with WSClient."""
 
 from __future__ import annotations
 
+import time
+
 import jwt
 import pytest
 
@@ -137,7 +139,8 @@ def test_under_gunicorn_gevent_worker() -> None:
     """The production path: ``gunicorn -k gevent --chdir examples/agent app:app``."""
     server = GunicornServer(app="app:app", chdir=EXAMPLES / "agent")
     try:
-        token = jwt.encode({"sub": "alice"}, SECRET, algorithm="HS256")
+        token = jwt.encode({"sub": "alice", "exp": int(time.time()) + 600}, SECRET,
+                           algorithm="HS256")
         client = WSClient(server.base_url, token)
         try:
             client.hello()

@@ -68,6 +68,10 @@ def open_playground(browser: Any, server: Any, token: str, transport: str) -> An
     page.on("console", lambda m: problems.append(m.text) if m.type == "error"
             and not ticket_refusal(m) else None)
     page.problems = problems
+    urls: list[str] = []  # every URL the page asked for (the token must be in none)
+    page.on("request", lambda r: urls.append(r.url))
+    page.on("websocket", lambda ws: urls.append(ws.url))
+    page.urls = urls
     page.goto(f"{server.base_url}/#token={token}")
     page.click("#tab-playground")
     page.select_option("#transport", transport)
@@ -121,6 +125,10 @@ def test_playground_chat_tool_call_and_dashboard(browser, make_server, transport
     token = server.issue_token("browser-user")
     page = open_playground(browser, server, token, transport)
     session_id = page.evaluate("window.playground.client.session")
+    # the page connected with a connect ticket: its token is in no URL (proxies log them)
+    sent = [u.split("#")[0] for u in page.urls]
+    assert any("ticket=" in u for u in sent), sent
+    assert not [u for u in sent if token in u or "token=" in u], sent
 
     # chat: the reply arrives in three parts and is shown assembled
     page.fill("#chat-input", "hello from chromium")

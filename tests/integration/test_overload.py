@@ -20,7 +20,8 @@ CLIENT_OF = {"websocket": WSClient, "sse": SSEClient, "stream": StreamClient}
 
 @pytest.fixture(scope="module", params=["embedded", "gunicorn"])
 def small(request):
-    yield from live_with_baseline(request.param, maxConnections=3, maxConcurrentRuns=3,
+    yield from live_with_baseline(request.param, maxConnections=3, maxConnectionsPerUser=3,
+                                  maxConcurrentRuns=3,
                                   toolQueueSize=5)
 
 

@@ -1,0 +1,63 @@
+"""Connect tickets: a short-lived, single-use stand-in for a token in a URL.
+
+A browser cannot set headers on a WebSocket or an EventSource, so its token would end up
+in the URL, and from there in proxy access logs. Instead it POSTs its token once
+(``POST /proto/ticket`` with ``Authorization: Bearer``) and connects with
+``?ticket=<opaque>``: the ticket names the token's user, works once, and only for
+``TICKET_LIFETIME_MS``. This module holds tickets in memory (one process); a cluster keeps
+them in Redis (``protoflask.cluster.tickets``) so any worker redeems them.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Protocol
+
+#: The longest a ticket lives (docs/PROTOCOL.md: at most 30 s).
+TICKET_LIFETIME_MS = 30_000
+#: Most tickets held in memory at once; the oldest go first beyond it.
+MAX_MEMORY_TICKETS = 100_000
+
+
+def new_ticket() -> str:
+    return secrets.token_urlsafe(24)
+
+
+class TicketStore(Protocol):
+    lifetime_ms: int
+
+    def issue(self, user_id: str) -> str:
+        """A new ticket for the user."""
+
+    def redeem(self, ticket: str) -> str | None:
+        """The ticket's user, once; None for an unknown, used or expired ticket."""
+
+
+class MemoryTicketStore:
+    """Tickets of one process, in a dict ordered by issue time."""
+
+    def __init__(self, lifetime_ms: int = TICKET_LIFETIME_MS) -> None:
+        self.lifetime_ms = lifetime_ms
+        self._tickets: dict[str, tuple[str, float]] = {}  # ticket -> (user, expires at)
+
+    def issue(self, user_id: str) -> str:
+        now = time.monotonic()
+        self._drop_expired(now)
+        while len(self._tickets) >= MAX_MEMORY_TICKETS:
+            del self._tickets[next(iter(self._tickets))]
+        ticket = new_ticket()
+        self._tickets[ticket] = (user_id, now + self.lifetime_ms / 1000.0)
+        return ticket
+
+    def redeem(self, ticket: str) -> str | None:
+        entry = self._tickets.pop(ticket, None)
+        if entry is None or entry[1] <= time.monotonic():
+            return None
+        return entry[0]
+
+    def _drop_expired(self, now: float) -> None:
+        for ticket, (_, expires) in list(self._tickets.items()):
+            if expires > now:
+                break  # issued in order, so expiring in order
+            del self._tickets[ticket]
