@@ -101,7 +101,7 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
 
     @bp.get("/stats")
     def stats() -> Response:
-        """SPEC 2.6's figures (public); in a cluster each node's too, with its host and
+        """docs/PROTOCOL.md §10's figures (public); in a cluster each node's too, with its host and
         pid only for a caller with a valid Bearer token."""
         body = server.get_stats()
         if "nodes" in body and not _bearer_is_valid():

@@ -127,7 +127,7 @@ def test_credit_held_by_a_client_stays_bounded_when_threshold_exceeds_the_grant(
 
 @pytest.mark.parametrize("initial", [5, 150, 1000])
 def test_first_top_up_lifts_to_threshold_plus_one_grant_then_one_grant_each(initial):
-    # CONTRACT 5: when creditThreshold exceeds the grant, the first top-up may lift the
+    # docs/PROTOCOL.md §5.1: when creditThreshold exceeds the grant, the first top-up may lift the
     # channel to threshold + one grant in one FLOW_UPDATE (not one message at a time);
     # every later top-up is exactly one grant.
     led = ledger(initial_credit_messages=initial, credit_threshold=200, initial_credits=100,
@@ -202,7 +202,7 @@ def test_disabled_ledger_counts_nothing():
 
 
 def test_downstream_is_not_counted_for_a_client_that_did_not_ask():
-    # CONTRACT 5 (amended): downstream credit is the client's to ask for.
+    # docs/PROTOCOL.md §5.2: downstream credit is the client's to ask for.
     led = ledger(initial_credits=2)
     for _ in range(5):
         assert led.can_send("AGENT", 10**9)

@@ -207,7 +207,7 @@ def test_resend_with_seq_not_greater_than_last_is_dropped_silently(client):
 
 
 def test_gaps_are_allowed_and_a_seq_in_a_gap_is_processed_once(client):
-    # CONTRACT 1 (amended): below the highest, only a seq already seen is a resend.
+    # docs/PROTOCOL.md §2.2: below the highest, only a seq already seen is a resend.
     client.send("PING", {"nonce": "a"}, seq=10)
     assert [m["payload"]["nonce"] for m in client.take()] == ["a"]
     client.send("PING", {"nonce": "b"}, seq=5)

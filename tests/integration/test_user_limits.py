@@ -42,7 +42,7 @@ def refusal(base_url: str, name: str, token: str, **kwargs) -> str | None:
 
 
 def test_one_user_cannot_take_every_connection(live):
-    """CONTRACT 7: up to maxConnectionsPerUser live transports, then 503
+    """docs/PROTOCOL.md §1.4: up to maxConnectionsPerUser live transports, then 503
     USER_CONNECTION_LIMIT on every transport, while another user still connects; a resume
     that supersedes a transport of the same session is not counted twice."""
     token = live.token("greedy")
