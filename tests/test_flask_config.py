@@ -25,6 +25,7 @@ OTHER = {
     "redisPrefix": "from-app", "metrics": False, "dashboard": False,
     "maxJsonDepth": 16, "rateLimit": 50,
     "rateLimitBurst": 10, "allowedOrigins": ["https://app.example.com"], "debugVitals": True,
+    "replayWindowBytes": 65536, "maxOpenTexts": 2, "maxTextSize": 10000,
 }
 FLOW_OTHER = {
     "enabled": False, "initialCredits": 300, "minCredits": 20, "maxCredits": 500,
