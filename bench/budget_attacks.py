@@ -25,6 +25,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -266,10 +267,15 @@ def attack_hello_errors(server: Server) -> dict:
                                                   "accept_major": [""] * 250_000,
                                                   "accept_events": []})).decode()
     cpu0 = server.cpu()
+    probed: dict[str, float] = {}
+    prober = threading.Thread(target=lambda: probed.update(zip(("health", "ping"),
+                                                               server.probe(), strict=True)))
     ws.send(frame)
+    prober.start()  # while the server works on the HELLO
     reply = ws.recv(timeout=60)
     cpu = server.cpu() - cpu0
-    health, ping = server.probe()
+    prober.join()
+    health, ping = probed["health"], probed["ping"]
     ws.close()
     return {"attack": "hello-errors", "hello_bytes": len(frame), "reply_bytes": len(reply),
             "worker_cpu_s": round(cpu, 2), "health_s": round(health, 3),

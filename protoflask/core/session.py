@@ -622,10 +622,11 @@ class ProtocolSession:
             if out.type not in CONTROL_TYPES:
                 self._events.append(SendRefused(out.type, out.channel))
                 return False
-            # Control messages never wait for credit: a queue full of them means the
-            # client does not read. Treat it as a slow consumer (its transport is closed,
-            # the session kept); the message is still queued, so nothing is lost.
-            if self.connected and not self._overflowed:
+            # Control messages never wait for credit, so they are queued anyway; they
+            # only pile up while a write is blocked, i.e. the client does not read: that
+            # is a slow consumer (its transport is closed, the session kept, and what is
+            # queued goes to the replay window), so nothing is lost.
+            if self.connected and self.in_flight and not self._overflowed:
                 self._overflowed = True
                 self._events.append(SlowConsumer(self.unsent_bytes))
         self._enqueue(out)

@@ -318,6 +318,6 @@ def test_seqs_above_2_pow_53_minus_1_are_invalid(live):
         session = client.session_id
     token = live.token("counter")
     resp = requests.post(f"{live.base_url}/proto/stream?session={session}"
-                         f"&last_seq=9007199254740992", headers={"Authorization": f"Bearer {token}"},
-                         data=b"", timeout=timeout(10))
+                         "&last_seq=9007199254740992", data=b"", timeout=timeout(10),
+                         headers={"Authorization": f"Bearer {token}"})
     assert resp.status_code == 400
