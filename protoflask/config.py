@@ -85,9 +85,10 @@ OPTIONS: tuple[Option, ...] = (
        "downstream messages kept per session for resume", 1),
     _o("replayWindowTime", "replay_window_time", "REPLAY_WINDOW_TIME", int, 60000,
        "ms messages stay replayable; also how long a disconnected session is kept", 1),
-    _o("replayWindowBytes", "replay_window_bytes", "REPLAY_WINDOW_BYTES", int, 8388608,
-       "bytes of downstream messages kept per session for resume (oldest evicted first; "
-       "the newest message is always kept)", 1024),
+    _o("replayWindowBytes", "replay_window_bytes", "REPLAY_WINDOW_BYTES", int, 4194304,
+       "bytes of downstream messages kept per session for resume (oldest evicted first, "
+       "the newest always kept); at most outboundBufferSize, or a client resuming a full "
+       "window on a slow link may be closed as a slow consumer", 1024),
     _o("maxOpenTexts", "max_open_texts", "MAX_OPEN_TEXTS", int, 8,
        "texts a session may have started and not ended (INVALID_MESSAGE beyond)", 1),
     _o("maxTextSize", "max_text_size", "MAX_TEXT_SIZE", int, 4194304,
@@ -195,7 +196,7 @@ class ServerConfig:
     tool_timeout: int = 60000
     replay_window_size: int = 1000
     replay_window_time: int = 60000
-    replay_window_bytes: int = 8388608
+    replay_window_bytes: int = 4194304
     max_open_texts: int = 8
     max_text_size: int = 4194304
     max_message_size: int = 1048576

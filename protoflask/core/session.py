@@ -75,7 +75,7 @@ class SessionSettings:
     max_concurrent_runs: int = 10
     replay_window_size: int = 1000
     replay_window_time: int = 60000
-    replay_window_bytes: int = 8388608  # the newest message is always kept, whatever its size
+    replay_window_bytes: int = 4194304  # the newest message is always kept, whatever its size
     heartbeat_interval: int = 30000
     heartbeat_timeout: int = 5000
     credits: CreditSettings = field(default_factory=CreditSettings)
@@ -288,6 +288,8 @@ class ProtocolSession:
         self.connected = False
         self.disconnected_at = now
         self._ping_nonce = None
+        self._resend.clear()  # a replay in progress was for that connection; a resume
+        self._resend_bytes = 0  # asks for its own
 
     # -- upstream ------------------------------------------------------------------------
 
