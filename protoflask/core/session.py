@@ -620,7 +620,7 @@ class ProtocolSession:
             return False
         s = self.settings
         if len(self.pending) >= s.max_pending_messages or \
-                self.pending_bytes >= s.outbound_buffer_size:
+                self.pending_bytes >= max(s.outbound_buffer_size, 4 * s.max_message_size):
             if out.type not in CONTROL_TYPES:
                 self._events.append(SendRefused(out.type, out.channel))
                 return False

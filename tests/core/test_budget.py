@@ -191,7 +191,9 @@ def test_control_messages_at_the_pending_cap_make_a_slow_consumer_and_are_kept()
 
 
 def test_data_messages_at_the_pending_byte_cap_are_refused_and_reported():
-    s = make_session(outbound_buffer_size=10_000, credits={"initial_credits": 1})
+    # the cap: max(outboundBufferSize, 4 * maxMessageSize)
+    s = make_session(outbound_buffer_size=10_000, max_message_size=2_000,
+                     credits={"initial_credits": 1})
     c = Client(s)
     c.handshake(capabilities={"flow_control": {"downstream": True, "initial_credit_messages": 1}})
     c.take()
