@@ -62,7 +62,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "-c", str(root / "gunicorn.conf.py"),
              "--bind", f"fd://{listener.fileno()}", "--chdir", str(root), "wsgi:app"],
-            pass_fds=(listener.fileno(),), env=full_env, stdout=subprocess.DEVNULL,
+            pass_fds=(listener.fileno(),), env=full_env, cwd=root, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while True:
