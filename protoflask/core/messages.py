@@ -140,10 +140,12 @@ def text_part(message_id: str, content: str) -> Outbound:
 def split_text(message_id: str, text: str, room: int) -> list[str]:
     """``text`` cut into pieces whose MESSAGE_PART payload encodes to at most ``room``
     bytes (at least one character each; one piece, possibly empty, when it all fits)."""
+    if (len(text) + len(message_id)) * 6 + 64 <= room:
+        return [text]  # 6: the longest JSON escape of one character (the common case)
     overhead = len(orjson.dumps(text_part(message_id, "").payload))
     budget = max(1, room - overhead)
-    if len(text) <= budget // 6 or len(orjson.dumps(text)) - 2 <= budget:
-        return [text]  # 6: the longest JSON escape of one character
+    if len(orjson.dumps(text)) - 2 <= budget:
+        return [text]
     pieces: list[str] = []
     start, n = 0, len(text)
     while start < n:
