@@ -110,6 +110,15 @@ OPTIONS: tuple[Option, ...] = (
        "downstream messages kept per session for resume", 1),
     _o("replayWindowTime", "replay_window_time", "REPLAY_WINDOW_TIME", int, 60000,
        "ms messages stay replayable; also how long a disconnected session is kept", 1),
+    _o("replayWindowBytes", "replay_window_bytes", "REPLAY_WINDOW_BYTES", int, 4194304,
+       "bytes of downstream messages kept per session for resume (oldest evicted first, "
+       "the newest always kept); at most outboundBufferSize, or a client resuming a full "
+       "window on a slow link may be closed as a slow consumer", 1024),
+    _o("maxOpenTexts", "max_open_texts", "MAX_OPEN_TEXTS", int, 8,
+       "texts a session may have started and not ended (INVALID_MESSAGE beyond)", 1),
+    _o("maxTextSize", "max_text_size", "MAX_TEXT_SIZE", int, 4194304,
+       "UTF-8 bytes of one text's content over all its PARTs (MESSAGE_TOO_LARGE beyond, "
+       "the text discarded)", 1),
     _o("maxMessageSize", "max_message_size", "MAX_MESSAGE_SIZE", int, 1048576,
        "bytes per envelope", 64),
     _o("outboundBufferSize", "outbound_buffer_size", "OUTBOUND_BUFFER_SIZE", int, 4194304,
@@ -221,6 +230,9 @@ class ServerConfig:
     tool_timeout: int = 60000
     replay_window_size: int = 1000
     replay_window_time: int = 60000
+    replay_window_bytes: int = 4194304
+    max_open_texts: int = 8
+    max_text_size: int = 4194304
     max_message_size: int = 1048576
     outbound_buffer_size: int = 4194304
     max_json_depth: int = 64
@@ -342,6 +354,9 @@ class ServerConfig:
             max_concurrent_runs=self.max_concurrent_runs,
             replay_window_size=self.replay_window_size,
             replay_window_time=self.replay_window_time,
+            replay_window_bytes=self.replay_window_bytes,
+            max_open_texts=self.max_open_texts,
+            max_text_size=self.max_text_size,
             heartbeat_interval=self.heartbeat_interval,
             heartbeat_timeout=self.heartbeat_timeout,
             outbound_buffer_size=self.outbound_buffer_size,

@@ -33,6 +33,7 @@ OTHER = {
     "jwtAudience": "my-app", "jwtIssuer": "https://idp.example.com/",
     "maxConnectionsPerUser": 3, "maxKeptSessionsPerUser": 2, "bodyTimeout": 1500,
     "jwtRequireExp": False,
+    "replayWindowBytes": 65536, "maxOpenTexts": 2, "maxTextSize": 10000,
 }
 FLOW_OTHER = {
     "enabled": False, "initialCredits": 300, "minCredits": 20, "maxCredits": 500,

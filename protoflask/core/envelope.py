@@ -38,17 +38,25 @@ SERVER_TYPES = frozenset({
     "RESUME_CHANNEL", "ERROR", "AUDIO_CHUNK",
 })
 
-#: Longest decimal string accepted for a seq or ts. Python refuses to convert strings of
-#: more than 4300 digits (a ValueError no schema expects), and no clock or counter needs
-#: more than 20; 64 leaves clients room for any counter they keep.
+#: Longest decimal string accepted for a ts. Python refuses to convert strings of
+#: more than 4300 digits (a ValueError no schema expects), and no clock needs more than 20.
 MAX_DIGITS = 64
+#: Largest seq anywhere (the envelope's, every payload seq field, the last_seq query):
+#: 2^53-1, exact in a JavaScript number and storable as an int64 by every layer (orjson,
+#: Redis, the dashboard). INVALID_MESSAGE beyond.
+MAX_SEQ = 2 ** 53 - 1
+SEQ_DIGITS = len(str(MAX_SEQ))  # 16
+#: Validation reports at most this many errors per list (then stops looking): a payload
+#: with 250k bad elements costs five checks and a small ERROR, not 250k of each.
+MAX_VALIDATION_ERRORS = 5
 #: Deepest JSON nesting accepted in an envelope (the envelope object is level 1, its
 #: payload level 2). orjson itself refuses more than 1024 levels on reading and encodes
 #: at most 254, so anything a client nests is cut well before either (maxJsonDepth).
 MAX_JSON_DEPTH = 64
 
-_POSITIVE_INT = re.compile(r"[1-9][0-9]{0,%d}\Z" % (MAX_DIGITS - 1), re.ASCII)
-_NON_NEGATIVE_INT = re.compile(r"(0|[1-9][0-9]{0,%d})\Z" % (MAX_DIGITS - 1), re.ASCII)
+_POSITIVE_INT = re.compile(r"[1-9][0-9]{0,%d}\Z" % (SEQ_DIGITS - 1), re.ASCII)
+_NON_NEGATIVE_INT = re.compile(r"(0|[1-9][0-9]{0,%d})\Z" % (SEQ_DIGITS - 1), re.ASCII)
+_SEQ_ERROR = f"must be a decimal string of a number of at most {MAX_SEQ} (2^53-1)"
 _DECIMAL = re.compile(r"[0-9]{1,%d}\Z" % MAX_DIGITS, re.ASCII)
 
 
@@ -111,10 +119,11 @@ class SeqField(fields.Field):
         elif isinstance(value, str) and _NON_NEGATIVE_INT.match(value):
             number = int(value)
         else:
-            raise ValidationError(f"must be a decimal string (at most {MAX_DIGITS} digits) "
-                                  "or an integer")
+            raise ValidationError(f"{_SEQ_ERROR}, or an integer")
         if number < 0 or (number == 0 and not self.allow_zero):
             raise ValidationError("must be a positive number")
+        if number > MAX_SEQ:
+            raise ValidationError(f"must be at most {MAX_SEQ} (2^53-1)")
         return number
 
 
@@ -128,6 +137,35 @@ class StrictInt(fields.Integer):
         if isinstance(value, bool):
             raise self.make_error("invalid")
         return super()._validated(value)
+
+
+class BoundedList(fields.List):
+    """A list whose validation stops after MAX_VALIDATION_ERRORS bad elements (marshmallow's
+    List checks and reports every one)."""
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.make_error("invalid")
+        result: list[Any] = []
+        errors: dict[Any, Any] = {}
+        for idx, each in enumerate(value):
+            try:
+                result.append(self.inner.deserialize(each, **kwargs))
+            except ValidationError as error:
+                errors[idx] = error.messages
+                if len(errors) >= MAX_VALIDATION_ERRORS and idx + 1 < len(value):
+                    errors["more"] = (f"validation stopped after {MAX_VALIDATION_ERRORS} "
+                                      f"errors; the list has {len(value)} elements")
+                    break
+        if errors:
+            raise ValidationError(errors, valid_data=result)
+        return result
+
+
+def _seq_string(value: str) -> None:
+    if not _POSITIVE_INT.match(value) or int(value) > MAX_SEQ:
+        raise ValidationError(f"must be a positive decimal string of a number of at most "
+                              f"{MAX_SEQ} (2^53-1)")
 
 
 def _required_str(**kwargs: Any) -> fields.String:
@@ -152,8 +190,7 @@ class EnvelopeSchema(Schema):
 
     id = _required_str()
     session = fields.String(required=True)
-    seq = fields.String(required=True, validate=validate.Regexp(
-        _POSITIVE_INT, error=f"must be a positive decimal string of at most {MAX_DIGITS} digits"))
+    seq = fields.String(required=True, validate=_seq_string)
     ts = fields.String(required=True, validate=validate.Regexp(
         _DECIMAL, error=f"must be a decimal string of at most {MAX_DIGITS} digits"))
     type = fields.String(required=True)
@@ -164,11 +201,14 @@ class EnvelopeSchema(Schema):
 # -- payloads (client to server, docs/PROTOCOL.md §4) ---------------------------------
 
 
+_VERSION = re.compile(r"\d+\.\d+\.\d+\Z")
+
+
 class HelloPayload(_Payload):
     proto_version = fields.String(required=True, validate=validate.Regexp(
-        r"\d+\.\d+\.\d+\Z", error="must look like major.minor.patch"))
-    accept_major = fields.List(StrictInt(), required=True)
-    accept_events = fields.List(fields.String(), load_default=list)
+        _VERSION, error="must look like major.minor.patch"))
+    accept_major = BoundedList(StrictInt(), required=True)
+    accept_events = BoundedList(fields.String(), load_default=list)
     capabilities = fields.Dict(load_default=dict)
 
 
@@ -392,7 +432,9 @@ def _accept_envelope(obj: dict[str, Any]) -> Message | None:
             and type(ts) is str and type(mtype) is str and type(channel) is str
             and type(payload) is dict and channel in _CHANNEL_SET
             and _POSITIVE_INT.match(seq) and _DECIMAL.match(ts)):
-        return Message(mid, session, int(seq), int(ts), mtype, channel, payload)
+        number = int(seq)
+        if number <= MAX_SEQ:
+            return Message(mid, session, number, int(ts), mtype, channel, payload)
     return None
 
 
@@ -427,7 +469,23 @@ def _accept_tool_call(p: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def _accept_hello(p: dict[str, Any]) -> dict[str, Any] | None:
+    """HELLO: checked in C-speed loops, so even a huge valid list costs little."""
+    version, major = p.get("proto_version"), p.get("accept_major")
+    events = p.get("accept_events", [])
+    caps = p.get("capabilities", {})
+    if (type(version) is str and _VERSION.match(version) and type(major) is list
+            and all(type(v) is int for v in major) and type(events) is list
+            and all(type(e) is str for e in events) and type(caps) is dict):
+        out = dict(p)
+        out["accept_major"], out["accept_events"] = list(major), list(events)
+        out["capabilities"] = dict(caps)
+        return out
+    return None
+
+
 _ACCEPT_PAYLOAD = {
+    "HELLO": _accept_hello,
     "PING": _accept_nonce,
     "PONG": _accept_nonce,
     "MESSAGE_START": _accept_start,

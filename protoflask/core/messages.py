@@ -84,8 +84,28 @@ def pong(nonce: str) -> Outbound:
     return Outbound("PONG", "SYSTEM", {"nonce": nonce})
 
 
+#: Largest ``detail`` an ERROR carries, in bytes of JSON. A larger one (the validation
+#: errors of a huge payload) is replaced by ``{"truncated": true, "excerpt": <the first
+#: MAX_DETAIL_BYTES characters of its JSON>}``.
+MAX_DETAIL_BYTES = 2048
+#: Longest ERROR ``message``, in characters (longer ones are cut and end with "...").
+MAX_ERROR_MESSAGE = 1024
+
+
 def error(exc: ProtoError) -> Outbound:
-    return Outbound("ERROR", "SYSTEM", exc.to_payload())
+    payload = exc.to_payload()
+    if len(payload["message"]) > MAX_ERROR_MESSAGE:
+        payload["message"] = payload["message"][:MAX_ERROR_MESSAGE - 3] + "..."
+    detail = payload.get("detail")
+    if detail is not None:
+        try:
+            encoded = orjson.dumps(detail, option=orjson.OPT_NON_STR_KEYS)
+        except TypeError:
+            encoded = orjson.dumps(str(detail))
+        if len(encoded) > MAX_DETAIL_BYTES:
+            payload["detail"] = {"truncated": True, "excerpt": encoded[:MAX_DETAIL_BYTES]
+                                 .decode("utf-8", "ignore")}
+    return Outbound("ERROR", "SYSTEM", payload)
 
 
 def flow_update(channel: str, add_messages: int, add_bytes: int) -> Outbound:
@@ -115,6 +135,30 @@ def text_start(message_id: str, content_type: str = "text/plain") -> Outbound:
 
 def text_part(message_id: str, content: str) -> Outbound:
     return Outbound("MESSAGE_PART", "AGENT", {"message_id": message_id, "content": content})
+
+
+def split_text(message_id: str, text: str, room: int) -> list[str]:
+    """``text`` cut into pieces whose MESSAGE_PART payload encodes to at most ``room``
+    bytes (at least one character each; one piece, possibly empty, when it all fits)."""
+    if (len(text) + len(message_id)) * 6 + 64 <= room:
+        return [text]  # 6: the longest JSON escape of one character (the common case)
+    overhead = len(orjson.dumps(text_part(message_id, "").payload))
+    budget = max(1, room - overhead)
+    if len(orjson.dumps(text)) - 2 <= budget:
+        return [text]
+    pieces: list[str] = []
+    start, n = 0, len(text)
+    while start < n:
+        size = min(budget, n - start)
+        while True:
+            piece = text[start:start + size]
+            encoded = len(orjson.dumps(piece)) - 2
+            if encoded <= budget or size == 1:
+                break
+            size = max(1, min(size - 1, size * budget // encoded))
+        pieces.append(piece)
+        start += size
+    return pieces
 
 
 def text_end(message_id: str) -> Outbound:

@@ -6,6 +6,8 @@ Time is passed in (ms), like everywhere in the core.
 * Each received message takes one token; tokens refill at ``rate`` per second up to
   ``burst``. A message that finds no token is dropped (the session answers it with
   ``ERROR RATE_LIMITED``).
+* Each ERROR the session sends takes a token too (``charge``), or adds a strike when
+  none is left: error replies are work the client makes the server do.
 * Each dropped message adds a strike; strikes leak at ``rate`` per second. More than
   ``burst`` strikes means the client sent well over twice its limit for a while: the
   session asks for the connection to be closed (1008).
@@ -48,6 +50,16 @@ class RateLimiter:
             return Verdict.ALLOW
         self._strikes += 1.0
         return Verdict.CLOSE if self._strikes > self.burst else Verdict.DROP
+
+    def charge(self) -> None:
+        """Take a token for something the session did for the client (an ERROR it sent):
+        a token if there is one, else a strike. Refills happen at the next ``check``."""
+        if self.rate <= 0:
+            return
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+        else:
+            self._strikes += 1.0
 
     def retry_after_ms(self) -> int:
         """How long until the next token (for the ERROR's detail)."""

@@ -47,7 +47,7 @@ from .errors import (
     UnsupportedType, UnsupportedVersion,
 )
 from .ratelimit import RateLimiter, Verdict
-from .replay import ReplayWindow
+from .replay import ReplayWindow, ResendQueue
 from .seen import SeenSeqs
 from .traffic import INVALID, UNKNOWN_TYPE, TrafficCounters
 
@@ -64,6 +64,9 @@ CLOSE_SLOW_CONSUMER = 4003
 # Bytes a stamped envelope adds around its payload (id, session, seq, ts, type, channel):
 # the estimate the pending queue's byte count uses before the real encoding exists.
 ENVELOPE_OVERHEAD = 160
+#: Most bytes of replayed messages one ``take_writable`` returns: a replay is written out a
+#: batch at a time, read from the window as it goes, never materialised whole.
+REPLAY_BATCH_BYTES = 262144
 
 PRE_HANDSHAKE_TYPES = frozenset({"HELLO", "PING"})
 
@@ -75,14 +78,15 @@ class SessionSettings:
     max_concurrent_runs: int = 10
     replay_window_size: int = 1000
     replay_window_time: int = 60000
+    replay_window_bytes: int = 4194304  # the newest message is always kept, whatever its size
     heartbeat_interval: int = 30000
     heartbeat_timeout: int = 5000
     credits: CreditSettings = field(default_factory=CreditSettings)
     max_pending_messages: int = 10000
     outbound_buffer_size: int = 4194304  # unsent bytes before the client counts as stuck
     back_pressure_threshold: float = 0.8  # fraction of it at which USER is paused
-    max_open_texts: int = 64
-    max_text_bytes: int = 16 * 1048576
+    max_open_texts: int = 8
+    max_text_size: int = 4194304  # UTF-8 bytes of one text's content, all its PARTs
     rate_limit: float = 1000.0  # upstream messages per second; 0 turns the limit off
     rate_limit_burst: int = 2000
     max_json_depth: int = MAX_JSON_DEPTH
@@ -232,7 +236,8 @@ class ProtocolSession:
         self.last_ack = 0
         self.accept_events: frozenset[str] | None = None
 
-        self.replay = ReplayWindow(settings.replay_window_size, settings.replay_window_time)
+        self.replay = ReplayWindow(settings.replay_window_size, settings.replay_window_time,
+                                   settings.replay_window_bytes)
         self.rate = RateLimiter(settings.rate_limit, settings.rate_limit_burst, now)
         self._flooding = False  # closed for flooding: later messages are dropped silently
         self.credits = CreditLedger(settings.credits)
@@ -251,7 +256,8 @@ class ProtocolSession:
         # back-pressure may pause USER only after data was queued since the last resume
         self._pause_armed = True
         self._overflowed = False
-        self._resend: list[tuple[int, bytes]] = []
+        self._resend = ResendQueue()  # window ranges to write again (resume, REPLAY_REQUEST)
+        self._resend_bytes = 0  # what they hold; counts toward the outbound buffer
 
         self.texts: dict[str, _Text] = {}
         self.calls: dict[str, _Call] = {}
@@ -281,6 +287,7 @@ class ProtocolSession:
         self._ping_nonce = None
         self._next_ping_at = now + self.settings.heartbeat_interval
         self._resend.clear()
+        self._resend_bytes = 0
         self.in_flight = 0
         self._overflowed = False
         self._flooding = False
@@ -291,6 +298,8 @@ class ProtocolSession:
         self.connected = False
         self.disconnected_at = now
         self._ping_nonce = None
+        self._resend.clear()  # a replay in progress was for that connection; a resume
+        self._resend_bytes = 0  # asks for its own
 
     # -- upstream ------------------------------------------------------------------------
 
@@ -395,7 +404,7 @@ class ProtocolSession:
         if not set(p["accept_major"]) & set(messages.SUPPORTED_MAJORS):
             self._fail(UnsupportedVersion(
                 f"server speaks major {list(messages.SUPPORTED_MAJORS)},"
-                f" client accepts {p['accept_major']}", related_id=msg.id))
+                f" client accepts {p['accept_major'][:8]}", related_id=msg.id))
             self._events.append(CloseRequested(CLOSE_UNSUPPORTED_VERSION, "unsupported version"))
             return
         wanted = frozenset(p["accept_events"]) & SERVER_TYPES
@@ -454,8 +463,8 @@ class ProtocolSession:
             if mid in self.texts:
                 raise InvalidMessage(f"message_id {mid!r} is already open")
             if len(self.texts) >= self.settings.max_open_texts:
-                raise InvalidMessage(f"too many open text messages (max "
-                                     f"{self.settings.max_open_texts})")
+                raise InvalidMessage(f"too many open texts: {len(self.texts)} are started and "
+                                     f"not ended (maxOpenTexts {self.settings.max_open_texts})")
             self.texts[mid] = _Text(p["content_type"], [])
             self._events.append(TextReceived(wire))
             return
@@ -463,11 +472,13 @@ class ProtocolSession:
         if text is None:
             raise InvalidMessage(f"unknown message_id {mid!r}")
         if msg.type == "MESSAGE_PART":
-            text.size += len(p["content"])
-            if text.size > self.settings.max_text_bytes:
+            content = p["content"]
+            text.size += len(content) if content.isascii() else byte_length(content)
+            if text.size > self.settings.max_text_size:
                 del self.texts[mid]
-                raise MessageTooLarge(f"text {mid!r} exceeds {self.settings.max_text_bytes}"
-                                      " characters; it was dropped")
+                raise MessageTooLarge(f"text {mid!r} exceeds maxTextSize "
+                                      f"({self.settings.max_text_size} bytes); it was "
+                                      "discarded")
             text.parts.append(p["content"])
             self._events.append(TextReceived(wire))
             return
@@ -623,10 +634,19 @@ class ProtocolSession:
             return False
         if self.accept_events is not None and out.type not in self.accept_events:
             return False
-        if len(self.pending) >= self.settings.max_pending_messages \
-                and out.type not in CONTROL_TYPES:
-            self._events.append(SendRefused(out.type, out.channel))
-            return False
+        s = self.settings
+        if len(self.pending) >= s.max_pending_messages or \
+                self.pending_bytes >= max(s.outbound_buffer_size, 4 * s.max_message_size):
+            if out.type not in CONTROL_TYPES:
+                self._events.append(SendRefused(out.type, out.channel))
+                return False
+            # Control messages never wait for credit, so they are queued anyway; they
+            # only pile up while a write is blocked, i.e. the client does not read: that
+            # is a slow consumer (its transport is closed, the session kept, and what is
+            # queued goes to the replay window), so nothing is lost.
+            if self.connected and self.in_flight and not self._overflowed:
+                self._overflowed = True
+                self._events.append(SlowConsumer(self.unsent_bytes))
         self._enqueue(out)
         if out.type not in CONTROL_TYPES:
             self._pause_armed = True
@@ -647,8 +667,9 @@ class ProtocolSession:
 
     @property
     def unsent_bytes(self) -> int:
-        """What the session holds for its client: queued plus being written."""
-        return self.pending_bytes + self.in_flight
+        """What the session holds for its client: queued, replays still to write, and
+        being written."""
+        return self.pending_bytes + self._resend_bytes + self.in_flight
 
     def set_in_flight(self, nbytes: int) -> None:
         """The transport reports how many bytes it is writing (0 once written)."""
@@ -669,7 +690,7 @@ class ProtocolSession:
         own credit or pause) pass the whole buffer while a write is blocked: only another
         caller than the writer can see that."""
         s = self.settings
-        unsent = self.pending_bytes + self.in_flight
+        unsent = self.unsent_bytes
         if unsent < self._low_water and not self.paused_by_server:
             return  # the common case: nearly nothing buffered
         high = s.outbound_buffer_size * s.back_pressure_threshold
@@ -684,7 +705,7 @@ class ProtocolSession:
                 self._enqueue(messages.resume_channel("USER"))
         if writer or not self.in_flight or self._overflowed or not self.connected:
             return
-        sendable = self.in_flight + sum(
+        sendable = self.in_flight + self._resend_bytes + sum(
             nbytes for channel, nbytes in self._pending_channel_bytes.items()
             if nbytes and channel not in self.paused_by_client
             and self.credits.can_send(channel, 0))
@@ -693,10 +714,15 @@ class ProtocolSession:
             self._events.append(SlowConsumer(sendable))
 
     def send_text(self, text: str, content_type: str = "text/plain") -> str:
-        """START, one PART, END on AGENT with a fresh message_id; returns the id."""
+        """START, PARTs, END on AGENT with a fresh message_id; returns the id. The text is
+        split into as many PARTs as it takes for no envelope to exceed maxMessageSize."""
         mid = f"{self.id}-m{self._next()}"
         self.send(messages.text_start(mid, content_type))
-        self.send(messages.text_part(mid, text))
+        # what the stamped envelope adds around the payload: id and session hold the
+        # session id, seq and ts at most 16 and 20 digits
+        room = self.settings.max_message_size - (128 + 2 * len(self.id))
+        for piece in messages.split_text(mid, text, room):
+            self.send(messages.text_part(mid, piece))
         self.send(messages.text_end(mid))
         return mid
 
@@ -705,9 +731,18 @@ class ProtocolSession:
 
     def take_writable(self, now: int) -> list[tuple[int, bytes]]:
         """Messages ready for the wire, in seq order: replays first, then pending
-        messages whose channel has credit and is not paused (those get their seq now)."""
+        messages whose channel has credit and is not paused (those get their seq now).
+
+        A replay comes a batch of about REPLAY_BATCH_BYTES at a time, read from the
+        window; until it is all taken nothing newer is, so the wire stays in seq order.
+        Call again while ``has_writable()``."""
         if self._resend:
-            out, self._resend = self._resend, []
+            out = self._resend.take(self.replay, REPLAY_BATCH_BYTES)
+            self.traffic.replayed_messages += len(out)
+            if self._resend:
+                self._resend_bytes = self._resend.nbytes(self.replay)
+                return out
+            self._resend_bytes = 0
         else:
             out = []
         pending, sizes = self.pending, self._pending_sizes
@@ -764,9 +799,12 @@ class ProtocolSession:
             replays[source, "complete"] += 1  # nothing was sent after it
             return
         self.replay.prune(now)
-        stored, complete = self.replay.range(from_seq, to_seq)
-        self._resend.extend((e.seq, e.data) for e in stored)
-        self.traffic.replayed_messages += len(stored)
+        complete = self.replay.holds(from_seq)
+        # merged with what is already queued: asking again for the same range costs
+        # nothing, so the queue never holds more than the window
+        self._resend.add(from_seq, self.downstream_seq if to_seq is None else to_seq)
+        self._resend_bytes = self._resend.nbytes(self.replay)
+        self._check_pressure()
         unavailable = not complete and (to_seq is None or from_seq <= to_seq)
         replays[source, "unavailable" if unavailable else "complete"] += 1
         if unavailable:
@@ -802,6 +840,11 @@ class ProtocolSession:
     # -- helpers -------------------------------------------------------------------------
 
     def _fail(self, exc: ProtoError) -> None:
+        """Send ERROR. Every ERROR costs the session a rate-limit token, like a message
+        received (RATE_LIMITED itself excepted): a client whose messages all fail gets
+        half the rate, and keeps flooding with them at its peril."""
+        if not isinstance(exc, RateLimited):
+            self.rate.charge()
         self.send(messages.error(exc))
         self._events.append(ErrorSent(exc))
 

@@ -31,7 +31,7 @@ import orjson
 from flask import Request, Response
 
 from ..auth import token_from_request
-from ..core.envelope import MAX_DIGITS
+from ..core.envelope import MAX_SEQ, SEQ_DIGITS
 from ..core.errors import InvalidMessage, MessageTooLarge, ProtoError, RequestTimeout
 from ..hub import now_ms
 from .websocket import raw_socket
@@ -69,15 +69,16 @@ def parse_seq_arg(value: str | None, name: str) -> int | None:
     if value is None or value == "":
         return None
     if not is_seq(value):
-        raise InvalidMessage(f"{name} must be a decimal number of at most {MAX_DIGITS} "
-                             f"digits, got {value[:80]!r}")
+        raise InvalidMessage(f"{name} must be a decimal number of at most {MAX_SEQ} "
+                             f"(2^53-1), got {value[:80]!r}")
     return int(value)
 
 
 def is_seq(value: str) -> bool:
-    """ASCII digits only (str.isdigit also takes '²', which int() refuses), and few enough
-    for int() (it refuses more than 4300)."""
-    return 0 < len(value) <= MAX_DIGITS and value.isascii() and value.isdigit()
+    """ASCII digits only (str.isdigit also takes '²', which int() refuses), a number no
+    larger than any seq can be (MAX_SEQ, 2^53-1)."""
+    return 0 < len(value) <= SEQ_DIGITS and value.isascii() and value.isdigit() \
+        and int(value) <= MAX_SEQ
 
 
 # -- upstream: POST bodies ------------------------------------------------------------

@@ -284,7 +284,8 @@ def flow_session(**credits):
     base = {"initial_credit_messages": 5, "credit_threshold": 2, "initial_credits": 7,
             "adaptive_adjustment": False, "initial_credit_bytes": 10**6}
     base.update(credits)
-    s = make_session(credits=base)
+    # MESSAGE_START is the cheap message these tests spend credit with: many stay open
+    s = make_session(credits=base, max_open_texts=1000)
     c = Client(s)
     c.handshake()
     return s, c

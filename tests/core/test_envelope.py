@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import orjson
 import pytest
 
 from protoflask.core import errors
+from protoflask.core.errors import InvalidMessage
 from protoflask.core.envelope import (
     CHANNELS, CLIENT_TYPES, CONTROL_TYPES, Message, decode_json, encode, parse, parse_envelope,
     validate_envelope, validate_payload,
@@ -212,9 +214,30 @@ def test_run_started_without_run_id_is_fine():
 
 
 @pytest.mark.parametrize("value,expected", [("0", 0), (0, 0), ("12", 12), (12, 12),
-                                            ("12345678901234567890", 12345678901234567890)])
+                                            ("9007199254740991", 2 ** 53 - 1),
+                                            (2 ** 53 - 1, 2 ** 53 - 1)])
 def test_ack_seq_accepts_decimal_strings_and_ints(value, expected):
     assert parse(raw("ACK", {"seq": value})).payload["seq"] == expected
+
+
+@pytest.mark.parametrize("field,value", [
+    ("seq", "9007199254740992"), ("seq", 2 ** 53), ("seq", "1" * 64), ("seq", 10 ** 64)])
+def test_payload_seqs_stop_at_2_pow_53_minus_1(field, value):
+    """Every layer stores a seq as an int64 or a JS number: 2^53-1 is the most."""
+    for mtype, payload in (("ACK", {"seq": value}), ("REPLAY_REQUEST", {"from_seq": value}),
+                           ("REPLAY_REQUEST", {"from_seq": 1, "to_seq": value})):
+        with pytest.raises(InvalidMessage) as info:
+            parse(raw(mtype, payload))
+        assert "9007199254740991" in orjson.dumps(info.value.detail).decode()
+
+
+def test_envelope_seq_stops_at_2_pow_53_minus_1():
+    ok = {"id": "a", "session": "", "seq": "9007199254740991", "ts": "1", "type": "PING",
+          "channel": "SYSTEM", "payload": {"nonce": "n"}}
+    assert parse(orjson.dumps(ok)).seq == 2 ** 53 - 1
+    for seq in ("9007199254740992", "9" * 17, "1" * 64):
+        with pytest.raises(InvalidMessage):
+            parse(orjson.dumps({**ok, "seq": seq}))
 
 
 @pytest.mark.parametrize("from_seq,to_seq", [("3", "10"), (3, 10), ("3", 10), (3, "10")])

@@ -54,6 +54,10 @@ PAYLOADS = {
     "TOOL_CALL": {"call_id": st.text(max_size=4), "tool": st.text(max_size=4),
                   "params": st.dictionaries(st.text(max_size=3), json_values, max_size=2),
                   "run_id": st.none() | st.text(max_size=4)},
+    "HELLO": {"proto_version": st.sampled_from(["1.1.2", "1.1", "١.1.2", "10.0.0"]),
+              "accept_major": st.lists(st.integers() | st.booleans(), max_size=3),
+              "accept_events": st.lists(st.text(max_size=4), max_size=3),
+              "capabilities": st.dictionaries(st.text(max_size=3), json_values, max_size=2)},
 }
 assert set(PAYLOADS) == set(envelope._ACCEPT_PAYLOAD)
 

@@ -71,11 +71,13 @@ def test_replays_by_source_and_result():
     replays = s.traffic.replays
     s.detach(0)
     s.attach(0, last_seq=2)  # resume: 3 and 4 are there
+    c.take()  # replayed messages count as they are written
     assert replays["resume", "complete"] == 1 and s.traffic.replayed_messages == 2
     s.detach(0)
     s.attach(0, last_seq=4)  # nothing was sent after 4: complete, nothing replayed
     assert replays["resume", "complete"] == 2 and s.traffic.replayed_messages == 2
     c.send("REPLAY_REQUEST", {"from_seq": "1"})
+    c.take()
     assert replays["request", "unavailable"] == 1
     assert s.traffic.replayed_messages == 4
     assert replays["resume", "unavailable"] == replays["request", "complete"] == 0
