@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flask import Blueprint, Flask, Response, g, request
+from flask import Blueprint, Response, g, request
+from flask.sansio.app import App
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import WebsocketMismatch
 
@@ -270,7 +271,7 @@ NO_UPGRADE_MESSAGE = (
     "Upgrade $http_upgrade; proxy_set_header Connection \"upgrade\")")
 
 
-def install_error_handlers(app: Flask, ctx: WebContext) -> None:
+def install_error_handlers(app: App, ctx: WebContext) -> None:
     """Answer 400/404/405 (and any other werkzeug HTTPException) with the JSON error body.
 
     On protoflask's own app, every path. On an application's app, only protoflask's

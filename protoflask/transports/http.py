@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Generator, Iterator
 
 import gevent
 import gevent.event
@@ -173,7 +173,7 @@ class HTTPDownstream:
             out.extend(self.live.take_writable(now_ms()))
         return b"".join(self.frame(seq, data) for seq, data in out)
 
-    def _pump(self) -> Iterator[bytes]:
+    def _pump(self) -> Generator[bytes, None, None]:
         """The response body: attach, then write whatever the session has, as it comes."""
         try:
             self.engine.open_transport(self.live, self, self.last_seq)
