@@ -21,9 +21,10 @@ from .auth import TokenAuthority
 from .tickets import MemoryTicketStore, TicketStore
 from .config import ServerConfig
 from .core import messages
+from .core.bodies import is_raw, split_body
 from .core.errors import (
-    InvalidToken, MaxConnections, OutboundQueueFull, ProtoError, SessionNotFound, ShuttingDown,
-    UserConnectionLimit,
+    InvalidMessage, InvalidToken, MaxConnections, MessageTooLarge, OutboundQueueFull,
+    ProtoError, SessionNotFound, ShuttingDown, UserConnectionLimit,
 )
 from .core.session import (
     CLOSE_HEARTBEAT, CLOSE_SLOW_CONSUMER, CLOSE_SUPERSEDED, AudioReceived, CloseRequested,
@@ -32,6 +33,7 @@ from .core.session import (
     SendRefused, SlowConsumer, ToolCancelRequested, ToolListRequested,
 )
 from .hub import Hub, LiveSession, Transport, now_ms
+from .core.session import CLOSE_TOO_LARGE
 from .core.traffic import TrafficCounters
 from .metrics import ToolCounters
 from .tools import SessionToolRunner, ToolExecution, ToolRegistry, check_call
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
     from .server import ProtoServer
 
 log = logging.getLogger("protoflask")
+access_log = logging.getLogger("protoflask.access")
 
 STATS_WINDOW_MS = 10_000
 HISTORY_SECONDS = 300  # per-second samples the dashboard charts (five minutes)
@@ -300,6 +303,58 @@ class Engine:
             return None
         return self.find_session(session_id, user_id)
 
+    def post_body(self, session_id: str, user_id: str, body: bytes,
+                  held: LiveSession | None) -> int:
+        """A body posted for a session (``held``: the session if this process held it
+        before the body was read), to that session wherever it lives; how many messages
+        it carried. Raises InvalidMessage for a body that is not JSON at all (reported
+        downstream too), SESSION_NOT_FOUND when no node holds the session."""
+        live = held if held is not None else self.session_for_body(session_id, user_id, body)
+        if live is None:  # another node holds the session and processes the body
+            return len(split_body(body))
+        return self.receive_body(live, body)
+
+    def receive_body(self, live: LiveSession, body: bytes) -> int:
+        """Hand every message of a posted body to the session; returns how many.
+
+        Each message meets the session's rules (its errors go downstream as ERROR
+        messages). A body of which no line is JSON at all is reported in-protocol like a
+        non-JSON WebSocket frame and then raised as InvalidMessage (the HTTP 400)."""
+        try:
+            parts = split_body(body)
+        except InvalidMessage:
+            self.receive(live, body)
+            raise
+        for part in parts:
+            if is_raw(part):
+                self.receive(live, part[0])
+            else:
+                self.receive_decoded(live, *part)
+        return len(parts)
+
+    def open_transport(self, live: LiveSession, transport: Transport,
+                       last_seq: int | None) -> None:
+        """An admitted transport starts serving its session: attach it and log it open
+        (the same for every kind of transport)."""
+        self.attach(live, transport, last_seq)
+        if self.config.enable_logging:
+            access_log.info("%s open session=%s user=%s%s", transport.kind, live.id,
+                            live.user_id, "" if last_seq is None
+                            else f" resume last_seq={last_seq}")
+
+    def end_transport(self, live: LiveSession, transport: Transport,
+                      attached: bool = True) -> None:
+        """An admitted transport is done, however it ended: detach it (if it was
+        attached), give its connection slot back (``admit`` counted it) and log it
+        closed."""
+        try:
+            if attached:
+                self.detach(live, transport)
+        finally:
+            self.close_connection(transport.kind, live.user_id)
+            if self.config.enable_logging:
+                access_log.info("%s closed session=%s", transport.kind, live.id)
+
     def attach(self, live: LiveSession, transport: Transport,
                last_seq: int | None = None) -> None:
         """Give the session a live transport; an older one is closed (4002)."""
@@ -359,6 +414,17 @@ class Engine:
         live.notify()
         finished = now_ms()
         self.stats.record(finished, finished - started)
+
+    def too_large(self, live: LiveSession, exc: MessageTooLarge, *,
+                  close: bool = False) -> None:
+        """An upstream message too large for its transport to take whole (a WebSocket
+        message, an NDJSON line, a POST body): the core's MESSAGE_TOO_LARGE, reported
+        in-protocol; with ``close``, the transport is then closed with 1009 as the core
+        closes one for an oversized message it read itself. Each transport frames the rest
+        its own way (the WebSocket's 1009, the POST's 413, the stream's last line)."""
+        self.reject(live, exc)
+        if close:
+            self._close_transport(live, CLOSE_TOO_LARGE, "message too large")
 
     # -- dispatch: core events -> signals, tools, transports -------------------------
 

@@ -75,6 +75,14 @@ class LiveSession:
                 return []  # taken over by another node meanwhile: not this node's to send
         return ready
 
+    def set_in_flight(self, nbytes: int) -> None:
+        """Bytes a transport is writing now (back-pressure counts them as unsent)."""
+        self.core.set_in_flight(nbytes)
+
+    def has_writable(self) -> bool:
+        """Whether the core has messages ready for the wire."""
+        return self.core.has_writable()
+
     def notify(self) -> None:
         """Move queued messages toward the client: wake the transport, or while
         disconnected stamp them into the replay window for a later resume."""

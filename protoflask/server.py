@@ -39,7 +39,7 @@ from .metrics import create_registry
 from .logs import RedactTokens
 from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools, check_call
 from .streaming import StreamedText, stream_chunks
-from .web import ConnectionTakenOver, create_blueprint
+from .web import ConnectionTakenOver, WebContext, create_blueprint
 
 log = logging.getLogger("protoflask")
 
@@ -142,7 +142,7 @@ class ProtoServer:
         self._config_arg = config
         self._configure(ServerConfig.load(config, app_config=app.config if app else None))
         #: /metrics serves this registry; an application may register its own collectors
-        self.metrics_registry = create_registry(self)
+        self.metrics_registry = create_registry(lambda: self.engine)
         self._app: Flask | None = None
         self._own_app = False  # the app was created here: the page may take "/"
         self._listeners: list[Callable[..., Any]] = []
@@ -211,7 +211,8 @@ class ProtoServer:
                     "configured by its first app; a server has one configuration")
             self._configure(loaded)
         app.extensions["protoflask"] = self
-        app.register_blueprint(create_blueprint(self))
+        app.register_blueprint(create_blueprint(WebContext(
+            self.engine, self.config, self.metrics_registry, own_app=self._own_app)))
         if self._app is None:
             self._app = app
 

@@ -843,15 +843,13 @@ class RedisHub(Hub):
         pipe.execute()
 
     def _on_upstream(self, data: dict[str, Any]) -> None:
-        from ..transports.http import deliver_body
-
         live = self._local.get(data["sid"])
         if live is None or live.user_id != data["user"]:
             log.warning("a body posted for session %s arrived after it moved; dropped",
                         data["sid"])
             return
         try:
-            deliver_body(self.engine, live, base64.b64decode(data["body"]))
+            self.engine.receive_body(live, base64.b64decode(data["body"]))
         except ProtoError:
             pass  # already reported downstream; the posting node answered the HTTP 400
 
