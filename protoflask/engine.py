@@ -31,7 +31,7 @@ from .core.session import (
     Handshake, HeartbeatTimedOut, ProtocolSession, RunChanged, TextReceived, ToolCallReceived,
     SendRefused, SlowConsumer, ToolCancelRequested, ToolListRequested,
 )
-from .hub import Hub, LiveSession, Transport, now_ms
+from .hub import Hub, LiveSession, SessionHost, Transport, now_ms
 from .core.traffic import TrafficCounters
 from .metrics import ToolCounters
 from .tools import SessionToolRunner, ToolExecution, ToolRegistry, check_call
@@ -174,7 +174,17 @@ class Engine:
         self._kept_pruned_at = 0
         #: connect tickets (POST /proto/ticket); the server sets a shared one when clustered
         self.tickets: TicketStore = MemoryTicketStore()
-        hub.bind(self)
+
+        def receive_body(live: LiveSession, body: bytes) -> int:
+            from .transports.http import deliver_body  # until Engine.receive_body (seam 7)
+
+            return deliver_body(self, live, body)
+
+        hub.bind(SessionHost(
+            settings=self.settings, adopt=self.adopt, close_transport=self._close_transport,
+            local_stats=lambda: {**self.stats.snapshot(now_ms()),
+                                 "errorsSent": self.stats.errors_sent},
+            receive_body=receive_body))
 
     # -- connections -----------------------------------------------------------------
 
