@@ -32,7 +32,7 @@ from .core.session import (
     Handshake, HeartbeatTimedOut, ProtocolSession, RunChanged, TextReceived, ToolCallReceived,
     SendRefused, SlowConsumer, ToolCancelRequested, ToolListRequested,
 )
-from .hub import Hub, LiveSession, Transport, now_ms
+from .hub import Hub, LiveSession, SessionHost, Transport, now_ms
 from .core.session import CLOSE_TOO_LARGE
 from .core.traffic import TrafficCounters
 from .metrics import ToolCounters
@@ -177,7 +177,12 @@ class Engine:
         self._kept_pruned_at = 0
         #: connect tickets (POST /proto/ticket); the server sets a shared one when clustered
         self.tickets: TicketStore = MemoryTicketStore()
-        hub.bind(self)
+
+        hub.bind(SessionHost(
+            settings=self.settings, adopt=self.adopt, close_transport=self._close_transport,
+            local_stats=lambda: {**self.stats.snapshot(now_ms()),
+                                 "errorsSent": self.stats.errors_sent},
+            receive_body=self.receive_body))
 
     # -- connections -----------------------------------------------------------------
 

@@ -34,7 +34,8 @@ from .core.coalesce import DEFAULT_MAX_CHARS, DEFAULT_MAX_DELAY_MS
 from .core.errors import InvalidMessage, ProtoError, RunNotFound, SessionNotFound
 from .core.session import CLOSE_GOING_AWAY
 from .engine import Engine
-from .hub import Hub, LiveSession, LocalHub, make_hub, now_ms
+from .cluster import make_hub
+from .hub import Hub, LiveSession, Send, ToolDone, ToolUpdate, now_ms
 from .metrics import create_registry
 from .logs import RedactTokens
 from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools, check_call
@@ -175,14 +176,10 @@ class ProtoServer:
         if self.config.dev_mode:
             self.dev_token = self.authority.issue("dev")
         self.hub = self._hub_arg or make_hub(self.config)
-        if self.config.metrics and hasattr(self.hub, "publish_metrics"):
-            self.hub.publish_metrics = self._metrics_text
+        if self.config.metrics:
+            self.hub.set_metrics_source(self._metrics_text)
         self.engine = Engine(self, self.config, self.hub, self.tools, self.authority)
-        redis_client = getattr(self.hub, "redis", None)
-        if redis_client is not None:  # clustered: a ticket works on every worker
-            from .cluster.tickets import RedisTicketStore
-
-            self.engine.tickets = RedisTicketStore(redis_client, self.config.redis_prefix)
+        self.engine.tickets = self.hub.ticket_store()  # clustered: one every worker redeems
 
     def _metrics_text(self) -> bytes:
         from prometheus_client import generate_latest
@@ -232,7 +229,7 @@ class ProtoServer:
     @property
     def clustered(self) -> bool:
         """Whether sessions are shared with other processes (a Redis-backed hub)."""
-        return not isinstance(self.hub, LocalHub)
+        return self.hub.clustered
 
     @property
     def port(self) -> int | None:
@@ -500,7 +497,7 @@ class ProtoServer:
     def send_message(self, session_id: str, message: Mapping[str, Any]) -> None:
         """Send a message (dict with type, channel, payload) to one session."""
         out = messages.from_dict(message)
-        self._call(self.hub.deliver, session_id, "send", out)
+        self._call(self.hub.deliver, session_id, Send(out))
 
     def send_audio(self, session_id: str, data: bytes, mime: str,
                    message_id: str | None = None, final: bool = False) -> str:
@@ -509,7 +506,7 @@ class ProtoServer:
         with ``final=True`` on the last."""
         message_id = message_id or uuid.uuid4().hex
         out = messages.audio_chunk(message_id, mime, data, final)
-        self._call(self.hub.deliver, session_id, "send", out)
+        self._call(self.hub.deliver, session_id, Send(out))
         return message_id
 
     def stream_text(self, session_id: str, chunks: Iterable[Any], run_id: str | None = None,
@@ -549,7 +546,7 @@ class ProtoServer:
 
         def send(out: messages.Outbound) -> bool:
             try:
-                return bool(self._call(self.hub.deliver, session_id, "send", out))
+                return bool(self._call(self.hub.deliver, session_id, Send(out)))
             except ProtoError:  # SessionNotFound: expired meanwhile
                 return False
 
@@ -564,16 +561,15 @@ class ProtoServer:
 
     def send_tool_update(self, session_id: str, call_id: str, status: str = "RUNNING",
                          progress: float | None = None, partial: Any = None) -> bool:
-        return self._call(self.hub.deliver, session_id, "tool_update", call_id, status,
-                          progress, partial)
+        return self._call(self.hub.deliver, session_id,
+                          ToolUpdate(call_id, status, progress, partial))
 
     def send_tool_done(self, session_id: str, call_id: str, status: str,
                        result: Any = None) -> bool:
         """Finish a call (OK, ERROR or CANCELLED); False if it had already finished."""
         if status not in messages.TOOL_DONE_STATUSES:
             raise InvalidMessage(f"status must be one of {messages.TOOL_DONE_STATUSES}")
-        return self._call(self.hub.deliver, session_id, "tool_done", call_id, status, result,
-                          None)
+        return self._call(self.hub.deliver, session_id, ToolDone(call_id, status, result))
 
     def start_run(self, session_id: str, run_id: str | None = None,
                   thread_id: str | None = None, metadata: Any = None) -> dict[str, Any]:
