@@ -8,8 +8,14 @@ import json
 import sys
 from typing import Any, Callable, Sequence
 
-from . import commands as client_side
-from . import serve as server_side
+from .commands import call as run_call
+from .commands import chat as run_chat
+from .commands import ping as run_ping
+from .commands import stats as run_stats
+from .commands import tools as run_tools
+from .serve import add_config_flags
+from .serve import serve as run_serve
+from .serve import token as run_token
 from .devtoken import default_url
 from .usage import (
     DEFAULT_URL, EXIT_CONNECTION, EXIT_INTERRUPTED, EXIT_SERVER_ERROR, EXIT_USAGE, UsageError,
@@ -54,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="development mode: a random secret, 127.0.0.1 unless --host or "
                             "HOST is given, and a ready token, printed and saved for the "
                             "client commands")
-    server_side.add_config_flags(serve)
-    serve.set_defaults(run=server_side.serve)
+    add_config_flags(serve)
+    serve.set_defaults(run=run_serve)
 
     token = _command(sub, "token", "issue a token signed with JWT_SECRET or a private key",
                      "Print a JWT for a user, signed with JWT_SECRET (or --secret), or with "
@@ -74,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--kid", default=None, help="with --private-key: the kid header")
     token.add_argument("--aud", default=None, help="with --private-key: the aud claim")
     token.add_argument("--iss", default=None, help="with --private-key: the iss claim")
-    token.set_defaults(run=server_side.token)
+    token.set_defaults(run=run_token)
 
     where = argparse.ArgumentParser(add_help=False)
     where.add_argument("--url", default=None,
@@ -97,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="how many pings (default: 4)")
     ping.add_argument("--interval", type=float, default=0.2,
                       help="seconds between pings (default: 0.2)")
-    ping.set_defaults(run=client_side.ping)
+    ping.set_defaults(run=run_ping)
 
     chat = _command(sub, "chat", "send lines as texts, print the replies",
                     "On a terminal: prompts `you> `, sends each line as a text and waits for "
@@ -105,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "exits once they are in.", common)
     chat.add_argument("--wait", type=float, default=5.0,
                       help="seconds to wait for a reply (default: 5)")
-    chat.set_defaults(run=client_side.chat)
+    chat.set_defaults(run=run_chat)
 
     call = _command(sub, "call", "call a tool",
                     "Call a tool: progress on stderr, the result as JSON on stdout; a "
@@ -116,20 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the params, a JSON object (default: {})")
     call.add_argument("--call-timeout", type=float, default=None,
                       help="seconds to wait for the result (default: no limit)")
-    call.set_defaults(run=client_side.call)
+    call.set_defaults(run=run_call)
 
     tools = _command(sub, "tools", "list the server's tools and their schemas",
                      "List the tools this server offers (TOOL_LIST), with their input and "
                      "output schemas.", common)
     tools.add_argument("--json", action="store_true",
                        help="print the server's list as JSON")
-    tools.set_defaults(run=client_side.tools)
+    tools.set_defaults(run=run_tools)
 
     stats = _command(sub, "stats", "server statistics (no token needed)",
                      "GET /stats: connections, message rate, latency, error rate, uptime "
                      "(cluster-wide when\nthe server runs on Redis).", (where,))
     stats.add_argument("--json", action="store_true", help="print the /stats JSON as it is")
-    stats.set_defaults(run=client_side.stats)
+    stats.set_defaults(run=run_stats)
     return parser
 
 
