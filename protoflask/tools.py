@@ -19,6 +19,7 @@ from .fastschema import compile_simple
 from .core.errors import (
     InvalidMessage, MaxRunsExceeded, ProtoError, ToolExecutionError, ToolNotFound,
 )
+from .core.errors import ToolCancelled  # noqa: F401 - re-exported (protoflask.ToolCancelled)
 
 if TYPE_CHECKING:
     from .hub import LiveSession
@@ -184,11 +185,6 @@ class ToolRegistry:
 
     def __len__(self) -> int:
         return len(self._tools)
-
-
-class ToolCancelled(Exception):
-    """``ProtoServer.call_tool``: the call was cancelled (TOOL_CANCEL, RUN_CANCEL, or the
-    session went away) before it finished."""
 
 
 @dataclass

@@ -190,6 +190,12 @@ class ShuttingDown(ProtoError):
     code, http_status, default_message = "SHUTTING_DOWN", 503, "server is shutting down"
 
 
+class ToolCancelled(Exception):
+    """A tool call ended cancelled (TOOL_CANCEL, RUN_CANCEL, or its session went away).
+    Not a ProtoError (no ERROR carries it): the one root of ``protoflask.ToolCancelled``
+    (this class, raised by ``ProtoServer.call_tool``) and ``protoflask.client.ToolCancelled``."""
+
+
 def _all_subclasses(cls: type) -> list[type]:
     out = []
     for sub in cls.__subclasses__():
