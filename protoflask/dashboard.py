@@ -31,7 +31,8 @@ from flask import Blueprint, Response, g, request, send_from_directory
 
 from .auth import token_from_request
 from .core.errors import InvalidMessage, ProtoError
-from .hub import LiveSession, now_ms
+from .clock import now_ms
+from .hub import LiveSession
 from .metrics import session_gauges
 from .transports.http import error_response, is_seq, json_response
 

@@ -31,7 +31,8 @@ from .core.session import (
     Handshake, HeartbeatTimedOut, ProtocolSession, RunChanged, TextReceived, ToolCallReceived,
     SendRefused, SlowConsumer, ToolCancelRequested, ToolListRequested,
 )
-from .hub import Hub, LiveSession, Transport, now_ms
+from .clock import now_ms
+from .hub import Hub, LiveSession, Transport
 from .core.traffic import TrafficCounters
 from .metrics import ToolCounters
 from .tools import SessionToolRunner, ToolExecution, ToolRegistry, check_call

@@ -9,9 +9,9 @@ a running server has: its attached transport and its tool runner.
 from __future__ import annotations
 
 import abc
-import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
+from .clock import now_ms
 from .core import messages
 from .core.errors import ProtoError, SessionNotFound
 from .core.session import ProtocolSession
@@ -22,10 +22,6 @@ if TYPE_CHECKING:
     from .config import ServerConfig
     from .engine import Engine
     from .tools import SessionToolRunner
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Transport(Protocol):

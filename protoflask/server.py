@@ -34,7 +34,8 @@ from .core.coalesce import DEFAULT_MAX_CHARS, DEFAULT_MAX_DELAY_MS
 from .core.errors import InvalidMessage, ProtoError, RunNotFound, SessionNotFound
 from .core.session import CLOSE_GOING_AWAY
 from .engine import Engine
-from .hub import Hub, LiveSession, LocalHub, make_hub, now_ms
+from .clock import now_ms
+from .hub import Hub, LiveSession, LocalHub, make_hub
 from .metrics import create_registry
 from .logs import RedactTokens
 from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools, check_call

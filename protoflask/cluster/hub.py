@@ -48,7 +48,8 @@ from ..core.errors import (
     ToolExecutionError,
 )
 from ..core.session import CLOSE_SUPERSEDED
-from ..hub import OPERATIONS, Hub, LiveSession, broadcast_local, now_ms
+from ..clock import now_ms
+from ..hub import OPERATIONS, Hub, LiveSession, broadcast_local
 from .journal import Journal, decode_state
 from .keys import Keys, pack_entry, unpack_entry
 from .nodes import aggregate_stats

@@ -33,7 +33,7 @@ from flask import Request, Response
 from ..auth import token_from_request
 from ..core.envelope import MAX_SEQ, SEQ_DIGITS
 from ..core.errors import InvalidMessage, MessageTooLarge, ProtoError, RequestTimeout
-from ..hub import now_ms
+from ..clock import now_ms
 from .websocket import raw_socket
 
 if TYPE_CHECKING:
