@@ -25,8 +25,9 @@ from .core.errors import (
     InvalidToken, MaxConnections, OutboundQueueFull, ProtoError, SessionNotFound, ShuttingDown,
     UserConnectionLimit,
 )
+from .core.errors import CloseCode
 from .core.session import (
-    CLOSE_HEARTBEAT, CLOSE_SLOW_CONSUMER, CLOSE_SUPERSEDED, AudioReceived, CloseRequested,
+    AudioReceived, CloseRequested,
     ErrorSent, Expired,
     Handshake, HeartbeatTimedOut, ProtocolSession, RunChanged, TextReceived, ToolCallReceived,
     SendRefused, SlowConsumer, ToolCancelRequested, ToolListRequested,
@@ -307,7 +308,7 @@ class Engine:
         old = live.transport
         if old is not None and old is not transport:
             live.transport = None
-            old.close(CLOSE_SUPERSEDED, "superseded by a resumed connection")
+            old.close(CloseCode.SUPERSEDED, "superseded by a resumed connection")
         live.core.attach(now_ms(), last_seq)
         live.transport = transport
         kept = self._kept.get(live.user_id)
@@ -407,11 +408,11 @@ class Engine:
         elif isinstance(event, HeartbeatTimedOut):
             log.info("session %s: no PONG within %d ms; disconnecting", sid,
                      self.config.heartbeat_timeout)
-            self._close_transport(live, CLOSE_HEARTBEAT, "heartbeat timeout")
+            self._close_transport(live, CloseCode.HEARTBEAT, "heartbeat timeout")
         elif isinstance(event, SlowConsumer):
             log.warning("session %s: client is not reading (%d bytes unsent); dropping its "
                         "connection, the session stays for resume", sid, event.unsent_bytes)
-            self._close_transport(live, CLOSE_SLOW_CONSUMER, "outbound buffer full")
+            self._close_transport(live, CloseCode.SLOW_CONSUMER, "outbound buffer full")
         elif isinstance(event, SendRefused):
             self.stats.outbound_dropped += 1
             log.warning("session %s: pending queue full; %s on %s dropped", sid, event.type,

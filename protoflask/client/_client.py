@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterable
 import orjson
 
 from ..core.envelope import CONTROL_TYPES
+from ..core.errors import CloseCode
 from ..core.messages import PROTO_VERSION
 from ._http import BaseURL
 from ._sse import SSEConnection
@@ -68,7 +69,7 @@ TRANSPORTS: dict[str, type] = {
 #: The window of a channel after a CHANNEL_PAUSED refusal (see the module docstring).
 _CAUTIOUS_START, _CAUTIOUS_END = 8, 1024
 #: Close codes after which reconnecting would be wrong (docs/PROTOCOL.md §6.2 Close codes).
-_FINAL_CLOSES = {4001: "UNSUPPORTED_VERSION", 4002: "SUPERSEDED"}
+_FINAL_CLOSES = {c: c.name for c in (CloseCode.UNSUPPORTED_VERSION, CloseCode.SUPERSEDED)}
 #: HTTP refusals that no retry will fix: the token or the session is gone.
 _FINAL_STATUSES = {400, 401, 403, 404, 413}
 #: What the client itself needs to receive, added to a non-empty ``accept_events``.

@@ -47,7 +47,7 @@ from ..core.errors import (
     SessionNotFound,
     ToolExecutionError,
 )
-from ..core.session import CLOSE_SUPERSEDED
+from ..core.errors import CloseCode
 from ..clock import now_ms
 from ..hub import OPERATIONS, Hub, LiveSession, broadcast_local
 from .journal import Journal, decode_state
@@ -469,7 +469,7 @@ class RedisHub(Hub):
         hold, and let it go. Tool calls still running here report there."""
         live = self._local.get(session_id)
         if live is not None:
-            self.engine._close_transport(live, CLOSE_SUPERSEDED, "resumed on another node")
+            self.engine._close_transport(live, CloseCode.SUPERSEDED, "resumed on another node")
             self._let_go(live)
             live.moved = self._forward_moved
             if live.runner is not None and live.runner.executions:
@@ -531,7 +531,7 @@ class RedisHub(Hub):
             log.warning("session %s is held by another node now; dropping it here", sid)
             live.journal = None
             live.moved = self._forward_moved
-            self.engine._close_transport(live, CLOSE_SUPERSEDED, "resumed on another node")
+            self.engine._close_transport(live, CloseCode.SUPERSEDED, "resumed on another node")
 
     def hand_off(self, live: LiveSession) -> None:
         """This node is stopping: leave the session to the cluster for a resume elsewhere."""

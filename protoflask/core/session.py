@@ -42,24 +42,14 @@ from .envelope import (
     decode_json, encode, parse_envelope, validate_envelope, validate_payload,
 )
 from .errors import (
-    ChannelPaused, DuplicateCallId, HandshakeRequired, InsufficientCredits, InvalidMessage,
-    MaxRunsExceeded, MessageTooLarge, ProtoError, RateLimited, ReplayUnavailable, RunNotFound,
-    UnsupportedType, UnsupportedVersion,
+    ChannelPaused, CloseCode, DuplicateCallId, HandshakeRequired, InsufficientCredits,
+    InvalidMessage, MaxRunsExceeded, MessageTooLarge, ProtoError, RateLimited,
+    ReplayUnavailable, RunNotFound, UnsupportedType, UnsupportedVersion,
 )
 from .ratelimit import RateLimiter, Verdict
 from .replay import ReplayWindow, ResendQueue
 from .seen import SeenSeqs
 from .traffic import INVALID, UNKNOWN_TYPE, TrafficCounters
-
-# WebSocket-style close codes the core asks transports to use (docs/PROTOCOL.md §6 Errors).
-CLOSE_NORMAL = 1000
-CLOSE_GOING_AWAY = 1001
-CLOSE_POLICY_VIOLATION = 1008  # kept flooding past the rate limit
-CLOSE_TOO_LARGE = 1009
-CLOSE_HEARTBEAT = 4000
-CLOSE_UNSUPPORTED_VERSION = 4001
-CLOSE_SUPERSEDED = 4002
-CLOSE_SLOW_CONSUMER = 4003
 
 # Bytes a stamped envelope adds around its payload (id, session, seq, ts, type, channel):
 # the estimate the pending queue's byte count uses before the real encoding exists.
@@ -313,7 +303,7 @@ class ProtocolSession:
         except MessageTooLarge as exc:
             self.traffic.received[INVALID] += 1
             self._fail(exc)
-            self._events.append(CloseRequested(CLOSE_TOO_LARGE, "message too large"))
+            self._events.append(CloseRequested(CloseCode.TOO_LARGE, "message too large"))
             return self._take_events()
         except ProtoError as exc:
             self.traffic.received[INVALID] += 1
@@ -346,7 +336,7 @@ class ProtocolSession:
                 detail={"retry_after_ms": self.rate.retry_after_ms()}))
             if verdict is Verdict.CLOSE:
                 self._flooding = True
-                self._events.append(CloseRequested(CLOSE_POLICY_VIOLATION,
+                self._events.append(CloseRequested(CloseCode.POLICY_VIOLATION,
                                                    "rate limit exceeded"))
         return True
 
@@ -405,7 +395,8 @@ class ProtocolSession:
             self._fail(UnsupportedVersion(
                 f"server speaks major {list(messages.SUPPORTED_MAJORS)},"
                 f" client accepts {p['accept_major'][:8]}", related_id=msg.id))
-            self._events.append(CloseRequested(CLOSE_UNSUPPORTED_VERSION, "unsupported version"))
+            self._events.append(CloseRequested(CloseCode.UNSUPPORTED_VERSION,
+                                               "unsupported version"))
             return
         wanted = frozenset(p["accept_events"]) & SERVER_TYPES
         self.accept_events = wanted | {"HELLO", "ERROR", "PING"} if wanted else None
