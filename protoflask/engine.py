@@ -333,18 +333,16 @@ class Engine:
 
     def receive(self, live: LiveSession, raw: bytes | str) -> None:
         started = now_ms()
-        events = live.core.receive(raw, started)
-        if events:
-            self._dispatch(live, events)
+        live.core.receive(raw, started)
+        self._drain_events(live)
         live.notify()
         finished = now_ms()
         self.stats.record(finished, finished - started)
 
     def receive_decoded(self, live: LiveSession, obj: Any, nbytes: int) -> None:
         started = now_ms()
-        events = live.core.receive_decoded(obj, nbytes, started)
-        if events:
-            self._dispatch(live, events)
+        live.core.receive_decoded(obj, nbytes, started)
+        self._drain_events(live)
         live.notify()
         finished = now_ms()
         self.stats.record(finished, finished - started)
@@ -462,7 +460,7 @@ class Engine:
                 log.info("session %s: user %s keeps more than %d disconnected sessions; "
                          "dropping the oldest", sid, live.user_id,
                          self.config.max_kept_sessions_per_user)
-                other.core.closed = True
+                other.core.close()
                 self._expire(other)
 
     def _prune_kept(self, now: int) -> None:
@@ -519,9 +517,8 @@ class Engine:
         self.stats.sample(now)
         self._prune_kept(now)
         for live in self.hub.sessions():
-            events = live.core.tick(now)
-            if events:
-                self._dispatch(live, events)
+            live.core.tick(now)
+            self._drain_events(live)
             live.notify()
 
     def stop_timers(self) -> None:

@@ -9,7 +9,9 @@ from .credits import CreditLedger, CreditSettings
 from .envelope import Message, parse
 from .errors import ProtoError
 from .replay import ReplayWindow
-from .session import ProtocolSession, Run, SessionSettings
+from .calls import Run
+from .session import ProtocolSession
+from .settings import SessionSettings
 
 __all__ = [
     "CreditLedger", "CreditSettings", "Message", "ProtoError", "ProtocolSession",
