@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .core.credits import CreditSettings
-from .core.session import SessionSettings
+from .core.envelope import MAX_JSON_DEPTH
+from .core.settings import SessionSettings
 
 
 class ConfigError(ValueError):
@@ -123,7 +124,7 @@ OPTIONS: tuple[Option, ...] = (
        "bytes per envelope", 64),
     _o("outboundBufferSize", "outbound_buffer_size", "OUTBOUND_BUFFER_SIZE", int, 4194304,
        "unsent bytes a session may hold for a slow client", 1024),
-    _o("maxJsonDepth", "max_json_depth", "MAX_JSON_DEPTH", int, 64,
+    _o("maxJsonDepth", "max_json_depth", "MAX_JSON_DEPTH", int, MAX_JSON_DEPTH,
        "deepest JSON nesting accepted in an envelope (INVALID_MESSAGE beyond)", 2, 200),
     _o("rateLimit", "rate_limit", "RATE_LIMIT", int, 1000,
        "upstream messages per second per session (RATE_LIMITED beyond; 0 = off)", 0),
@@ -177,21 +178,26 @@ _APP_KEYS: dict[str, tuple[Option, bool]] = {
 }
 
 
+#: each field's default, written once in OPTIONS / FLOW_OPTIONS
+_DEFAULTS: dict[str, Any] = {o.attr: o.default for o in OPTIONS}
+_FLOW_DEFAULTS: dict[str, Any] = {o.attr: o.default for o in FLOW_OPTIONS}
+
+
 def _flow_defaults() -> "FlowControlConfig":
     return FlowControlConfig()
 
 
 @dataclass(frozen=True)
 class FlowControlConfig:
-    enabled: bool = True
-    initial_credits: int = 1000
-    min_credits: int = 100
-    max_credits: int = 10000
-    credit_threshold: int = 200
-    back_pressure_threshold: float = 0.8
-    adaptive_adjustment: bool = True
-    initial_credit_messages: int = 1000
-    initial_credit_bytes: int = 1048576
+    enabled: bool = _FLOW_DEFAULTS["enabled"]
+    initial_credits: int = _FLOW_DEFAULTS["initial_credits"]
+    min_credits: int = _FLOW_DEFAULTS["min_credits"]
+    max_credits: int = _FLOW_DEFAULTS["max_credits"]
+    credit_threshold: int = _FLOW_DEFAULTS["credit_threshold"]
+    back_pressure_threshold: float = _FLOW_DEFAULTS["back_pressure_threshold"]
+    adaptive_adjustment: bool = _FLOW_DEFAULTS["adaptive_adjustment"]
+    initial_credit_messages: int = _FLOW_DEFAULTS["initial_credit_messages"]
+    initial_credit_bytes: int = _FLOW_DEFAULTS["initial_credit_bytes"]
 
     def __post_init__(self) -> None:
         for opt in FLOW_OPTIONS:
@@ -207,49 +213,49 @@ class FlowControlConfig:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    port: int = 8080
-    host: str = "0.0.0.0"
-    jwt_secret: str | None = field(default=None, repr=False)  # never printed
-    jwt_expires_in: str = "24h"
-    jwt_algorithms: tuple[str, ...] = ("HS256",)
-    jwt_public_key: str | None = None
-    jwks_url: str | None = None
-    jwks_refresh_interval: int = 60000
-    jwt_audience: str | None = None
-    jwt_issuer: str | None = None
-    jwt_require_exp: bool = True
-    max_connections: int = 1000
-    max_connections_per_user: int | None = None
-    max_kept_sessions_per_user: int = 10
-    body_timeout: int = 30000
-    heartbeat_interval: int = 30000
-    heartbeat_timeout: int = 5000
+    port: int = _DEFAULTS["port"]
+    host: str = _DEFAULTS["host"]
+    jwt_secret: str | None = field(default=_DEFAULTS["jwt_secret"], repr=False)  # never printed
+    jwt_expires_in: str = _DEFAULTS["jwt_expires_in"]
+    jwt_algorithms: tuple[str, ...] = _DEFAULTS["jwt_algorithms"]
+    jwt_public_key: str | None = _DEFAULTS["jwt_public_key"]
+    jwks_url: str | None = _DEFAULTS["jwks_url"]
+    jwks_refresh_interval: int = _DEFAULTS["jwks_refresh_interval"]
+    jwt_audience: str | None = _DEFAULTS["jwt_audience"]
+    jwt_issuer: str | None = _DEFAULTS["jwt_issuer"]
+    jwt_require_exp: bool = _DEFAULTS["jwt_require_exp"]
+    max_connections: int = _DEFAULTS["max_connections"]
+    max_connections_per_user: int | None = _DEFAULTS["max_connections_per_user"]
+    max_kept_sessions_per_user: int = _DEFAULTS["max_kept_sessions_per_user"]
+    body_timeout: int = _DEFAULTS["body_timeout"]
+    heartbeat_interval: int = _DEFAULTS["heartbeat_interval"]
+    heartbeat_timeout: int = _DEFAULTS["heartbeat_timeout"]
     flow_control: FlowControlConfig = field(default_factory=_flow_defaults)
-    max_concurrent_runs: int = 10
-    tool_queue_size: int = 100
-    tool_timeout: int = 60000
-    replay_window_size: int = 1000
-    replay_window_time: int = 60000
-    replay_window_bytes: int = 4194304
-    max_open_texts: int = 8
-    max_text_size: int = 4194304
-    max_message_size: int = 1048576
-    outbound_buffer_size: int = 4194304
-    max_json_depth: int = 64
-    rate_limit: int = 1000
-    rate_limit_burst: int = 2000
-    allowed_origins: tuple[str, ...] = ()
-    echo_messages: bool = True
-    enable_cors: bool = True
-    enable_compression: bool = True
-    enable_logging: bool = True
-    node_env: str = "production"
-    dev_mode: bool = False
-    redis_url: str | None = field(default=None, repr=False)  # may hold a password
-    redis_prefix: str = "protoflask"
-    metrics: bool = True
-    dashboard: bool = True
-    debug_vitals: bool = False
+    max_concurrent_runs: int = _DEFAULTS["max_concurrent_runs"]
+    tool_queue_size: int = _DEFAULTS["tool_queue_size"]
+    tool_timeout: int = _DEFAULTS["tool_timeout"]
+    replay_window_size: int = _DEFAULTS["replay_window_size"]
+    replay_window_time: int = _DEFAULTS["replay_window_time"]
+    replay_window_bytes: int = _DEFAULTS["replay_window_bytes"]
+    max_open_texts: int = _DEFAULTS["max_open_texts"]
+    max_text_size: int = _DEFAULTS["max_text_size"]
+    max_message_size: int = _DEFAULTS["max_message_size"]
+    outbound_buffer_size: int = _DEFAULTS["outbound_buffer_size"]
+    max_json_depth: int = _DEFAULTS["max_json_depth"]
+    rate_limit: int = _DEFAULTS["rate_limit"]
+    rate_limit_burst: int = _DEFAULTS["rate_limit_burst"]
+    allowed_origins: tuple[str, ...] = _DEFAULTS["allowed_origins"]
+    echo_messages: bool = _DEFAULTS["echo_messages"]
+    enable_cors: bool = _DEFAULTS["enable_cors"]
+    enable_compression: bool = _DEFAULTS["enable_compression"]
+    enable_logging: bool = _DEFAULTS["enable_logging"]
+    node_env: str = _DEFAULTS["node_env"]
+    dev_mode: bool = _DEFAULTS["dev_mode"]
+    redis_url: str | None = field(default=_DEFAULTS["redis_url"], repr=False)  # may hold a password
+    redis_prefix: str = _DEFAULTS["redis_prefix"]
+    metrics: bool = _DEFAULTS["metrics"]
+    dashboard: bool = _DEFAULTS["dashboard"]
+    debug_vitals: bool = _DEFAULTS["debug_vitals"]
 
     def __post_init__(self) -> None:
         for opt in OPTIONS:
