@@ -207,8 +207,8 @@ class ShuttingDown(ProtoError):
     code, http_status, default_message = "SHUTTING_DOWN", 503, "server is shutting down"
 
 
-def _all_subclasses(cls: type) -> list[type]:
-    out = []
+def _all_subclasses(cls: type[ProtoError]) -> list[type[ProtoError]]:
+    out: list[type[ProtoError]] = []
     for sub in cls.__subclasses__():
         out.append(sub)
         out.extend(_all_subclasses(sub))
