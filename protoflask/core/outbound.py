@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from . import messages
+from .messages import Outbound, pause_channel, resume_channel
 from .credits import CreditLedger
 from .envelope import CONTROL_TYPES, encode
 from .errors import ReplayUnavailable
@@ -50,7 +50,7 @@ class OutboundQueue:
         self.paused_by_server: set[str] = set()
         # Lists, not deques: take_writable drains them whole, and an idle session's empty
         # list costs 56 bytes where a deque costs 760.
-        self.pending: list[messages.Outbound] = []
+        self.pending: list[Outbound] = []
         self._pending_sizes: list[int] = []
         # estimated encoded size of what ``pending`` holds, per channel
         self._pending_channel_bytes: dict[str, int] = {}
@@ -79,7 +79,7 @@ class OutboundQueue:
 
     # -- queueing -------------------------------------------------------------------------
 
-    def push(self, out: messages.Outbound) -> bool:
+    def push(self, out: Outbound) -> bool:
         """Queue a message the session accepted; False when the queue is full."""
         s = self.settings
         if len(self.pending) >= s.max_pending_messages or \
@@ -100,7 +100,7 @@ class OutboundQueue:
         self.check_pressure()
         return True
 
-    def _enqueue(self, out: messages.Outbound) -> None:
+    def _enqueue(self, out: Outbound) -> None:
         size = len(encode(out.payload)) + ENVELOPE_OVERHEAD
         self.pending.append(out)
         self._pending_sizes.append(size)
@@ -151,11 +151,11 @@ class OutboundQueue:
             if "USER" not in self.paused_by_server:
                 if unsent > high and self._pause_armed:
                     self.paused_by_server.add("USER")
-                    self._enqueue(messages.pause_channel("USER"))
+                    self._enqueue(pause_channel("USER"))
             elif may_resume and unsent <= high / 4:
                 self.paused_by_server.discard("USER")
                 self._pause_armed = False
-                self._enqueue(messages.resume_channel("USER"))
+                self._enqueue(resume_channel("USER"))
         if writer or not self.in_flight or self._overflowed or not self._connected():
             return
         sendable = self.in_flight + self._resend_bytes + sum(
@@ -225,7 +225,7 @@ class OutboundQueue:
         self.check_pressure(may_resume=False)
         return out
 
-    def _hold(self, ob: messages.Outbound, size: int) -> None:
+    def _hold(self, ob: Outbound, size: int) -> None:
         """Put a message back, behind those held before it (order within a channel)."""
         self.pending.append(ob)
         self._pending_sizes.append(size)

@@ -42,7 +42,11 @@ import enum
 import secrets
 from typing import Any
 
-from . import messages
+from .messages import (
+    Outbound, error as error_message, ping as ping_message, run_finished, run_started, split_text,
+    text_end, text_part, text_start, tool_done as tool_done_message,
+    tool_update as tool_update_message,
+)
 from .calls import Call, CallRegistry, Run
 from .credits import CreditLedger
 from .envelope import byte_length, decode_json, parse_envelope, validate_envelope
@@ -180,7 +184,7 @@ class ProtocolSession(UpstreamHandlers):
         return self.outbound.replay
 
     @property
-    def pending(self) -> list[messages.Outbound]:
+    def pending(self) -> list[Outbound]:
         return self.outbound.pending
 
     @property
@@ -294,7 +298,7 @@ class ProtocolSession(UpstreamHandlers):
         if run_id is None:
             run_id = f"{self.id}-run{self._next()}"
         run = self.registry.add_run(run_id, now, thread_id, metadata)
-        self.send(messages.run_started(run_id, thread_id))
+        self.send(run_started(run_id, thread_id))
         self._events.append(RunChanged("started", run))
         return run
 
@@ -302,7 +306,7 @@ class ProtocolSession(UpstreamHandlers):
         run = self.registry.end_run(run_id, now)
         run.status = "error" if error is not None else "finished"
         run.summary, run.error = summary, error
-        self.send(messages.run_finished(run_id, run.status, summary, error))
+        self.send(run_finished(run_id, run.status, summary, error))
         self._events.append(RunChanged("finished", run))
         return run
 
@@ -310,7 +314,7 @@ class ProtocolSession(UpstreamHandlers):
         run = self.registry.end_run(run_id, now)
         run.status = "cancelled"
         calls = self.registry.calls_of(run_id)
-        self.send(messages.run_finished(run_id, "cancelled"))
+        self.send(run_finished(run_id, "cancelled"))
         self._events.append(RunChanged("cancelled", run, calls))
         return run
 
@@ -326,14 +330,14 @@ class ProtocolSession(UpstreamHandlers):
                     partial: Any = None) -> bool:
         if call_id not in self.registry.calls:
             return False
-        return self.send(messages.tool_update(call_id, status, progress, partial))
+        return self.send(tool_update_message(call_id, status, progress, partial))
 
     def tool_done(self, call_id: str, status: str, result: Any = None,
                   error: ProtoError | None = None) -> bool:
         """Finish a call with its single TOOL_DONE; False if it had already finished."""
         if self.registry.calls.pop(call_id, None) is None:
             return False
-        self.send(messages.tool_done(call_id, status, result, error))
+        self.send(tool_done_message(call_id, status, result, error))
         return True
 
     def fail_call(self, call_id: str, exc: ProtoError) -> bool:
@@ -349,7 +353,7 @@ class ProtocolSession(UpstreamHandlers):
 
     # -- downstream (the queue is outbound.py) -------------------------------------------
 
-    def send(self, out: messages.Outbound) -> bool:
+    def send(self, out: Outbound) -> bool:
         """Queue a server message. False when filtered out, closed, or the queue is full."""
         if self._state is SessionState.CLOSED:
             return False
@@ -361,13 +365,13 @@ class ProtocolSession(UpstreamHandlers):
         """START, PARTs, END on AGENT with a fresh message_id; returns the id. The text is
         split into as many PARTs as it takes for no envelope to exceed maxMessageSize."""
         mid = f"{self.id}-m{self._next()}"
-        self.send(messages.text_start(mid, content_type))
+        self.send(text_start(mid, content_type))
         # what the stamped envelope adds around the payload: id and session hold the
         # session id, seq and ts at most 16 and 20 digits
         room = self.settings.max_message_size - (128 + 2 * len(self.id))
-        for piece in messages.split_text(mid, text, room):
-            self.send(messages.text_part(mid, piece))
-        self.send(messages.text_end(mid))
+        for piece in split_text(mid, text, room):
+            self.send(text_part(mid, piece))
+        self.send(text_end(mid))
         return mid
 
     def set_in_flight(self, nbytes: int) -> None:
@@ -401,7 +405,7 @@ class ProtocolSession(UpstreamHandlers):
                 self._ping_nonce = f"hb-{secrets.token_urlsafe(12)}"  # unguessable: no blind PONGs
                 self._ping_sent_at = now
                 self._next_ping_at = now + s.heartbeat_interval
-                self.send(messages.ping(self._ping_nonce))
+                self.send(ping_message(self._ping_nonce))
         elif not self.closed and self.disconnected_at is not None and \
                 now - self.disconnected_at >= s.replay_window_time:
             self._to(Transition.CLOSE)
@@ -431,7 +435,7 @@ class ProtocolSession(UpstreamHandlers):
         half the rate, and keeps flooding with them at its peril."""
         if not isinstance(exc, RateLimited):
             self.rate.charge()
-        self.send(messages.error(exc))
+        self.send(error_message(exc))
         self._events.append(ErrorSent(exc))
 
     def _under_load(self) -> bool:

@@ -11,7 +11,9 @@ import binascii
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import messages
+from .messages import (
+    Outbound, SUPPORTED_MAJORS, flow_update, hello as hello_message, pong as pong_message,
+)
 from .envelope import (
     CLIENT_TYPES, CONTROL_TYPES, SERVER_TYPES, Message, byte_length, validate_payload,
 )
@@ -87,7 +89,7 @@ class UpstreamHandlers:
     if TYPE_CHECKING:
         @property
         def handshake_completed(self) -> bool: ...
-        def send(self, out: messages.Outbound) -> bool: ...
+        def send(self, out: Outbound) -> bool: ...
         def send_text(self, text: str, content_type: str = ...) -> str: ...
         def start_run(self, now: int, run_id: str | None = ..., thread_id: str | None = ...,
                       metadata: Any = ...) -> Run: ...
@@ -133,7 +135,7 @@ class UpstreamHandlers:
             # refused for its size: top the bytes up so the client can send it again
             grant = self.credits.top_up_bytes(msg.channel, nbytes)
             if grant is not None:
-                self.send(messages.flow_update(msg.channel, *grant))
+                self.send(flow_update(msg.channel, *grant))
         except ProtoError as exc:
             if exc.related_id is None:
                 exc.related_id = msg.id
@@ -144,13 +146,13 @@ class UpstreamHandlers:
             # credits went to rejected messages would wait for a FLOW_UPDATE forever).
             grant = self.credits.replenish(msg.channel, under_load=self._under_load())
             if grant is not None:
-                self.send(messages.flow_update(msg.channel, *grant))
+                self.send(flow_update(msg.channel, *grant))
 
     def _on_hello(self, msg: Message, seen_before: int, now: int) -> None:
         p = msg.payload
-        if not set(p["accept_major"]) & set(messages.SUPPORTED_MAJORS):
+        if not set(p["accept_major"]) & set(SUPPORTED_MAJORS):
             self._fail(UnsupportedVersion(
-                f"server speaks major {list(messages.SUPPORTED_MAJORS)},"
+                f"server speaks major {list(SUPPORTED_MAJORS)},"
                 f" client accepts {p['accept_major'][:8]}", related_id=msg.id))
             self._events.append(CloseRequested(CloseCode.UNSUPPORTED_VERSION,
                                                "unsupported version"))
@@ -167,7 +169,7 @@ class UpstreamHandlers:
                                             downstream=fc.get("downstream") is True)
         first = not self.handshake_completed
         self._greeted()
-        self.send(messages.hello(
+        self.send(hello_message(
             session_id=self.id,
             accept_events=self.accept_events or SERVER_TYPES,
             capabilities=capabilities(self.settings),
@@ -177,7 +179,7 @@ class UpstreamHandlers:
             self._events.append(Handshake(p))
 
     def _on_ping(self, msg: Message, seen_before: int, now: int) -> None:
-        self.send(messages.pong(msg.payload["nonce"]))
+        self.send(pong_message(msg.payload["nonce"]))
 
     def _on_pong(self, msg: Message, seen_before: int, now: int) -> None:
         if self._ping_nonce is not None and msg.payload["nonce"] == self._ping_nonce:
