@@ -30,7 +30,9 @@ class Option:
     choices: tuple[str, ...] | None = None
 
 
-def _o(key, attr, env, kind, default, doc, low=None, high=None, choices=None) -> Option:
+def _o(key: str, attr: str, env: str | None, kind: type, default: Any, doc: str,
+       low: float | None = None, high: float | None = None,
+       choices: tuple[str, ...] | None = None) -> Option:
     return Option(key, attr, env, kind, default, doc, low, high, choices)
 
 
