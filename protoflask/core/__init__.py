@@ -5,11 +5,11 @@ callers pass the time in milliseconds.
 """
 
 from . import errors, messages
+from .calls import Run
 from .credits import CreditLedger, CreditSettings
 from .envelope import Message, parse
 from .errors import ProtoError
 from .replay import ReplayWindow
-from .calls import Run
 from .session import ProtocolSession
 from .settings import SessionSettings
 

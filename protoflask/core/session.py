@@ -9,14 +9,9 @@ what happened with ``take_events()`` (the one way out for events):
     session.tick(now)                -> heartbeat and expiry
     session.take_events()            -> the events all of that caused, for the application
 
-The session's lifecycle, as the table below reads (h11 style: the transitions as data):
-
-    state       attach      detach      hello       close
-    NEW         GREETING    NEW         DETACHED    CLOSED
-    GREETING    GREETING    NEW         OPEN        CLOSED
-    OPEN        OPEN        DETACHED    OPEN        CLOSED
-    DETACHED    OPEN        DETACHED    DETACHED    CLOSED
-    CLOSED      CLOSED      CLOSED      CLOSED      CLOSED
+The session's lifecycle is the TRANSITIONS table below (h11 style: the transitions as
+data): NEW -> GREETING on attach -> OPEN on HELLO -> DETACHED when the transport goes,
+OPEN again on a resume; CLOSED (expired, or closed by the application) is final.
 
 Rules, in the order a received message meets them (docs/PROTOCOL.md §2, §4, §5, §8):
 
@@ -89,18 +84,19 @@ class Transition(enum.Enum):
     CLOSE = "close"
 
 
-_S, _T = SessionState, Transition
+_S = SessionState
+_COLUMNS = (Transition.ATTACH, Transition.DETACH, Transition.HELLO, Transition.CLOSE)
+_TABLE = (
+    # state       attach        detach        HELLO         close
+    (_S.NEW,      _S.GREETING,  _S.NEW,       _S.DETACHED,  _S.CLOSED),
+    (_S.GREETING, _S.GREETING,  _S.NEW,       _S.OPEN,      _S.CLOSED),
+    (_S.OPEN,     _S.OPEN,      _S.DETACHED,  _S.OPEN,      _S.CLOSED),
+    (_S.DETACHED, _S.OPEN,      _S.DETACHED,  _S.DETACHED,  _S.CLOSED),
+    (_S.CLOSED,   _S.CLOSED,    _S.CLOSED,    _S.CLOSED,    _S.CLOSED),
+)
+#: state -> transition -> next state
 TRANSITIONS: dict[SessionState, dict[Transition, SessionState]] = {
-    _S.NEW: {_T.ATTACH: _S.GREETING, _T.DETACH: _S.NEW, _T.HELLO: _S.DETACHED,
-             _T.CLOSE: _S.CLOSED},
-    _S.GREETING: {_T.ATTACH: _S.GREETING, _T.DETACH: _S.NEW, _T.HELLO: _S.OPEN,
-                  _T.CLOSE: _S.CLOSED},
-    _S.OPEN: {_T.ATTACH: _S.OPEN, _T.DETACH: _S.DETACHED, _T.HELLO: _S.OPEN,
-              _T.CLOSE: _S.CLOSED},
-    _S.DETACHED: {_T.ATTACH: _S.OPEN, _T.DETACH: _S.DETACHED, _T.HELLO: _S.DETACHED,
-                  _T.CLOSE: _S.CLOSED},
-    _S.CLOSED: {t: _S.CLOSED for t in Transition},
-}
+    row[0]: dict(zip(_COLUMNS, row[1:], strict=True)) for row in _TABLE}
 _ATTACHED = frozenset({_S.GREETING, _S.OPEN})
 _GREETED = frozenset({_S.OPEN, _S.DETACHED})
 
