@@ -31,8 +31,9 @@ from flask import Blueprint, Response, g, request, send_from_directory
 
 from .auth import token_from_request
 from .core.errors import InvalidMessage, ProtoError
-from .hub import LiveSession, now_ms
+from .clock import now_ms
 from .core.bodies import is_seq
+from .hub import LiveSession
 from .metrics import session_gauges
 from .transports.http import error_response, json_response
 

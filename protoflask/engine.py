@@ -26,14 +26,15 @@ from .core.errors import (
     InvalidMessage, InvalidToken, MaxConnections, MessageTooLarge, OutboundQueueFull,
     ProtoError, SessionNotFound, ShuttingDown, UserConnectionLimit,
 )
+from .core.errors import CloseCode
 from .core.session import (
-    CLOSE_HEARTBEAT, CLOSE_SLOW_CONSUMER, CLOSE_SUPERSEDED, AudioReceived, CloseRequested,
+    AudioReceived, CloseRequested,
     ErrorSent, Expired,
     Handshake, HeartbeatTimedOut, ProtocolSession, RunChanged, TextReceived, ToolCallReceived,
     SendRefused, SlowConsumer, ToolCancelRequested, ToolListRequested,
 )
-from .hub import Hub, LiveSession, SessionHost, Transport, now_ms
-from .core.session import CLOSE_TOO_LARGE
+from .clock import now_ms
+from .hub import Hub, LiveSession, SessionHost, Transport
 from .core.traffic import TrafficCounters
 from .metrics import ToolCounters
 from .tools import SessionToolRunner, ToolExecution, ToolRegistry, check_call
@@ -366,7 +367,7 @@ class Engine:
         old = live.transport
         if old is not None and old is not transport:
             live.transport = None
-            old.close(CLOSE_SUPERSEDED, "superseded by a resumed connection")
+            old.close(CloseCode.SUPERSEDED, "superseded by a resumed connection")
         live.core.attach(now_ms(), last_seq)
         live.transport = transport
         kept = self._kept.get(live.user_id)
@@ -391,18 +392,16 @@ class Engine:
 
     def receive(self, live: LiveSession, raw: bytes | str) -> None:
         started = now_ms()
-        events = live.core.receive(raw, started)
-        if events:
-            self._dispatch(live, events)
+        live.core.receive(raw, started)
+        self._drain_events(live)
         live.notify()
         finished = now_ms()
         self.stats.record(finished, finished - started)
 
     def receive_decoded(self, live: LiveSession, obj: Any, nbytes: int) -> None:
         started = now_ms()
-        events = live.core.receive_decoded(obj, nbytes, started)
-        if events:
-            self._dispatch(live, events)
+        live.core.receive_decoded(obj, nbytes, started)
+        self._drain_events(live)
         live.notify()
         finished = now_ms()
         self.stats.record(finished, finished - started)
@@ -429,7 +428,7 @@ class Engine:
         its own way (the WebSocket's 1009, the POST's 413, the stream's last line)."""
         self.reject(live, exc)
         if close:
-            self._close_transport(live, CLOSE_TOO_LARGE, "message too large")
+            self._close_transport(live, CloseCode.TOO_LARGE, "message too large")
 
     # -- dispatch: core events -> signals, tools, transports -------------------------
 
@@ -477,11 +476,11 @@ class Engine:
         elif isinstance(event, HeartbeatTimedOut):
             log.info("session %s: no PONG within %d ms; disconnecting", sid,
                      self.config.heartbeat_timeout)
-            self._close_transport(live, CLOSE_HEARTBEAT, "heartbeat timeout")
+            self._close_transport(live, CloseCode.HEARTBEAT, "heartbeat timeout")
         elif isinstance(event, SlowConsumer):
             log.warning("session %s: client is not reading (%d bytes unsent); dropping its "
                         "connection, the session stays for resume", sid, event.unsent_bytes)
-            self._close_transport(live, CLOSE_SLOW_CONSUMER, "outbound buffer full")
+            self._close_transport(live, CloseCode.SLOW_CONSUMER, "outbound buffer full")
         elif isinstance(event, SendRefused):
             self.stats.outbound_dropped += 1
             log.warning("session %s: pending queue full; %s on %s dropped", sid, event.type,
@@ -531,7 +530,7 @@ class Engine:
                 log.info("session %s: user %s keeps more than %d disconnected sessions; "
                          "dropping the oldest", sid, live.user_id,
                          self.config.max_kept_sessions_per_user)
-                other.core.closed = True
+                other.core.close()
                 self._expire(other)
 
     def _prune_kept(self, now: int) -> None:
@@ -588,9 +587,8 @@ class Engine:
         self.stats.sample(now)
         self._prune_kept(now)
         for live in self.hub.sessions():
-            events = live.core.tick(now)
-            if events:
-                self._dispatch(live, events)
+            live.core.tick(now)
+            self._drain_events(live)
             live.notify()
 
     def stop_timers(self) -> None:

@@ -12,10 +12,10 @@ encodes itself for another node.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
+from .clock import now_ms
 from .core import messages
 from .core.errors import ERRORS_BY_CODE, ProtoError, SessionNotFound
 from .core.session import ProtocolSession, SessionSettings
@@ -25,10 +25,6 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from .tools import SessionToolRunner
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Transport(Protocol):

@@ -32,10 +32,11 @@ from .config import APP_CONFIG_PREFIX, ConfigError, ServerConfig
 from .core import messages
 from .core.coalesce import DEFAULT_MAX_CHARS, DEFAULT_MAX_DELAY_MS
 from .core.errors import InvalidMessage, ProtoError, RunNotFound, SessionNotFound
-from .core.session import CLOSE_GOING_AWAY
+from .core.errors import CloseCode
 from .engine import Engine
+from .clock import now_ms
 from .cluster import make_hub
-from .hub import Hub, LiveSession, Send, ToolDone, ToolUpdate, now_ms
+from .hub import Hub, LiveSession, Send, ToolDone, ToolUpdate
 from .metrics import create_registry
 from .logs import RedactTokens
 from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools, check_call
@@ -376,7 +377,7 @@ class ProtoServer:
                 live.runner.cancel_all()
             transport = live.transport
             if transport is not None:
-                transport.close(CLOSE_GOING_AWAY, "server stopping")
+                transport.close(CloseCode.GOING_AWAY, "server stopping")
                 closing.append(live)
             self.hub.hand_off(live)
         return closing
@@ -386,7 +387,7 @@ class ProtoServer:
         def close_all() -> None:
             for live in self.hub.sessions():
                 if live.transport is not None:
-                    self.engine._close_transport(live, CLOSE_GOING_AWAY, "closed by server")
+                    self.engine._close_transport(live, CloseCode.GOING_AWAY, "closed by server")
         self._call(close_all)
 
     # -- threads -----------------------------------------------------------------------

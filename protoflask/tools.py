@@ -15,6 +15,7 @@ from gevent import Greenlet
 from jsonschema import validators
 from jsonschema.exceptions import SchemaError
 
+from .clock import now_ms
 from .fastschema import compile_simple
 from .core.errors import (
     InvalidMessage, MaxRunsExceeded, ProtoError, ToolExecutionError, ToolNotFound,
@@ -27,10 +28,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("protoflask.tools")
 
 Execute = Callable[..., Any]
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -195,7 +192,7 @@ class ToolExecution:
     tool_name: str
     arguments: Any
     status: str = "pending"
-    start_time: int = field(default_factory=_now_ms)
+    start_time: int = field(default_factory=now_ms)
     end_time: int | None = None
     result: Any = None
     progress: float | None = None
@@ -256,7 +253,7 @@ class SessionToolRunner:
         execution = self.executions.get(call_id)
         if execution is not None:
             execution.status = "cancelled"
-            execution.end_time = _now_ms()
+            execution.end_time = now_ms()
         self.live.tool_done(call_id, "CANCELLED")
         self.executions.pop(call_id, None)
         self.waiting = [w for w in self.waiting if w[0].call_id != call_id]
@@ -278,7 +275,7 @@ class SessionToolRunner:
     def finish(self, execution: ToolExecution, status: str, error: ProtoError | None = None,
                result: Any = None) -> None:
         execution.status = status
-        execution.end_time = _now_ms()
+        execution.end_time = now_ms()
         execution.result = result
         self.executions.pop(execution.call_id, None)
         if error is not None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import gevent
 
-from .hub import now_ms
+from .clock import now_ms
 
 if TYPE_CHECKING:
     from .engine import Engine

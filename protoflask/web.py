@@ -21,7 +21,7 @@ from .auth import token_from_request
 from .core.bodies import parse_seq_arg
 from .core.errors import InvalidMessage, OriginNotAllowed, ProtoError
 from .dashboard import add_dashboard_routes
-from .hub import now_ms
+from .clock import now_ms
 from .logs import redacted_query
 from .metrics import metrics_response
 from .origins import OriginPolicy

@@ -29,6 +29,7 @@ import uuid
 from typing import Any, Callable, Iterable
 
 from ..core.envelope import CONTROL_TYPES, encode
+from ..core.errors import CloseCode
 from ..core.messages import PROTO_VERSION
 from ..core.session import ENVELOPE_OVERHEAD
 from ._downstream import Downstream, Text
@@ -47,7 +48,7 @@ TRANSPORTS: dict[str, type] = {
     "stream": StreamConnection, "http": StreamConnection,
 }
 #: Close codes after which reconnecting would be wrong (docs/PROTOCOL.md §6.2 Close codes).
-_FINAL_CLOSES = {4001: "UNSUPPORTED_VERSION", 4002: "SUPERSEDED"}
+_FINAL_CLOSES = {c: c.name for c in (CloseCode.UNSUPPORTED_VERSION, CloseCode.SUPERSEDED)}
 #: HTTP refusals that no retry will fix: the token or the session is gone.
 _FINAL_STATUSES = {400, 401, 403, 404, 413}
 #: What the client itself needs to receive, added to a non-empty ``accept_events``.

@@ -20,7 +20,8 @@ import gevent.event
 import orjson
 
 from ..core.errors import ClusterUnavailable
-from ..hub import LiveSession, now_ms
+from ..clock import now_ms
+from ..hub import LiveSession
 from ..tickets import TicketStore
 from .nodes import SessionsElsewhere, aggregate_stats, node_meta, session_fields
 from .redis_client import UNAVAILABLE

@@ -27,7 +27,7 @@ import orjson
 
 from ..core import handoff, messages
 from ..core.errors import ClusterUnavailable, ProtoError, SessionNotFound
-from ..core.session import CLOSE_SUPERSEDED
+from ..core.errors import CloseCode
 from ..hub import (
     LiveSession,
     LocalHub,
@@ -382,7 +382,7 @@ class RoutingHub(LocalHub):
         hold, and let it go. Tool calls still running here report there."""
         live = self.get(session_id)
         if live is not None:
-            self.host.close_transport(live, CLOSE_SUPERSEDED, "resumed on another node")
+            self.host.close_transport(live, CloseCode.SUPERSEDED, "resumed on another node")
             self._let_go(live)
             self._moved(live)
         try:
@@ -429,7 +429,7 @@ class RoutingHub(LocalHub):
             log.warning("session %s is held by another node now; dropping it here", sid)
             if isinstance(live.link, Follow):
                 live.link.moved = True
-            self.host.close_transport(live, CLOSE_SUPERSEDED, "resumed on another node")
+            self.host.close_transport(live, CloseCode.SUPERSEDED, "resumed on another node")
 
     def hand_off(self, live: LiveSession) -> None:
         """This node is stopping: leave the session to the cluster for a resume elsewhere."""

@@ -30,7 +30,7 @@ from flask import Request, Response
 
 from ..auth import token_from_request
 from ..core.errors import InvalidMessage, MessageTooLarge, ProtoError, RequestTimeout
-from ..hub import now_ms
+from ..clock import now_ms
 from .request_body import read_body
 from .sockets import raw_socket, shutdown
 

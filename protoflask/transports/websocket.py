@@ -26,7 +26,7 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from ..core.errors import MessageTooLarge
-from ..hub import now_ms
+from ..clock import now_ms
 from .sockets import shutdown
 
 if TYPE_CHECKING:
