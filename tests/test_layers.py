@@ -26,13 +26,14 @@ MAX_LINES = 500
 #: for a package, everything in it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("core",),
-    ("config", "auth", "jwks", "signals", "tools", "logs", "origins", "tickets", "clock",
-     "fastschema", "streaming"),
+    ("config", "options", "auth", "jwks", "signals", "tools", "logs", "origins", "tickets",
+     "clock", "fastschema", "streaming"),
     ("hub", "cluster"),
     ("engine",),
     ("transports",),
-    ("web", "dashboard", "metrics", "vitals", "blueprints"),
-    ("server", "cli", "wsgi", ""),  # "": the package itself (its lazy public names)
+    ("web", "dashboard", "metrics", "vitals"),
+    # blueprints: a Flask blueprint that registers its tools on the app's ProtoServer
+    ("server", "blueprints", "cli", "wsgi", ""),  # "": the package itself (its lazy public names)
 )
 #: The client sits beside the core's users: it imports the core only.
 CLIENT = "client"

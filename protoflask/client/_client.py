@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable
 from ..core.envelope import CONTROL_TYPES, encode
 from ..core.errors import CloseCode
 from ..core.messages import PROTO_VERSION
-from ..core.session import ENVELOPE_OVERHEAD
+from ..core.outbound import ENVELOPE_OVERHEAD
 from ._downstream import Downstream, Text
 from ._http import BaseURL
 from ._receive import Receiver
@@ -200,7 +200,7 @@ class Client(Receiver):
         1000 of them are queued."""
         entry = Entry(type, channel, dict(payload or {}), self._up.next_id())
         limit = (self.server_hello or {}).get("capabilities", {}).get("max_message_size")
-        # the server's own estimate of an envelope's size (core.session.ENVELOPE_OVERHEAD)
+        # the server's own estimate of an envelope's size (core.outbound.ENVELOPE_OVERHEAD)
         if limit and len(encode(entry.payload)) + ENVELOPE_OVERHEAD > limit:
             raise ProtoClientError("MESSAGE_TOO_LARGE",
                                    f"a {type} this large exceeds the server's {limit} bytes")

@@ -10,7 +10,7 @@ from protoflask.cluster import make_hub
 from protoflask.config import ServerConfig
 from protoflask.core import messages
 from protoflask.core.errors import SessionNotFound, ToolExecutionError
-from protoflask.core.session import ProtocolSession, SessionSettings
+from protoflask.core.session import ProtocolSession
 from protoflask.hub import LiveSession, LocalHub, Operation, Send, SessionHost, ToolDone
 from protoflask.tickets import MemoryTicketStore
 
@@ -33,7 +33,7 @@ class FakeTransport:
 
 def live_session(session_id: str = "sess-1", *, handshake: bool = True,
                  on_events: Any = None) -> LiveSession:
-    core = ProtocolSession(session_id, "user-1", SessionSettings(), 0)
+    core = ProtocolSession(session_id, "user-1", ServerConfig().session_settings(), 0)
     core.attach(0)
     if handshake:
         Client(core).handshake()
@@ -141,7 +141,7 @@ def test_hooks_of_one_process() -> None:
 
 def test_bind_keeps_the_host() -> None:
     hub = LocalHub()
-    host = SessionHost(settings=SessionSettings(), adopt=LiveSession,
+    host = SessionHost(settings=ServerConfig().session_settings(), adopt=LiveSession,
                        close_transport=lambda live, code, reason: None,
                        local_stats=lambda: {}, receive_body=lambda live, body: 0)
     hub.bind(host)
