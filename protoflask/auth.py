@@ -118,6 +118,7 @@ class TokenAuthority:
         lifetime = self.expires_in if expires_in is None else parse_duration(expires_in)
         payload = {"sub": str(user_id), "iat": now, "exp": now + lifetime, **claims}
         algorithm = next(a for a in self.algorithms if a in self._hmac)
+        assert self._secret is not None  # can_issue
         return jwt.encode(payload, self._secret, algorithm=algorithm)
 
 

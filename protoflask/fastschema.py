@@ -53,8 +53,10 @@ def compile_simple(schema: Any) -> Check | None:
                 not all(isinstance(n, str) and n in _TYPES for n in names):
             return None
         type_checks = [_TYPES[n] for n in names]
-        checks.append(type_checks[0] if len(type_checks) == 1
-                      else (lambda v, cs=tuple(type_checks): any(c(v) for c in cs)))
+        if len(type_checks) == 1:
+            checks.append(type_checks[0])
+        else:
+            checks.append(_any_of(tuple(type_checks)))
     props = schema.get("properties", {})
     required = schema.get("required", [])
     extra = schema.get("additionalProperties", True)
@@ -90,3 +92,8 @@ def compile_simple(schema: Any) -> Check | None:
     if len(checks) == 1:
         return checks[0]
     return lambda v: all(c(v) for c in checks)
+
+
+def _any_of(checks: tuple[Callable[[Any], bool], ...]) -> Callable[[Any], bool]:
+    """A check passing when any of ``checks`` passes (a schema ``type`` list)."""
+    return lambda value: any(check(value) for check in checks)

@@ -48,7 +48,8 @@ TRANSPORTS: dict[str, type] = {
     "stream": StreamConnection, "http": StreamConnection,
 }
 #: Close codes after which reconnecting would be wrong (docs/PROTOCOL.md §6.2 Close codes).
-_FINAL_CLOSES = {c: c.name for c in (CloseCode.UNSUPPORTED_VERSION, CloseCode.SUPERSEDED)}
+_FINAL_CLOSES: dict[int, str] = {
+    c: c.name for c in (CloseCode.UNSUPPORTED_VERSION, CloseCode.SUPERSEDED)}
 #: HTTP refusals that no retry will fix: the token or the session is gone.
 _FINAL_STATUSES = {400, 401, 403, 404, 413}
 #: What the client itself needs to receive, added to a non-empty ``accept_events``.

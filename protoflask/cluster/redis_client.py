@@ -11,7 +11,7 @@ from gevent import socket as gsocket
 
 
 class GeventConnection(redis.connection.Connection):
-    def _connect(self):  # type: ignore[no-untyped-def]
+    def _connect(self) -> gsocket.socket:
         sock = gsocket.create_connection((self.host, self.port),
                                          timeout=self.socket_connect_timeout)
         sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_NODELAY, 1)

@@ -174,7 +174,7 @@ class RedisStore:
 
     def publish(self, channel: str, message: dict[str, Any]) -> int:
         """Post to a channel; the number of nodes that heard it."""
-        return cast(int, self.redis.publish(channel, orjson.dumps(message)))
+        return int(self.redis.publish(channel, orjson.dumps(message)))
 
     def wait_reply(self, reply: str, timeout: float) -> bytes | None:
         answer = self.redis.blpop([reply], timeout=timeout)

@@ -128,6 +128,7 @@ class WebSocketConnection:
             else:
                 protocol.receive_eof()
             for frame in protocol.events_received():
+                assert isinstance(frame, Frame)  # the handshake is done: only frames now
                 self._on_frame(frame)
             if isinstance(protocol.parser_exc, PayloadTooBig):
                 self._report_too_large()
@@ -141,12 +142,12 @@ class WebSocketConnection:
         opcode = frame.opcode
         if opcode is Opcode.TEXT or opcode is Opcode.BINARY:
             if frame.fin:
-                self._on_message(opcode, frame.data)
+                self._on_message(opcode, bytes(frame.data))
             else:
                 self._fragment_opcode = opcode
-                self._fragments = [frame.data]
+                self._fragments = [bytes(frame.data)]
         elif opcode is Opcode.CONT and self._fragment_opcode is not None:
-            self._fragments.append(frame.data)
+            self._fragments.append(bytes(frame.data))
             if frame.fin:
                 data = b"".join(self._fragments)
                 opcode, self._fragment_opcode, self._fragments = self._fragment_opcode, None, []
