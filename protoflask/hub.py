@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import abc
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 from .core import messages
 from .core.errors import ProtoError, SessionNotFound
-from .core.session import ProtocolSession
+from .core.session import ProtocolSession, SessionSettings
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from .config import ServerConfig
-    from .engine import Engine
     from .tools import SessionToolRunner
 
 
@@ -108,6 +108,18 @@ class LiveSession:
         return self.apply("fail_call", (call_id, exc))
 
 
+@dataclass(frozen=True, slots=True)
+class SessionHost:
+    """What a hub may ask of the session layer above it; the engine builds it."""
+
+    settings: SessionSettings  # core.session settings
+    adopt: Callable[[ProtocolSession], LiveSession]  # wrap a session moved here
+    close_transport: Callable[[LiveSession, int, str], None]
+    local_stats: Callable[[], dict[str, Any]]  # this node's /stats figures
+    receive_body: Callable[[LiveSession, bytes], int]  # a body another node forwarded
+    errors_sent: Callable[[], int]  # ERROR messages this node sent (its node report)
+
+
 def _send(live: LiveSession, out: messages.Outbound) -> bool:
     queued = live.core.send(out)
     live.notify()
@@ -176,8 +188,9 @@ class Hub(abc.ABC):
 
     # -- cluster hooks -----------------------------------------------------------------
 
-    def bind(self, engine: "Engine") -> None:
-        """The engine this hub serves (it builds the sessions a cluster hub takes over)."""
+    def bind(self, host: SessionHost) -> None:
+        """The session layer this hub serves (it builds the sessions a cluster hub takes
+        over)."""
         return None  # a hook: nothing to do in one process
 
     def start(self) -> None:

@@ -11,7 +11,6 @@ own collectors next to protoflask's.
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry
@@ -26,50 +25,6 @@ if TYPE_CHECKING:
 
     from .hub import LiveSession
     from .server import ProtoServer
-    from .tools import ToolExecution
-
-#: upper bounds (seconds) of the tool duration histogram's buckets
-TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                60.0)
-
-
-class DurationHistogram:
-    """Bucket counts, sum and count, as a Prometheus histogram needs them."""
-
-    __slots__ = ("counts", "sum")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(TOOL_BUCKETS) + 1)  # the last one is +Inf
-        self.sum = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(TOOL_BUCKETS, seconds)] += 1
-        self.sum += seconds
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        out, total = [], 0
-        for bound, count in zip((*map(str, TOOL_BUCKETS), "+Inf"), self.counts, strict=True):
-            total += count
-            out.append((bound, total))
-        return out
-
-
-class ToolCounters:
-    """Tool executions by tool: how they ended, and how long those that ran took
-    (from ``execute`` being called to the end: queue time excluded)."""
-
-    def __init__(self) -> None:
-        self.calls: dict[tuple[str, str], int] = {}  # (tool, status) -> count
-        self.durations: dict[str, DurationHistogram] = {}
-
-    def finished(self, execution: "ToolExecution") -> None:
-        key = (execution.tool_name, execution.status)
-        self.calls[key] = self.calls.get(key, 0) + 1
-        if execution.run_started is not None:
-            histogram = self.durations.get(execution.tool_name)
-            if histogram is None:
-                histogram = self.durations[execution.tool_name] = DurationHistogram()
-            histogram.observe(time.perf_counter() - execution.run_started)
 
 
 def _labelled(metric: Any, counts: dict[Any, int]) -> Any:

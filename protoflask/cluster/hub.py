@@ -48,7 +48,7 @@ from ..core.errors import (
     ToolExecutionError,
 )
 from ..core.session import CLOSE_SUPERSEDED
-from ..hub import OPERATIONS, Hub, LiveSession, broadcast_local, now_ms
+from ..hub import OPERATIONS, Hub, LiveSession, SessionHost, broadcast_local, now_ms
 from .journal import Journal, decode_state
 from .keys import Keys, pack_entry, unpack_entry
 from .nodes import aggregate_stats
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from redis.typing import EncodableT, FieldT
 
-    from ..engine import Engine
 
 log = logging.getLogger("protoflask.cluster")
 
@@ -128,7 +127,7 @@ class RedisHub(Hub):
         self._remote_calls: dict[str, dict[str, str]] = {}
         self._background_failing: str | None = None  # the beat's last unexpected failure
         self._handle_failing: str | None = None  # the listener's last message failure
-        self._engine: "Engine | None" = None
+        self._host: "SessionHost | None" = None
         self._journal: Journal | None = None
         self._greenlets: list[gevent.Greenlet] = []
         self._subscribed = gevent.event.Event()
@@ -140,17 +139,17 @@ class RedisHub(Hub):
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def bind(self, engine: "Engine") -> None:
-        self._engine = engine
-        s = engine.settings
+    def bind(self, host: SessionHost) -> None:
+        self._host = host
+        s = host.settings
         self.ttl_ms = s.replay_window_time + NODE_TTL_MS + BEAT_MS
         self._journal = Journal(self.redis, self.keys, self.node_id, s.replay_window_size,
                                 self.ttl_ms, self._journal_failed, self._fenced)
 
     @property
-    def engine(self) -> "Engine":
-        assert self._engine is not None, "RedisHub used before an engine bound it"
-        return self._engine
+    def host(self) -> SessionHost:
+        assert self._host is not None, "RedisHub used before an engine bound it"
+        return self._host
 
     @property
     def journal(self) -> Journal:
@@ -363,11 +362,11 @@ class RedisHub(Hub):
         if state is None:
             return None
         now = now_ms()
-        core = handoff.restore(decode_state(state), self.engine.settings, now,
+        core = handoff.restore(decode_state(state), self.host.settings, now,
                                (unpack_entry(item) for item in replay))
         if core.disconnected_at is not None:
             core.disconnected_at = now  # kept replayWindowTime from its move, as any detach
-        live = self.engine.adopt(core)
+        live = self.host.adopt(core)
         self._hold(live)
         self._apply_queued(live, inbox)
         self._adopt_calls(live, holder, decode_state(calls_on) if calls_on else {})
@@ -468,7 +467,7 @@ class RedisHub(Hub):
         hold, and let it go. Tool calls still running here report there."""
         live = self._local.get(session_id)
         if live is not None:
-            self.engine._close_transport(live, CLOSE_SUPERSEDED, "resumed on another node")
+            self.host.close_transport(live, CLOSE_SUPERSEDED, "resumed on another node")
             self._let_go(live)
             live.moved = self._forward_moved
             if live.runner is not None and live.runner.executions:
@@ -530,7 +529,7 @@ class RedisHub(Hub):
             log.warning("session %s is held by another node now; dropping it here", sid)
             live.journal = None
             live.moved = self._forward_moved
-            self.engine._close_transport(live, CLOSE_SUPERSEDED, "resumed on another node")
+            self.host.close_transport(live, CLOSE_SUPERSEDED, "resumed on another node")
 
     def hand_off(self, live: LiveSession) -> None:
         """This node is stopping: leave the session to the cluster for a resume elsewhere."""
@@ -718,7 +717,7 @@ class RedisHub(Hub):
         return {"node": self.node_id, "host": socket.gethostname(), "pid": os.getpid(),
                 "sessions": len(sessions),
                 "connectedSessions": sum(1 for s in sessions if s.core.connected),
-                "errorsSent": self.engine.stats.errors_sent}
+                "errorsSent": self.host.errors_sent()}
 
     # -- background: beat, listen, recover ---------------------------------------------
 
@@ -729,7 +728,7 @@ class RedisHub(Hub):
         while True:
             try:
                 now = now_ms()
-                report = {**self.engine.stats.snapshot(now), **self._node_meta()}
+                report = {**self.host.local_stats(), **self._node_meta()}
                 pipe = self.redis.pipeline(transaction=False)
                 # The marker set by the previous beat still there says Redis kept our data.
                 marker = self.keys.node_marker(self.node_id)
@@ -843,15 +842,13 @@ class RedisHub(Hub):
         pipe.execute()
 
     def _on_upstream(self, data: dict[str, Any]) -> None:
-        from ..transports.http import deliver_body
-
         live = self._local.get(data["sid"])
         if live is None or live.user_id != data["user"]:
             log.warning("a body posted for session %s arrived after it moved; dropped",
                         data["sid"])
             return
         try:
-            deliver_body(self.engine, live, base64.b64decode(data["body"]))
+            self.host.receive_body(live, base64.b64decode(data["body"]))
         except ProtoError:
             pass  # already reported downstream; the posting node answered the HTTP 400
 
