@@ -62,6 +62,9 @@ class Admission:
 
 
 class Engine:
+    """The session layer of one process: admits transports, feeds the sessions' cores,
+    and turns their events into signals (``emit``), tool runs and transport actions."""
+
     def __init__(self, config: ServerConfig, hub: Hub, tools: ToolRegistry,
                  authority: TokenAuthority, *, emit: Emit, emit_error: EmitError,
                  invoke_tool: InvokeTool, tickets: TicketStore | None = None) -> None:

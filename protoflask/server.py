@@ -40,6 +40,7 @@ from .web import create_blueprint
 
 log = logging.getLogger("protoflask")
 
+
 class ProtoServer:
     def __init__(self, config: ServerConfig | Mapping[str, Any] | None = None,
                  app: Flask | None = None, *, hub: Hub | None = None) -> None:
