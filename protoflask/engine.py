@@ -95,15 +95,11 @@ class Engine:
         }
         hub.bind(SessionHost(settings=self.settings, adopt=self.adopt,
                              close_transport=self.close_transport,
-                             local_stats=self.local_stats, receive_body=self.receive_body,
-                             errors_sent=self._errors_sent))
+                             local_stats=self.local_stats, receive_body=self.receive_body))
 
     def local_stats(self) -> dict[str, Any]:
-        """This node's statistics (docs/PROTOCOL.md §10) now."""
-        return self.stats.snapshot(now_ms())
-
-    def _errors_sent(self) -> int:
-        return self.stats.errors_sent
+        """This node's statistics (docs/PROTOCOL.md §10) now, and ``errorsSent``."""
+        return {**self.stats.snapshot(now_ms()), "errorsSent": self.stats.errors_sent}
 
     # -- connections -----------------------------------------------------------------
 

@@ -115,9 +115,10 @@ class SessionHost:
     settings: SessionSettings  # core.session settings
     adopt: Callable[[ProtocolSession], LiveSession]  # wrap a session moved here
     close_transport: Callable[[LiveSession, int, str], None]
-    local_stats: Callable[[], dict[str, Any]]  # this node's /stats figures
+    #: this node's /stats figures (docs/PROTOCOL.md §10) plus ``errorsSent``, the number of
+    #: ERROR messages sent (a cluster weighs every node's error rate with it)
+    local_stats: Callable[[], dict[str, Any]]
     receive_body: Callable[[LiveSession, bytes], int]  # a body another node forwarded
-    errors_sent: Callable[[], int]  # ERROR messages this node sent (its node report)
 
 
 def _send(live: LiveSession, out: messages.Outbound) -> bool:

@@ -717,7 +717,7 @@ class RedisHub(Hub):
         return {"node": self.node_id, "host": socket.gethostname(), "pid": os.getpid(),
                 "sessions": len(sessions),
                 "connectedSessions": sum(1 for s in sessions if s.core.connected),
-                "errorsSent": self.host.errors_sent()}
+                "errorsSent": self.host.local_stats()["errorsSent"]}
 
     # -- background: beat, listen, recover ---------------------------------------------
 
@@ -728,7 +728,9 @@ class RedisHub(Hub):
         while True:
             try:
                 now = now_ms()
-                report = {**self.host.local_stats(), **self._node_meta()}
+                local = self.host.local_stats()
+                del local["errorsSent"]  # the node's part, last (as the others read it)
+                report = {**local, **self._node_meta()}
                 pipe = self.redis.pipeline(transaction=False)
                 # The marker set by the previous beat still there says Redis kept our data.
                 marker = self.keys.node_marker(self.node_id)
