@@ -1,5 +1,6 @@
-"""The transport-neutral session layer: what every transport calls, and the one place
-where core events become signals, tool runs and transport actions.
+"""The transport-neutral session layer: what every transport calls (admission, the
+sessions' lifecycle, upstream messages), the heartbeat ticker, and the operations the
+server's public API runs on sessions. What core events become is ``dispatch.py``'s.
 
 Transports only frame bytes; they call ``open_connection`` / ``new_session`` or
 ``find_session`` / ``attach`` / ``receive`` / ``detach`` and write what
@@ -21,18 +22,11 @@ import gevent
 from .auth import TokenAuthority
 from .tickets import MemoryTicketStore, TicketStore
 from .config import ServerConfig
-from .core import messages
 from .core.errors import (
-    InvalidToken, MaxConnections, OutboundQueueFull, ProtoError, SessionNotFound, ShuttingDown,
-    UserConnectionLimit,
+    InvalidToken, MaxConnections, ProtoError, SessionNotFound, ShuttingDown, UserConnectionLimit,
 )
-from .core.session import (
-    CLOSE_GOING_AWAY, CLOSE_HEARTBEAT, CLOSE_SLOW_CONSUMER, CLOSE_SUPERSEDED, AudioReceived,
-    CloseRequested,
-    ErrorSent, Expired,
-    Handshake, HeartbeatTimedOut, ProtocolSession, RunChanged, TextReceived, ToolCallReceived,
-    SendRefused, SlowConsumer, ToolCancelRequested, ToolListRequested,
-)
+from .core.session import CLOSE_GOING_AWAY, CLOSE_SUPERSEDED, ProtocolSession
+from .dispatch import Dispatcher
 from .hub import Hub, LiveSession, SessionHost, Transport, now_ms
 from .kept import KeptSessions
 from .limits import UserCaps
@@ -62,8 +56,8 @@ class Admission:
 
 
 class Engine:
-    """The session layer of one process: admits transports, feeds the sessions' cores,
-    and turns their events into signals (``emit``), tool runs and transport actions."""
+    """The session layer of one process: admits transports, feeds the sessions' cores and
+    hands their events to its ``Dispatcher``."""
 
     def __init__(self, config: ServerConfig, hub: Hub, tools: ToolRegistry,
                  authority: TokenAuthority, *, emit: Emit, emit_error: EmitError,
@@ -83,16 +77,11 @@ class Engine:
         self.kept = KeptSessions(hub, config.max_kept_sessions_per_user, self._expire)
         #: connect tickets (POST /proto/ticket): in memory, or shared when clustered
         self.tickets: TicketStore = tickets if tickets is not None else MemoryTicketStore()
-        #: one per event type: what the event becomes (see ``_dispatch``)
-        self._handlers: dict[type, Callable[[LiveSession, Any], None]] = {
-            TextReceived: self._on_text, ToolCallReceived: self._start_call,
-            ErrorSent: self._on_error_sent, Handshake: self._on_handshake,
-            ToolCancelRequested: self._on_tool_cancel, ToolListRequested: self._on_tool_list,
-            RunChanged: self._on_run_changed, AudioReceived: self._on_audio,
-            CloseRequested: self._on_close_requested,
-            HeartbeatTimedOut: self._on_heartbeat_timeout, SlowConsumer: self._on_slow_consumer,
-            SendRefused: self._on_send_refused, Expired: self._on_expired,
-        }
+        self.dispatcher = Dispatcher(
+            hub=hub, tools=tools, stats=self.stats, emit=emit, emit_error=emit_error,
+            close_transport=self.close_transport, expire=self._expire,
+            heartbeat_timeout=config.heartbeat_timeout)
+        self._dispatch = self.dispatcher.dispatch
         hub.bind(SessionHost(settings=self.settings, adopt=self.adopt,
                              close_transport=self.close_transport,
                              local_stats=self.local_stats, receive_body=self.receive_body))
@@ -236,7 +225,7 @@ class Engine:
         self.kept.connected(live)
         self.hub.changed(live)
         self._emit(signals.connect, session_id=live.id)
-        self.drain_events(live)
+        self.dispatcher.drain(live)
         live.notify()
 
     def detach(self, live: LiveSession, transport: Transport) -> None:
@@ -277,7 +266,7 @@ class Engine:
         (an ERROR message) and counted like any received message."""
         started = now_ms()
         live.core.reject(exc)
-        self.drain_events(live)
+        self.dispatcher.drain(live)
         live.notify()
         finished = now_ms()
         self.stats.record(finished, finished - started)
@@ -290,93 +279,6 @@ class Engine:
         from .transports.http import deliver_body
 
         return deliver_body(self, live, body)
-
-    # -- dispatch: core events -> signals, tools, transports -------------------------
-
-    def drain_events(self, live: LiveSession) -> None:
-        """Act on the events the session's core buffered (after a call made on it
-        outside ``receive`` / ``tick``, e.g. an application's run operation)."""
-        self._dispatch(live, live.core.take_events())
-
-    def _dispatch(self, live: LiveSession, events: list[Any]) -> None:
-        handlers = self._handlers
-        while events:
-            for event in events:
-                handler = handlers.get(type(event))
-                if handler is not None:
-                    handler(live, event)
-            events = live.core.take_events()
-
-    def _on_text(self, live: LiveSession, event: TextReceived) -> None:
-        self._emit(signals.text_message, session_id=live.id, message=event.message)
-
-    def _on_error_sent(self, live: LiveSession, event: ErrorSent) -> None:
-        self.stats.errors_sent += 1
-        self.stats.count(self.stats.errors_by_code, event.error.code)
-        self._emit(signals.error, error=event.error, session_id=live.id)
-
-    def _on_handshake(self, live: LiveSession, event: Handshake) -> None:
-        self._emit(signals.handshake, session_id=live.id, payload=event.payload)
-
-    def _on_tool_cancel(self, live: LiveSession, event: ToolCancelRequested) -> None:
-        self._cancel_call(live, event.call_id)
-
-    def _cancel_call(self, live: LiveSession, call_id: str) -> None:
-        assert live.runner is not None
-        if not live.runner.cancel(call_id):
-            self.hub.cancel_elsewhere(live.id, call_id)  # started on another node
-
-    def _on_tool_list(self, live: LiveSession, event: ToolListRequested) -> None:
-        live.core.send(messages.tool_list(t.to_dict() for t in self.tools))
-
-    def _on_run_changed(self, live: LiveSession, event: RunChanged) -> None:
-        signal = _RUN_SIGNALS[event.kind]
-        self.stats.runs[event.kind if event.kind != "finished" else event.run.status] += 1
-        for call_id in event.cancelled_calls:
-            self._cancel_call(live, call_id)
-        self._emit(signal, session_id=live.id, run=event.run)
-
-    def _on_audio(self, live: LiveSession, event: AudioReceived) -> None:
-        self._emit(signals.audio_chunk, session_id=live.id, message=event.message,
-                   data=event.data)
-
-    def _on_close_requested(self, live: LiveSession, event: CloseRequested) -> None:
-        self.close_transport(live, event.code, event.reason)
-
-    def _on_heartbeat_timeout(self, live: LiveSession, event: HeartbeatTimedOut) -> None:
-        log.info("session %s: no PONG within %d ms; disconnecting", live.id,
-                 self.config.heartbeat_timeout)
-        self.close_transport(live, CLOSE_HEARTBEAT, "heartbeat timeout")
-
-    def _on_slow_consumer(self, live: LiveSession, event: SlowConsumer) -> None:
-        log.warning("session %s: client is not reading (%d bytes unsent); dropping its "
-                    "connection, the session stays for resume", live.id, event.unsent_bytes)
-        self.close_transport(live, CLOSE_SLOW_CONSUMER, "outbound buffer full")
-
-    def _on_send_refused(self, live: LiveSession, event: SendRefused) -> None:
-        self.stats.outbound_dropped += 1
-        log.warning("session %s: pending queue full; %s on %s dropped", live.id, event.type,
-                    event.channel)
-        self._emit_error(OutboundQueueFull(
-            f"{event.type} on {event.channel} dropped: {len(live.core.pending)} messages "
-            "are waiting for the client's credit or RESUME_CHANNEL"), session_id=live.id)
-
-    def _on_expired(self, live: LiveSession, event: Expired) -> None:
-        self._expire(live)
-
-    def _start_call(self, live: LiveSession, event: ToolCallReceived) -> None:
-        tool = self.tools.get(event.tool)
-        try:
-            check_call(tool, event.tool, event.params)
-        except ProtoError as exc:
-            live.core.fail_call(event.call_id, exc)
-            return
-        assert tool is not None and live.runner is not None
-        execution = ToolExecution(event.call_id, tool.name, event.params, run_id=event.run_id)
-        self.hub.state_changed(live)  # the open call, for a node that may take it over
-        self._emit(signals.tool_call, session_id=live.id, execution=execution)
-        if tool.execute is not None:
-            live.runner.submit(execution, tool)
 
     def close_transport(self, live: LiveSession, code: int, reason: str) -> None:
         """Close the session's transport (if any) with ``code``; the session stays."""
@@ -412,7 +314,7 @@ class Engine:
 
     def settle(self, live: LiveSession) -> None:
         """After an operation on the session's core: act on its events, wake its writer."""
-        self.drain_events(live)
+        self.dispatcher.drain(live)
         live.notify()
 
     def tools_busy(self) -> bool:
@@ -482,7 +384,3 @@ class Engine:
             self._ticker.kill(block=False)
             self._ticker = None
         self.hub.stop()
-
-
-_RUN_SIGNALS = {"started": signals.run_started, "finished": signals.run_finished,
-                "cancelled": signals.run_cancelled}
