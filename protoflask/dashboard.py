@@ -31,12 +31,14 @@ from flask import Blueprint, Response, g, request, send_from_directory
 
 from .auth import token_from_request
 from .core.errors import InvalidMessage, ProtoError
-from .hub import LiveSession, now_ms
+from .clock import now_ms
+from .core.bodies import is_seq
+from .hub import LiveSession
 from .metrics import session_gauges
-from .transports.http import error_response, is_seq, json_response
+from .transports.http import error_response, json_response
 
 if TYPE_CHECKING:
-    from .server import ProtoServer
+    from .engine import Engine
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 ROOT_PLACEHOLDER = "__PROTOFLASK_ROOT__"
@@ -44,8 +46,10 @@ MAX_LISTED_SESSIONS = 200  # the most recently active ones
 MAX_SAFE_INTEGER = 2**53 - 1  # JavaScript's; orjson refuses ints past 64 bits
 
 
-def add_dashboard_routes(bp: Blueprint, server: "ProtoServer", at_root: bool) -> None:
-    engine = server.engine
+def add_dashboard_routes(bp: Blueprint, engine: "Engine", dev_mode: bool,
+                         at_root: bool) -> None:
+    """The page's routes on ``bp``; ``dev_mode`` lists every session and tool without a
+    token, ``at_root`` serves the page at "/" too (protoflask's own app only)."""
 
     def page() -> Response:
         # The app may be mounted below a prefix: the page's URLs start from this root.
@@ -77,7 +81,7 @@ def add_dashboard_routes(bp: Blueprint, server: "ProtoServer", at_root: bool) ->
                 raise InvalidMessage(f"since must be a number of ms, got {since[:40]!r}")
         except ProtoError as exc:
             return error_response(exc)
-        return json_response(dashboard_data(server, user, int(since)))
+        return json_response(dashboard_data(engine, dev_mode, user, int(since)))
 
     if at_root:
         bp.add_url_rule("/", "dashboard_root", page)
@@ -86,11 +90,11 @@ def add_dashboard_routes(bp: Blueprint, server: "ProtoServer", at_root: bool) ->
     bp.add_url_rule("/dashboard/data", "dashboard_data", data)
 
 
-def dashboard_data(server: "ProtoServer", user: str | None, since: int) -> dict[str, Any]:
-    engine = server.engine
+def dashboard_data(engine: "Engine", everyone: bool, user: str | None,
+                   since: int) -> dict[str, Any]:
+    """What /dashboard/data answers; ``everyone``: development mode (see the module doc)."""
     stats = engine.stats
     sessions = list(engine.hub.sessions())
-    everyone = server.config.dev_mode
     overall = engine.hub.cluster_stats(stats.snapshot(now_ms()))
     clustered = "nodes" in overall
     out: dict[str, Any] = {

@@ -9,11 +9,11 @@ import logging
 from typing import Any, Callable
 
 from .core import messages
-from .core.errors import OutboundQueueFull, ProtoError
+from .core.errors import CloseCode, OutboundQueueFull, ProtoError
 from .core.session import (
-    CLOSE_HEARTBEAT, CLOSE_SLOW_CONSUMER, AudioReceived, CloseRequested, ErrorSent, Expired,
-    Handshake, HeartbeatTimedOut, RunChanged, SendRefused, SlowConsumer, TextReceived,
-    ToolCallReceived, ToolCancelRequested, ToolListRequested,
+    AudioReceived, CloseRequested, ErrorSent, Expired, Handshake, HeartbeatTimedOut,
+    RunChanged, SendRefused, SlowConsumer, TextReceived, ToolCallReceived, ToolCancelRequested,
+    ToolListRequested,
 )
 from .hub import Hub, LiveSession
 from .stats import Stats
@@ -104,12 +104,12 @@ class Dispatcher:
     def _on_heartbeat_timeout(self, live: LiveSession, event: HeartbeatTimedOut) -> None:
         log.info("session %s: no PONG within %d ms; disconnecting", live.id,
                  self._heartbeat_timeout)
-        self._close_transport(live, CLOSE_HEARTBEAT, "heartbeat timeout")
+        self._close_transport(live, CloseCode.HEARTBEAT, "heartbeat timeout")
 
     def _on_slow_consumer(self, live: LiveSession, event: SlowConsumer) -> None:
         log.warning("session %s: client is not reading (%d bytes unsent); dropping its "
                     "connection, the session stays for resume", live.id, event.unsent_bytes)
-        self._close_transport(live, CLOSE_SLOW_CONSUMER, "outbound buffer full")
+        self._close_transport(live, CloseCode.SLOW_CONSUMER, "outbound buffer full")
 
     def _on_send_refused(self, live: LiveSession, event: SendRefused) -> None:
         self.stats.outbound_dropped += 1

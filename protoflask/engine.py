@@ -22,12 +22,15 @@ import gevent
 from .auth import TokenAuthority
 from .tickets import MemoryTicketStore, TicketStore
 from .config import ServerConfig
+from .clock import now_ms
+from .core.bodies import is_raw, split_body
 from .core.errors import (
-    InvalidToken, MaxConnections, ProtoError, SessionNotFound, ShuttingDown, UserConnectionLimit,
+    CloseCode, InvalidMessage, InvalidToken, MaxConnections, MessageTooLarge, ProtoError,
+    SessionNotFound, ShuttingDown, UserConnectionLimit,
 )
-from .core.session import CLOSE_GOING_AWAY, CLOSE_SUPERSEDED, ProtocolSession
+from .core.session import ProtocolSession
 from .dispatch import Dispatcher
-from .hub import Hub, LiveSession, SessionHost, Transport, now_ms
+from .hub import Hub, LiveSession, SessionHost, Transport
 from .kept import KeptSessions
 from .limits import UserCaps
 from .stats import Stats
@@ -35,6 +38,7 @@ from .tools import CallSink, SessionToolRunner, Tool, ToolExecution, ToolRegistr
 from . import signals
 
 log = logging.getLogger("protoflask")
+access_log = logging.getLogger("protoflask.access")
 
 #: ``emit(signal, **kwargs)``: send a signal (the server's, whose listeners get it)
 Emit = Callable[..., None]
@@ -213,13 +217,47 @@ class Engine:
             return None
         return self.find_session(session_id, user_id)
 
+    def post_body(self, session_id: str, user_id: str, body: bytes,
+                  held: LiveSession | None) -> int:
+        """A body posted for a session (``held``: the session if this process held it
+        before the body was read), to that session wherever it lives; how many messages
+        it carried. Raises InvalidMessage for a body that is not JSON at all (reported
+        downstream too), SESSION_NOT_FOUND when no node holds the session."""
+        live = held if held is not None else self.session_for_body(session_id, user_id, body)
+        if live is None:  # another node holds the session and processes the body
+            return len(split_body(body))
+        return self.receive_body(live, body)
+
+    def open_transport(self, live: LiveSession, transport: Transport,
+                       last_seq: int | None) -> None:
+        """An admitted transport starts serving its session: attach it and log it open
+        (the same for every kind of transport)."""
+        self.attach(live, transport, last_seq)
+        if self.config.enable_logging:
+            access_log.info("%s open session=%s user=%s%s", transport.kind, live.id,
+                            live.user_id, "" if last_seq is None
+                            else f" resume last_seq={last_seq}")
+
+    def end_transport(self, live: LiveSession, transport: Transport,
+                      attached: bool = True) -> None:
+        """An admitted transport is done, however it ended: detach it (if it was
+        attached), give its connection slot back (``admit`` counted it) and log it
+        closed."""
+        try:
+            if attached:
+                self.detach(live, transport)
+        finally:
+            self.close_connection(transport.kind, live.user_id)
+            if self.config.enable_logging:
+                access_log.info("%s closed session=%s", transport.kind, live.id)
+
     def attach(self, live: LiveSession, transport: Transport,
                last_seq: int | None = None) -> None:
         """Give the session a live transport; an older one is closed (4002)."""
         old = live.transport
         if old is not None and old is not transport:
             live.transport = None
-            old.close(CLOSE_SUPERSEDED, "superseded by a resumed connection")
+            old.close(CloseCode.SUPERSEDED, "superseded by a resumed connection")
         live.core.attach(now_ms(), last_seq)
         live.transport = transport
         self.kept.connected(live)
@@ -242,18 +280,16 @@ class Engine:
 
     def receive(self, live: LiveSession, raw: bytes | str) -> None:
         started = now_ms()
-        events = live.core.receive(raw, started)
-        if events:
-            self._dispatch(live, events)
+        live.core.receive(raw, started)
+        self.dispatcher.drain(live)
         live.notify()
         finished = now_ms()
         self.stats.record(finished, finished - started)
 
     def receive_decoded(self, live: LiveSession, obj: Any, nbytes: int) -> None:
         started = now_ms()
-        events = live.core.receive_decoded(obj, nbytes, started)
-        if events:
-            self._dispatch(live, events)
+        live.core.receive_decoded(obj, nbytes, started)
+        self.dispatcher.drain(live)
         live.notify()
         finished = now_ms()
         self.stats.record(finished, finished - started)
@@ -272,13 +308,33 @@ class Engine:
         self.stats.record(finished, finished - started)
 
     def receive_body(self, live: LiveSession, body: bytes) -> int:
-        """Hand every message of a POST body to the session; returns how many (HTTP
-        transports, and a body another node forwarded)."""
-        # The body's splitting moves into the core (core/bodies.py, p2-transports), which
-        # replaces this import of a transport's function.
-        from .transports.http import deliver_body
+        """Hand every message of a posted body to the session; returns how many.
 
-        return deliver_body(self, live, body)
+        Each message meets the session's rules (its errors go downstream as ERROR
+        messages). A body of which no line is JSON at all is reported in-protocol like a
+        non-JSON WebSocket frame and then raised as InvalidMessage (the HTTP 400)."""
+        try:
+            parts = split_body(body)
+        except InvalidMessage:
+            self.receive(live, body)
+            raise
+        for part in parts:
+            if is_raw(part):
+                self.receive(live, part[0])
+            else:
+                self.receive_decoded(live, *part)
+        return len(parts)
+
+    def too_large(self, live: LiveSession, exc: MessageTooLarge, *,
+                  close: bool = False) -> None:
+        """An upstream message too large for its transport to take whole (a WebSocket
+        message, an NDJSON line, a POST body): the core's MESSAGE_TOO_LARGE, reported
+        in-protocol; with ``close``, the transport is then closed with 1009 as the core
+        closes one for an oversized message it read itself. Each transport frames the rest
+        its own way (the WebSocket's 1009, the POST's 413, the stream's last line)."""
+        self.reject(live, exc)
+        if close:
+            self.close_transport(live, CloseCode.TOO_LARGE, "message too large")
 
     def close_transport(self, live: LiveSession, code: int, reason: str) -> None:
         """Close the session's transport (if any) with ``code``; the session stays."""
@@ -338,7 +394,7 @@ class Engine:
                 live.runner.cancel_all()
             transport = live.transport
             if transport is not None:
-                transport.close(CLOSE_GOING_AWAY, "server stopping")
+                transport.close(CloseCode.GOING_AWAY, "server stopping")
                 closing.append(live)
             self.hub.hand_off(live)
         return closing
@@ -374,9 +430,8 @@ class Engine:
         self.stats.sample(now)
         self.kept.prune(now)
         for live in self.hub.sessions():
-            events = live.core.tick(now)
-            if events:
-                self._dispatch(live, events)
+            live.core.tick(now)
+            self.dispatcher.drain(live)
             live.notify()
 
     def stop_timers(self) -> None:

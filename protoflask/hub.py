@@ -1,31 +1,30 @@
-"""The session registry and outbound delivery, behind one small interface.
+"""The session registry and outbound delivery of one process, behind one small interface.
 
-``Hub`` is the seam: the engine and the transports only use its methods, so the
-in-memory ``LocalHub`` here and a Redis-backed hub can be swapped without touching
-the core or the transports. A ``LiveSession`` is a protocol session plus what only
-a running server has: its attached transport and its tool runner.
+``LocalHub`` is the seam: the engine and the transports only use its methods, and a
+cluster hub (``protoflask.cluster``) extends it with routing to other processes. The hub
+sits below the engine: what it needs of the session layer comes down as a
+``SessionHost`` (built by the engine). A ``LiveSession`` is a protocol session plus what
+only a running server has: its attached transport and its tool runner. What can be
+delivered to a session wherever it lives is one of the typed operations below (``Send``,
+``ToolUpdate``, ``ToolDone``, ``FailCall``): each applies itself to a session's core and
+encodes itself for another node.
 """
 
 from __future__ import annotations
 
-import abc
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
+from .clock import now_ms
 from .core import messages
-from .core.errors import ProtoError, SessionNotFound
+from .core.errors import ERRORS_BY_CODE, ProtoError, SessionNotFound
 from .core.session import ProtocolSession, SessionSettings
+from .tickets import MemoryTicketStore, TicketStore
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from .config import ServerConfig
     from .tools import SessionToolRunner
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Transport(Protocol):
@@ -40,13 +39,157 @@ class Transport(Protocol):
         """Write what is pending, then close with ``code`` (WebSocket) or end the stream."""
 
 
-class LiveSession:
-    """A ProtocolSession plus its transport and tool runner; every send wakes the writer.
+@dataclass(frozen=True, slots=True)
+class SessionHost:
+    """What a hub may ask of the session layer above it; the engine builds it."""
 
-    Two hooks belong to a cluster hub: ``journal`` sees every batch of stamped messages
-    before a transport writes it (so the replay window survives this node), and
-    ``moved`` is set once another node took the session over: tool results that finish
-    here afterwards are forwarded there."""
+    settings: SessionSettings
+    #: wrap a session moved here from another process into a LiveSession of this one
+    adopt: Callable[[ProtocolSession], "LiveSession"]
+    close_transport: Callable[["LiveSession", int, str], None]
+    #: this node's /stats figures (docs/PROTOCOL.md §10) plus ``errorsSent``, the number of
+    #: ERROR messages sent (a cluster weighs every node's error rate with it)
+    local_stats: Callable[[], dict[str, Any]]
+    #: a body POSTed to another node for a session held here; the envelopes accepted
+    receive_body: Callable[["LiveSession", bytes], int]
+
+
+# -- what can be delivered to a session wherever it lives ----------------------------------
+
+
+class Operation(Protocol):
+    """A delivery to a session: applied to its core here, or encoded for another node."""
+
+    name: ClassVar[str]
+
+    def apply(self, core: ProtocolSession) -> bool: ...
+
+    def encode(self) -> list[Any]:
+        """The operation's arguments as JSON-ready data (``decode`` reads them back)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    out: messages.Outbound
+    name: ClassVar[str] = "send"
+
+    def apply(self, core: ProtocolSession) -> bool:
+        return core.send(self.out)
+
+    def encode(self) -> list[Any]:
+        return [self.out.to_dict()]
+
+    @classmethod
+    def decode(cls, args: list[Any]) -> "Send":
+        return cls(messages.from_dict(args[0]))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUpdate:
+    call_id: str
+    status: str
+    progress: float | None = None
+    partial: Any = None
+    name: ClassVar[str] = "tool_update"
+
+    def apply(self, core: ProtocolSession) -> bool:
+        return core.tool_update(self.call_id, self.status, self.progress, self.partial)
+
+    def encode(self) -> list[Any]:
+        return [self.call_id, self.status, self.progress, self.partial]
+
+    @classmethod
+    def decode(cls, args: list[Any]) -> "ToolUpdate":
+        return cls(*args)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDone:
+    call_id: str
+    status: str
+    result: Any = None
+    error: ProtoError | None = None
+    name: ClassVar[str] = "tool_done"
+
+    def apply(self, core: ProtocolSession) -> bool:
+        return core.tool_done(self.call_id, self.status, self.result, self.error)
+
+    def encode(self) -> list[Any]:
+        error = self.error.to_payload() if self.error is not None else None
+        return [self.call_id, self.status, self.result, error]
+
+    @classmethod
+    def decode(cls, args: list[Any]) -> "ToolDone":
+        call_id, status, result, error = args
+        return cls(call_id, status, result, decode_error(error))
+
+
+@dataclass(frozen=True, slots=True)
+class FailCall:
+    call_id: str
+    error: ProtoError
+    name: ClassVar[str] = "fail_call"
+
+    def apply(self, core: ProtocolSession) -> bool:
+        return core.fail_call(self.call_id, self.error)
+
+    def encode(self) -> list[Any]:
+        return [self.call_id, self.error.to_payload()]
+
+    @classmethod
+    def decode(cls, args: list[Any]) -> "FailCall":
+        error = decode_error(args[1])
+        assert error is not None
+        return cls(args[0], error)
+
+
+#: The operations by wire name, for ``decode_operation``.
+OPERATIONS: dict[str, Any] = {op.name: op for op in (Send, ToolUpdate, ToolDone, FailCall)}
+
+
+def encode_operation(op: Operation) -> dict[str, Any]:
+    """An operation as JSON-ready data: {"name": ..., "args": [...]}."""
+    return {"name": op.name, "args": op.encode()}
+
+
+def decode_operation(item: dict[str, Any]) -> Operation:
+    """The inverse of ``encode_operation``; ValueError for an unknown name."""
+    kind = OPERATIONS.get(item["name"])
+    if kind is None:
+        raise ValueError(f"unknown delivery operation {item['name']!r}")
+    op: Operation = kind.decode(item["args"])
+    return op
+
+
+def decode_error(payload: dict[str, Any] | None) -> ProtoError | None:
+    """A ProtoError back from its payload: its own class when the code names one."""
+    if payload is None:
+        return None
+    cls = ERRORS_BY_CODE.get(payload["code"], ProtoError)
+    exc = cls(payload.get("message"), detail=payload.get("detail"),
+              related_id=payload.get("related_id"))
+    if cls is ProtoError:
+        exc.code = payload["code"]
+    return exc
+
+
+# -- a live session ------------------------------------------------------------------------
+
+
+class SessionLink(Protocol):
+    """How a hub that shares sessions with other processes follows one of them (set on
+    the session by that hub; None in one process)."""
+
+    def written(self, live: "LiveSession", ready: list[tuple[int, bytes]], now: int) -> bool:
+        """The session is about to write ``ready``: share it first. False when the
+        session moved to another process meanwhile (not this one's to send)."""
+
+    def deliver(self, live: "LiveSession", op: Operation) -> bool:
+        """Apply ``op`` here, or where the session lives now."""
+
+
+class LiveSession:
+    """A ProtocolSession plus its transport and tool runner; every send wakes the writer."""
 
     def __init__(self, core: ProtocolSession,
                  on_events: Callable[["LiveSession", list[Any]], None] | None = None) -> None:
@@ -54,9 +197,7 @@ class LiveSession:
         self.transport: Transport | None = None
         self.runner: "SessionToolRunner | None" = None
         self.on_events = on_events  # the engine's dispatcher for events sends cause
-        self.journal: Callable[["LiveSession", list[tuple[int, bytes]], int], None] | None = None
-        self.journaled_seq = 0
-        self.moved: Callable[[str, str, tuple[Any, ...]], bool] | None = None
+        self.link: SessionLink | None = None  # set by a cluster hub while it follows it
 
     @property
     def id(self) -> str:
@@ -67,13 +208,18 @@ class LiveSession:
         return self.core.user_id
 
     def take_writable(self, now: int) -> list[tuple[int, bytes]]:
-        """The core's messages ready for the wire, journaled first when clustered."""
+        """The core's messages ready for the wire, shared first when clustered."""
         ready = self.core.take_writable(now)
-        if ready and self.journal is not None:
-            self.journal(self, ready, now)
-            if self.moved is not None:
-                return []  # taken over by another node meanwhile: not this node's to send
+        if ready and self.link is not None and not self.link.written(self, ready, now):
+            return []
         return ready
+
+    def has_writable(self) -> bool:
+        return self.core.has_writable()
+
+    def set_in_flight(self, nbytes: int) -> None:
+        """The transport is writing ``nbytes`` (0 once written): back-pressure reads it."""
+        self.core.set_in_flight(nbytes)
 
     def notify(self) -> None:
         """Move queued messages toward the client: wake the transport, or while
@@ -87,154 +233,146 @@ class LiveSession:
         if self.on_events is not None and self.core.has_events():
             self.on_events(self, self.core.take_events())
 
-    def apply(self, op: str, args: tuple[Any, ...]) -> bool:
-        """Run one delivery operation (see ``OPERATIONS``) on this session."""
-        if self.moved is not None:
-            return self.moved(self.id, op, args)
-        return OPERATIONS[op](self, *args)
+    def apply(self, op: Operation) -> bool:
+        """Deliver ``op`` to this session (or, once it moved, where it lives now)."""
+        if self.link is not None:
+            return self.link.deliver(self, op)
+        return self.run(op)
+
+    def run(self, op: Operation) -> bool:
+        """Apply ``op`` to this process's copy of the session and wake its writer."""
+        result = op.apply(self.core)
+        self.notify()
+        return result
 
     def send(self, out: messages.Outbound) -> bool:
-        return self.apply("send", (out,))
+        return self.apply(Send(out))
 
     def tool_update(self, call_id: str, status: str, progress: float | None = None,
                     partial: Any = None) -> bool:
-        return self.apply("tool_update", (call_id, status, progress, partial))
+        return self.apply(ToolUpdate(call_id, status, progress, partial))
 
     def tool_done(self, call_id: str, status: str, result: Any = None,
                   error: ProtoError | None = None) -> bool:
-        return self.apply("tool_done", (call_id, status, result, error))
+        return self.apply(ToolDone(call_id, status, result, error))
 
     def fail_call(self, call_id: str, exc: ProtoError) -> bool:
-        return self.apply("fail_call", (call_id, exc))
+        return self.apply(FailCall(call_id, exc))
 
 
-@dataclass(frozen=True, slots=True)
-class SessionHost:
-    """What a hub may ask of the session layer above it; the engine builds it."""
-
-    settings: SessionSettings  # core.session settings
-    adopt: Callable[[ProtocolSession], LiveSession]  # wrap a session moved here
-    close_transport: Callable[[LiveSession, int, str], None]
-    #: this node's /stats figures (docs/PROTOCOL.md §10) plus ``errorsSent``, the number of
-    #: ERROR messages sent (a cluster weighs every node's error rate with it)
-    local_stats: Callable[[], dict[str, Any]]
-    receive_body: Callable[[LiveSession, bytes], int]  # a body another node forwarded
+# -- the hub ---------------------------------------------------------------------------------
 
 
-def _send(live: LiveSession, out: messages.Outbound) -> bool:
-    queued = live.core.send(out)
-    live.notify()
-    return queued
+class LocalHub:
+    """Session registry + delivery of one process: every session in a dict.
 
+    A cluster hub extends it and overrides what sharing needs; each such method here
+    says what one process does instead (usually nothing)."""
 
-def _tool_update(live: LiveSession, call_id: str, status: str, progress: float | None,
-                 partial: Any) -> bool:
-    sent = live.core.tool_update(call_id, status, progress, partial)
-    live.notify()
-    return sent
+    #: whether sessions are shared with other processes
+    clustered = False
 
-
-def _tool_done(live: LiveSession, call_id: str, status: str, result: Any,
-               error: ProtoError | None) -> bool:
-    done = live.core.tool_done(call_id, status, result, error)
-    live.notify()
-    return done
-
-
-def _fail_call(live: LiveSession, call_id: str, exc: ProtoError) -> bool:
-    failed = live.core.fail_call(call_id, exc)
-    live.notify()
-    return failed
-
-
-#: What can be delivered to a session wherever it lives: name -> (live, *args) -> bool.
-OPERATIONS: dict[str, Callable[..., bool]] = {
-    "send": _send, "tool_update": _tool_update, "tool_done": _tool_done,
-    "fail_call": _fail_call,
-}
-
-
-class Hub(abc.ABC):
-    """Session registry + delivery. One per server process; a cluster hub shares the
-    registry and delivery with the other processes and nodes.
-
-    The methods with a body are what a single process needs of a cluster hook: nothing."""
-
-    @abc.abstractmethod
-    def add(self, live: LiveSession) -> None: ...
-
-    @abc.abstractmethod
-    def get(self, session_id: str) -> LiveSession | None:
-        """A session held by this process."""
-
-    @abc.abstractmethod
-    def remove(self, session_id: str) -> LiveSession | None:
-        """Forget a session for good (expired or closed)."""
-
-    @abc.abstractmethod
-    def sessions(self) -> Iterable[LiveSession]:
-        """The sessions this process holds."""
-
-    @abc.abstractmethod
-    def deliver(self, session_id: str, op: str, *args: Any) -> bool:
-        """Run a delivery operation on a session wherever it lives and return its result
-        (True for one handed to another process); SessionNotFound if there is none."""
-
-    @abc.abstractmethod
-    def broadcast(self, out: messages.Outbound) -> int:
-        """Send to every connected session; returns how many it reached in this process."""
-
-    @abc.abstractmethod
-    def __len__(self) -> int: ...
-
-    # -- cluster hooks -----------------------------------------------------------------
+    def __init__(self) -> None:
+        self._sessions: dict[str, LiveSession] = {}
+        self._host: SessionHost | None = None
 
     def bind(self, host: SessionHost) -> None:
-        """The session layer this hub serves (it builds the sessions a cluster hub takes
-        over)."""
-        return None  # a hook: nothing to do in one process
+        """The session layer this hub serves (it adopts sessions another node held)."""
+        self._host = host
+
+    @property
+    def host(self) -> SessionHost:
+        assert self._host is not None, "hub used before the engine bound it"
+        return self._host
+
+    def set_metrics_source(self, source: Callable[[], bytes]) -> None:
+        """This process's /metrics text, for a cluster to merge into every node's answer."""
+        return None  # one process serves its own registry
+
+    def ticket_store(self) -> TicketStore:
+        """Where connect tickets live: in memory, or shared by every node of a cluster."""
+        return MemoryTicketStore()
 
     def start(self) -> None:
         """The server is serving: start any background work (called in its hub)."""
-        return None  # a hook: nothing to do in one process
+        return None
 
     def stop(self) -> None:
         """The server stopped: end background work, leave the cluster."""
         return None
 
-    def claim(self, session_id: str, user_id: str) -> LiveSession | None:
-        """Move a session that lives elsewhere in the cluster into this process."""
+    # -- registry --------------------------------------------------------------------------
+
+    def add(self, live: LiveSession) -> None:
+        self._sessions[live.id] = live
+
+    def get(self, session_id: str) -> LiveSession | None:
+        """A session held by this process."""
+        return self._sessions.get(session_id)
+
+    def remove(self, session_id: str) -> LiveSession | None:
+        """Forget a session for good (expired or closed)."""
+        return self._sessions.pop(session_id, None)
+
+    def sessions(self) -> list[LiveSession]:
+        """The sessions this process holds."""
+        return list(self._sessions.values())
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def changed(self, live: LiveSession) -> None:
+        """A session was attached or detached (its shared record may need updating)."""
         return None
 
-    def lookup(self, session_id: str) -> dict[str, Any] | None:
-        """The scalar session fields (docs/PROTOCOL.md §12) of a session held by another process."""
+    def state_changed(self, live: LiveSession) -> None:
+        """The session's durable state changed with no message going out (a tool call
+        opened): a cluster hub shares it soon, so a node taking the session over knows."""
         return None
+
+    # -- delivery ----------------------------------------------------------------------------
+
+    def deliver(self, session_id: str, op: Operation) -> bool:
+        """Apply ``op`` to a session wherever it lives and return its result (True for one
+        handed to another process); SessionNotFound if there is none."""
+        live = self._sessions.get(session_id)
+        if live is None:
+            raise SessionNotFound(f"no session {session_id!r}")
+        return live.apply(op)
+
+    def broadcast(self, out: messages.Outbound) -> int:
+        """Send to every connected session; returns how many it reached in this process."""
+        reached = 0
+        for live in self.sessions():
+            if live.core.connected:
+                live.send(out)
+                reached += 1
+        return reached
 
     def forward_upstream(self, session_id: str, user_id: str, body: bytes) -> bool:
         """Hand a POSTed body to the process that holds the session; False if none does."""
         return False
+
+    def cancel_elsewhere(self, session_id: str, call_id: str) -> None:
+        """Stop a tool call that started on the node that held the session before."""
+        return None
+
+    # -- sessions moving between processes ---------------------------------------------------
+
+    def claim(self, session_id: str, user_id: str) -> LiveSession | None:
+        """Move a session that lives elsewhere in the cluster into this process."""
+        return None
 
     def hand_off(self, live: LiveSession) -> None:
         """This process is stopping: a cluster keeps the session for a resume elsewhere;
         alone, it ends with the process."""
         self.remove(live.id)
 
-    def cancel_elsewhere(self, session_id: str, call_id: str) -> None:
-        """Stop a tool call that started on the node that held the session before."""
+    # -- reading what other processes hold ---------------------------------------------------
+
+    def lookup(self, session_id: str) -> dict[str, Any] | None:
+        """The scalar session fields (docs/PROTOCOL.md §12) of a session held by another process."""
         return None
-
-    def changed(self, live: LiveSession) -> None:
-        """A session was attached or detached (its shared record may need updating)."""
-        return None  # a hook: nothing to do in one process
-
-    def state_changed(self, live: LiveSession) -> None:
-        """The session's durable state changed with no message going out (a tool call
-        opened): a cluster hub shares it soon, so a node taking the session over knows."""
-        return None  # a hook: nothing to do in one process
-
-    def cluster_stats(self, local: dict[str, Any]) -> dict[str, Any]:
-        """Statistics for the whole cluster, given this process's own."""
-        return local
 
     def sessions_elsewhere(self, user_id: str | None, limit: int) -> tuple[list[dict[str, Any]],
                                                                          bool]:
@@ -242,6 +380,10 @@ class Hub(abc.ABC):
         keep, as dashboard rows (``lookup``'s fields plus ``transport``), at most
         ``limit``; and whether the search was complete (a cluster bounds its scan)."""
         return [], True
+
+    def cluster_stats(self, local: dict[str, Any]) -> dict[str, Any]:
+        """Statistics for the whole cluster, given this process's own."""
+        return local
 
     def metrics_registry(self, local: "CollectorRegistry") -> "CollectorRegistry":
         """What /metrics serves, given this process's registry: a cluster merges every
@@ -253,50 +395,5 @@ class Hub(abc.ABC):
         return "ok"
 
 
-class LocalHub(Hub):
-    """In-memory hub: every session of one process in a dict."""
-
-    def __init__(self) -> None:
-        self._sessions: dict[str, LiveSession] = {}
-
-    def add(self, live: LiveSession) -> None:
-        self._sessions[live.id] = live
-
-    def get(self, session_id: str) -> LiveSession | None:
-        return self._sessions.get(session_id)
-
-    def remove(self, session_id: str) -> LiveSession | None:
-        return self._sessions.pop(session_id, None)
-
-    def sessions(self) -> list[LiveSession]:
-        return list(self._sessions.values())
-
-    def deliver(self, session_id: str, op: str, *args: Any) -> bool:
-        live = self._sessions.get(session_id)
-        if live is None:
-            raise SessionNotFound(f"no session {session_id!r}")
-        return live.apply(op, args)
-
-    def broadcast(self, out: messages.Outbound) -> int:
-        return broadcast_local(self.sessions(), out)
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-
-def broadcast_local(sessions: Iterable[LiveSession], out: messages.Outbound) -> int:
-    reached = 0
-    for live in sessions:
-        if live.core.connected:
-            live.send(out)
-            reached += 1
-    return reached
-
-
-def make_hub(config: "ServerConfig") -> Hub:
-    """The hub the configuration asks for: Redis-backed with ``redisUrl``, else in memory."""
-    if config.redis_url:
-        from .cluster import RedisHub
-
-        return RedisHub(config.redis_url, config.redis_prefix)
-    return LocalHub()
+#: The hub's type: every hub is a LocalHub or extends it.
+Hub = LocalHub

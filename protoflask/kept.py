@@ -40,7 +40,7 @@ class KeptSessions:
             else:
                 log.info("session %s: user %s keeps more than %d disconnected sessions; "
                          "dropping the oldest", sid, live.user_id, self.cap)
-                other.core.closed = True
+                other.core.close()
                 self.expire(other)
 
     def connected(self, live: LiveSession) -> None:

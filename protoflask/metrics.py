@@ -1,17 +1,18 @@
 """/metrics: the server's counters in Prometheus' text format (docs/OPERATIONS.md).
 
 Nothing here runs per message. The numbers are plain ints and dicts kept where things
-happen (``engine.Stats``, the sessions' shared ``TrafficCounters``, the tool runners'
-``ToolCounters``); ``ProtoCollector`` turns them into metric families when a scraper
+happen (``stats.Stats``, the sessions' shared ``TrafficCounters``, the tool runners'
+``stats.ToolCounters``); ``ProtoCollector`` turns them into metric families when a scraper
 asks. Each ProtoServer has its own ``CollectorRegistry`` (``server.metrics_registry``),
 so several servers in one process never collide and an application can register its
-own collectors next to protoflask's.
+own collectors next to protoflask's. The collector is handed a way to reach the engine's
+counters (``CounterSource``), never the server.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from flask import Response
 
     from .hub import LiveSession
-    from .server import ProtoServer
+    from .stats import Stats
 
 
 def _labelled(metric: Any, counts: dict[Any, int]) -> Any:
@@ -33,14 +34,25 @@ def _labelled(metric: Any, counts: dict[Any, int]) -> Any:
     return metric
 
 
+class CounterSource(Protocol):
+    """What the collector reads at scrape time: the engine's ``Stats`` and its hub's
+    sessions."""
+
+    @property
+    def stats(self) -> "Stats": ...
+
+    @property
+    def hub(self) -> Any: ...
+
+
 class ProtoCollector(Collector):
     """Reads one server's counters at scrape time (in the server's hub: no locking)."""
 
-    def __init__(self, server: "ProtoServer") -> None:
-        self.server = server
+    def __init__(self, source: Callable[[], CounterSource]) -> None:
+        self.source = source  # called at each scrape: init_app may rebuild the engine
 
     def collect(self) -> Iterator[Metric]:
-        engine = self.server.engine  # read each time: init_app may rebuild it
+        engine = self.source()
         stats = engine.stats
         traffic = stats.traffic
         p = "protoflask_"
@@ -134,9 +146,10 @@ def session_gauges(sessions: Iterable["LiveSession"]) -> dict[str, int]:
     return g
 
 
-def create_registry(server: "ProtoServer") -> CollectorRegistry:
+def create_registry(source: Callable[[], CounterSource]) -> CollectorRegistry:
+    """A registry with protoflask's collector, reading the engine ``source`` returns."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ProtoCollector(server))
+    registry.register(ProtoCollector(source))
     return registry
 
 

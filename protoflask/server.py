@@ -29,14 +29,16 @@ from .config import APP_CONFIG_PREFIX, ConfigError, ServerConfig
 from .core import messages
 from .core.coalesce import DEFAULT_MAX_CHARS, DEFAULT_MAX_DELAY_MS
 from .core.errors import InvalidMessage, ProtoError, RunNotFound, SessionNotFound
-from .core.session import CLOSE_GOING_AWAY
+from .core.errors import CloseCode
 from .engine import Engine
-from .hub import Hub, LiveSession, LocalHub, make_hub, now_ms
+from .clock import now_ms
+from .cluster import make_hub
+from .hub import Hub, LiveSession, Send, ToolDone, ToolUpdate
 from .metrics import create_registry
 from .serving import EmbeddedServer
 from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools
 from .streaming import StreamedText, stream_chunks
-from .web import create_blueprint
+from .web import WebContext, create_blueprint
 
 log = logging.getLogger("protoflask")
 
@@ -51,7 +53,7 @@ class ProtoServer:
         self._config_arg = config
         self._configure(ServerConfig.load(config, app_config=app.config if app else None))
         #: /metrics serves this registry; an application may register its own collectors
-        self.metrics_registry = create_registry(self)
+        self.metrics_registry = create_registry(lambda: self.engine)
         self._app: Flask | None = None
         self._own_app = False  # the app was created here: the page may take "/"
         self._listeners: list[Callable[..., Any]] = []
@@ -80,17 +82,13 @@ class ProtoServer:
         if self.config.dev_mode:
             self.dev_token = self.authority.issue("dev")
         self.hub = self._hub_arg or make_hub(self.config)
-        if self.config.metrics and hasattr(self.hub, "publish_metrics"):
-            self.hub.publish_metrics = self._metrics_text
-        tickets = None
-        redis_client = getattr(self.hub, "redis", None)
-        if redis_client is not None:  # clustered: a ticket works on every worker
-            from .cluster.tickets import RedisTicketStore
-
-            tickets = RedisTicketStore(redis_client, self.config.redis_prefix)
+        if self.config.metrics:
+            self.hub.set_metrics_source(self._metrics_text)
         self.engine = Engine(self.config, self.hub, self.tools, self.authority,
                              emit=self._emit, emit_error=self._emit_error,
-                             invoke_tool=self._invoke_tool, tickets=tickets)
+                             invoke_tool=self._invoke_tool,
+                             # clustered: a ticket store every worker redeems from
+                             tickets=self.hub.ticket_store())
 
     def _invoke_tool(self, tool: Tool, params: Any, session_id: str, call_id: str) -> Any:
         """The contract's call: ``execute(params, session_id, call_id, server)``."""
@@ -124,7 +122,8 @@ class ProtoServer:
                     "configured by its first app; a server has one configuration")
             self._configure(loaded)
         app.extensions["protoflask"] = self
-        app.register_blueprint(create_blueprint(self))
+        app.register_blueprint(create_blueprint(WebContext(
+            self.engine, self.config, self.metrics_registry, own_app=self._own_app)))
         if self._app is None:
             self._app = app
 
@@ -144,7 +143,7 @@ class ProtoServer:
     @property
     def clustered(self) -> bool:
         """Whether sessions are shared with other processes (a Redis-backed hub)."""
-        return not isinstance(self.hub, LocalHub)
+        return self.hub.clustered
 
     @property
     def port(self) -> int | None:
@@ -224,7 +223,7 @@ class ProtoServer:
 
     def close_all_connections(self) -> None:
         """Close every live transport (1001); sessions stay for resume."""
-        self._call(self.engine.close_transports, CLOSE_GOING_AWAY, "closed by server")
+        self._call(self.engine.close_transports, CloseCode.GOING_AWAY, "closed by server")
 
     # -- threads -----------------------------------------------------------------------
 
@@ -314,7 +313,7 @@ class ProtoServer:
     def send_message(self, session_id: str, message: Mapping[str, Any]) -> None:
         """Send a message (dict with type, channel, payload) to one session."""
         out = messages.from_dict(message)
-        self._call(self.hub.deliver, session_id, "send", out)
+        self._call(self.hub.deliver, session_id, Send(out))
 
     def send_audio(self, session_id: str, data: bytes, mime: str,
                    message_id: str | None = None, final: bool = False) -> str:
@@ -323,7 +322,7 @@ class ProtoServer:
         with ``final=True`` on the last."""
         message_id = message_id or uuid.uuid4().hex
         out = messages.audio_chunk(message_id, mime, data, final)
-        self._call(self.hub.deliver, session_id, "send", out)
+        self._call(self.hub.deliver, session_id, Send(out))
         return message_id
 
     def stream_text(self, session_id: str, chunks: Iterable[Any], run_id: str | None = None,
@@ -363,7 +362,7 @@ class ProtoServer:
 
         def send(out: messages.Outbound) -> bool:
             try:
-                return bool(self._call(self.hub.deliver, session_id, "send", out))
+                return bool(self._call(self.hub.deliver, session_id, Send(out)))
             except ProtoError:  # SessionNotFound: expired meanwhile
                 return False
 
@@ -378,16 +377,15 @@ class ProtoServer:
 
     def send_tool_update(self, session_id: str, call_id: str, status: str = "RUNNING",
                          progress: float | None = None, partial: Any = None) -> bool:
-        return self._call(self.hub.deliver, session_id, "tool_update", call_id, status,
-                          progress, partial)
+        return self._call(self.hub.deliver, session_id,
+                          ToolUpdate(call_id, status, progress, partial))
 
     def send_tool_done(self, session_id: str, call_id: str, status: str,
                        result: Any = None) -> bool:
         """Finish a call (OK, ERROR or CANCELLED); False if it had already finished."""
         if status not in messages.TOOL_DONE_STATUSES:
             raise InvalidMessage(f"status must be one of {messages.TOOL_DONE_STATUSES}")
-        return self._call(self.hub.deliver, session_id, "tool_done", call_id, status, result,
-                          None)
+        return self._call(self.hub.deliver, session_id, ToolDone(call_id, status, result))
 
     def start_run(self, session_id: str, run_id: str | None = None,
                   thread_id: str | None = None, metadata: Any = None) -> dict[str, Any]:

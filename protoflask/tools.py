@@ -15,18 +15,16 @@ from gevent import Greenlet
 from jsonschema import validators
 from jsonschema.exceptions import SchemaError
 
+from .clock import now_ms
 from .fastschema import compile_simple
 from .core.errors import (
     InvalidMessage, MaxRunsExceeded, ProtoError, ToolExecutionError, ToolNotFound,
 )
+from .core.errors import ToolCancelled  # noqa: F401 - re-exported (protoflask.ToolCancelled)
 
 log = logging.getLogger("protoflask.tools")
 
 Execute = Callable[..., Any]
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -183,11 +181,6 @@ class ToolRegistry:
         return len(self._tools)
 
 
-class ToolCancelled(Exception):
-    """``ProtoServer.call_tool``: the call was cancelled (TOOL_CANCEL, RUN_CANCEL, or the
-    session went away) before it finished."""
-
-
 @dataclass
 class ToolExecution:
     """One call's record (docs/PROTOCOL.md §12), handed to ``toolCall`` listeners."""
@@ -196,7 +189,7 @@ class ToolExecution:
     tool_name: str
     arguments: Any
     status: str = "pending"
-    start_time: int = field(default_factory=_now_ms)
+    start_time: int = field(default_factory=now_ms)
     end_time: int | None = None
     result: Any = None
     progress: float | None = None
@@ -274,7 +267,7 @@ class SessionToolRunner:
         execution = self.executions.get(call_id)
         if execution is not None:
             execution.status = "cancelled"
-            execution.end_time = _now_ms()
+            execution.end_time = now_ms()
         self.sink.done(call_id, "CANCELLED")
         self.executions.pop(call_id, None)
         self.waiting = [w for w in self.waiting if w[0].call_id != call_id]
@@ -296,7 +289,7 @@ class SessionToolRunner:
     def finish(self, execution: ToolExecution, status: str, error: ProtoError | None = None,
                result: Any = None) -> None:
         execution.status = status
-        execution.end_time = _now_ms()
+        execution.end_time = now_ms()
         execution.result = result
         self.executions.pop(execution.call_id, None)
         if error is not None:

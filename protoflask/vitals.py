@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import gevent
 
-from .hub import now_ms
+from .clock import now_ms
 
 if TYPE_CHECKING:
-    from .server import ProtoServer
+    from .engine import Engine
 
 
 def rss_bytes() -> int:
@@ -39,10 +39,10 @@ def greenlets() -> tuple[int, int]:
     return len(found), sum(1 for g in found if not g.dead)
 
 
-def snapshot(server: "ProtoServer") -> dict[str, Any]:
+def snapshot(engine: "Engine") -> dict[str, Any]:
     total, running = greenlets()
-    sessions = list(server.hub.sessions())
-    stats = server.engine.stats.snapshot(now_ms())
+    sessions = list(engine.hub.sessions())
+    stats = engine.stats.snapshot(now_ms())
     return {
         "rss": rss_bytes(),
         "peakRss": peak_rss_bytes(),
@@ -55,5 +55,5 @@ def snapshot(server: "ProtoServer") -> dict[str, Any]:
         "activeConnections": stats["activeConnections"],
         "totalConnections": stats["totalConnections"],
         "totalMessages": stats["totalMessages"],
-        "errorsSent": server.engine.stats.errors_sent,
+        "errorsSent": engine.stats.errors_sent,
     }

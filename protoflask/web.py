@@ -8,25 +8,33 @@ import gzip
 import logging
 import re
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flask import Blueprint, Flask, Response, g, request
+from flask import Blueprint, Response, g, request
+from flask.sansio.app import App
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import WebsocketMismatch
 
-from . import vitals
+from .vitals import snapshot as vitals_snapshot
 from .auth import token_from_request
+from .core.bodies import parse_seq_arg
 from .core.errors import InvalidMessage, OriginNotAllowed, ProtoError
 from .dashboard import add_dashboard_routes
+from .clock import now_ms
 from .logs import redacted_query
 from .metrics import metrics_response
 from .origins import OriginPolicy
-from .transports import sse, stream
-from .transports.http import error_response, json_response, parse_seq_arg
-from .transports.websocket import WebSocketConnection, raw_socket
+from .transports import sse, stream, websocket as ws
+from .transports.admission import admit
+from .transports.http import error_response, json_response
+from .transports.sockets import raw_socket
 
 if TYPE_CHECKING:
-    from .server import ProtoServer
+    from prometheus_client import CollectorRegistry
+
+    from .config import ServerConfig
+    from .engine import Engine
 
 access_log = logging.getLogger("protoflask.access")
 
@@ -47,6 +55,19 @@ def valid_host(value: str | None) -> bool:
     return bool(value) and _HOST.match(value) is not None  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True, slots=True)
+class WebContext:
+    """What the blueprint serves from, handed down by the server (which it never holds)."""
+
+    engine: "Engine"
+    config: "ServerConfig"
+    #: what /metrics serves (the server's, with any collector the application added)
+    metrics_registry: "CollectorRegistry"
+    #: the Flask app is the server's own (not an application's): the page may take "/"
+    #: and every error is answered as JSON
+    own_app: bool
+
+
 class ConnectionTakenOver(StopIteration):
     """Ends the WSGI cycle of a request whose socket now belongs to a WebSocket.
 
@@ -59,12 +80,13 @@ class _TakenOverResponse(Response):
         raise ConnectionTakenOver()
 
 
-def create_blueprint(server: "ProtoServer") -> Blueprint:
+def create_blueprint(ctx: WebContext) -> Blueprint:
     bp = Blueprint("protoflask", __name__)
-    engine = server.engine
-    config = server.config
+    engine = ctx.engine
+    hub = engine.hub
+    config = ctx.config
     origins = OriginPolicy(config.allowed_origins)
-    bp.record_once(lambda state: install_error_handlers(state.app, server))
+    bp.record_once(lambda state: install_error_handlers(state.app, ctx))
 
     @bp.before_request
     def _start_request() -> Response | None:
@@ -84,9 +106,9 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
 
     @bp.get("/health")
     def health() -> Response:
-        stats = server.hub.cluster_stats(engine.stats.snapshot(int(time.time() * 1000)))
+        stats = hub.cluster_stats(engine.stats.snapshot(now_ms()))
         body = {
-            "status": "draining" if engine.shutting_down else server.hub.health(),
+            "status": "draining" if engine.shutting_down else hub.health(),
             "uptime": stats["uptime"],
             "activeConnections": stats["activeConnections"],
             "totalConnections": stats["totalConnections"],
@@ -103,7 +125,7 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
     def stats() -> Response:
         """docs/PROTOCOL.md §10's figures (public); in a cluster each node's too, with its host and
         pid only for a caller with a valid Bearer token."""
-        body = server.get_stats()
+        body = hub.cluster_stats(engine.stats.snapshot(now_ms()))
         if "nodes" in body and not _bearer_is_valid():
             body["nodes"] = [{k: v for k, v in n.items() if k not in PRIVATE_NODE_FIELDS}
                              for n in body["nodes"]]
@@ -122,18 +144,18 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
     if config.metrics:
         @bp.get("/metrics")
         def metrics() -> Response:
-            registry = server.metrics_registry
+            registry = ctx.metrics_registry
             if request.args.get("scope") != "node":  # in a cluster: every node's, labelled
-                registry = server.hub.metrics_registry(registry)
+                registry = hub.metrics_registry(registry)
             return metrics_response(registry, request.headers.get("Accept"))
 
     if config.dashboard:
-        add_dashboard_routes(bp, server, at_root=server._own_app)
+        add_dashboard_routes(bp, engine, config.dev_mode, at_root=ctx.own_app)
 
     if config.debug_vitals:
         @bp.get("/debug/vitals")
         def debug_vitals() -> Response:
-            return json_response(vitals.snapshot(server))
+            return json_response(vitals_snapshot(engine))
 
     @bp.route("/proto/websocket", websocket=True)
     def websocket() -> Response:
@@ -147,30 +169,13 @@ def create_blueprint(server: "ProtoServer") -> Blueprint:
                 "message": "WebSocket needs gunicorn's gevent worker or ProtoServer.start()"}},
                 500)
         try:
-            admission = engine.admit(
-                token_from_request(request.args.get("token"),
-                                   request.headers.get("Authorization")),
-                request.args.get("session") or None,
-                parse_seq_arg(request.args.get("last_seq"), "last_seq"),
-                kind=WebSocketConnection.kind, ticket=request.args.get("ticket"))
+            admission = admit(engine, request, ws.WebSocketConnection.kind,
+                              request.args.get("session") or None,
+                              parse_seq_arg(request.args.get("last_seq"), "last_seq"))
         except ProtoError as exc:
             return error_response(exc)
         g.protoflask_live = True  # logged as open/closed, not as a request
-        conn = WebSocketConnection(engine, sock, config.enable_compression)
-        try:
-            if conn.accept(request.environ):
-                live, last_seq = engine.session_for(admission)
-                if config.enable_logging:
-                    access_log.info("websocket open session=%s user=%s%s", live.id,
-                                    admission.user_id, "" if admission.resume is None
-                                    else f" resume last_seq={last_seq}")
-                conn.serve(live, last_seq)
-                if config.enable_logging:
-                    access_log.info("websocket closed session=%s", live.id)
-        except OSError:
-            pass
-        finally:
-            engine.close_connection(WebSocketConnection.kind, admission.user_id)
+        ws.serve(engine, admission, sock, request.environ, config.enable_compression)
         return _TakenOverResponse()
 
     @bp.post("/proto/ticket")
@@ -266,7 +271,7 @@ NO_UPGRADE_MESSAGE = (
     "Upgrade $http_upgrade; proxy_set_header Connection \"upgrade\")")
 
 
-def install_error_handlers(app: Flask, server: "ProtoServer") -> None:
+def install_error_handlers(app: App, ctx: WebContext) -> None:
     """Answer 400/404/405 (and any other werkzeug HTTPException) with the JSON error body.
 
     On protoflask's own app, every path. On an application's app, only protoflask's
@@ -276,10 +281,10 @@ def install_error_handlers(app: Flask, server: "ProtoServer") -> None:
     comes before this one, as Flask looks up handlers by code first."""
     previous = app.error_handler_spec.get(None, {}).get(None, {}).get(HTTPException)
     own_paths: set[str] = set()
-    origins = OriginPolicy(server.config.allowed_origins)
+    origins = OriginPolicy(ctx.config.allowed_origins)
 
     def ours() -> bool:
-        if server._own_app or request.path.startswith(PROTO_PREFIX):
+        if ctx.own_app or request.path.startswith(PROTO_PREFIX):
             return True
         if not own_paths:
             own_paths.update(rule.rule for rule in app.url_map.iter_rules()
@@ -290,7 +295,7 @@ def install_error_handlers(app: Flask, server: "ProtoServer") -> None:
         if not ours():
             return previous(exc) if previous is not None else exc
         response = http_error_response(exc)
-        if server.config.enable_cors:  # the blueprint's own hook misses routing errors
+        if ctx.config.enable_cors:  # the blueprint's own hook misses routing errors
             _add_cors(response, origins)
         return response
 

@@ -51,7 +51,7 @@ def query_string(params: dict[str, object]) -> str:
     return "?" + urlencode(clean) if clean else ""
 
 
-def refused(status: int, body: bytes) -> ConnectionRefused:
+def refused(status: int, body: bytes | bytearray) -> ConnectionRefused:
     """An HTTP error response as ConnectionRefused with the contract's JSON error code."""
     code, message = f"HTTP_{status}", ""
     try:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core import errors as core_errors
+
 
 class ProtoClientError(Exception):
     """Root of every client error; ``code`` is the wire code (docs/PROTOCOL.md §6)."""
@@ -74,7 +76,9 @@ class ToolError(ProtoClientError):
         super().__init__(code, message, detail)
 
 
-class ToolCancelled(ToolError):
+class ToolCancelled(ToolError, core_errors.ToolCancelled):
+    """Also a ``core.errors.ToolCancelled``, the root the server's ToolCancelled shares."""
+
     def __init__(self, call_id: str | None = None) -> None:
         super().__init__("CANCELLED", "the tool call was cancelled", call_id=call_id)
 

@@ -6,7 +6,7 @@ node can replay after this one dies. One flusher greenlet sends every batch that
 waiting in a single pipeline: under load many sessions share one round trip.
 
 While Redis is unreachable nothing waits: sessions keep working from their in-memory
-windows and the hub copies each window over again once Redis answers (``resync``).
+windows and the hub copies each window over again once Redis answers (its recovery).
 
 Nothing a flush meets stops the journal: the script missing from Redis (``SCRIPT FLUSH``,
 a restart) is loaded again and the batch retried; any other failure, Redis's or ours, is
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import gevent
 import orjson
@@ -39,6 +39,12 @@ if TYPE_CHECKING:
     from ..hub import LiveSession
 
 log = logging.getLogger("protoflask.cluster")
+
+
+class Cursor(Protocol):
+    """Where the journal is in one session's messages (the hub keeps it per session)."""
+
+    journaled_seq: int
 
 # One call per batch, whatever the number of sessions in it (redis-py spends most of a
 # command's cost packing its arguments, so fewer, larger arguments are much cheaper).
@@ -123,7 +129,6 @@ class Journal:
         self.paused = False  # degraded: append() only remembers nothing, resync covers it
         #: why the last flush failed ("Type: message"), None once one succeeds again
         self.failing: str | None = None
-        self.failures = 0  # flushes that failed (a figure for /metrics and the tests)
         self.restarts = 0  # times a dead flusher greenlet had to be started again
         self._sha: str | None = None  # loaded once; again after Redis restarts empty
         self._batch: dict[str, tuple["LiveSession", list[bytes]]] = {}
@@ -132,7 +137,6 @@ class Journal:
         self._running = False  # between start() and stop(): a flusher greenlet writes
         self._flusher: gevent.Greenlet | None = None
         self._unencodable: set[str] = set()  # sessions whose state was left out (logged)
-        self.batches = 0  # pipelines sent (for the benchmark's figures)
 
     def start(self) -> None:
         self._running = True
@@ -158,18 +162,19 @@ class Journal:
         self.failing = None
         self.paused = False
 
-    def append(self, live: "LiveSession", ready: list[tuple[int, bytes]], now: int) -> None:
+    def append(self, live: "LiveSession", cursor: Cursor, ready: list[tuple[int, bytes]],
+               now: int) -> None:
         """Journal a batch of (seq, data) messages stamped at ``now``; returns once Redis
         has them, or after WAIT_LIMIT. Never raises: a failure degrades the hub, which
         copies the window over again once Redis takes writes. Replays of messages already
-        journaled are skipped."""
+        journaled (at or below ``cursor``'s seq) are skipped."""
         if self.paused:
             return
         entries = self._entries_for(live)
         for seq, data in ready:
-            if seq > live.journaled_seq:
+            if seq > cursor.journaled_seq:
                 entries.append(pack_entry(seq, now, data))
-                live.journaled_seq = seq
+                cursor.journaled_seq = seq
         committed = self._committed
         self._work.set()
         if not self._running:
@@ -223,7 +228,6 @@ class Journal:
         except Exception as exc:  # noqa: BLE001 - Redis's or ours: the writers carry on
             self._failed(exc, batch)
         else:
-            self.batches += 1
             if self.failing is not None and not self.paused:
                 log.warning("the journal writes again")
                 self.failing = None
@@ -235,7 +239,6 @@ class Journal:
         """Forget the script (a restarted Redis has lost it), remember why, log the first
         failure of a series, and let the hub degrade and copy every window over again."""
         self._sha = None
-        self.failures += 1
         if self.failing is None:
             if isinstance(exc, UNAVAILABLE):
                 log.error("journal: Redis is unreachable (%s)", exc)

@@ -10,7 +10,7 @@ import redis
 
 from ..core.errors import ClusterUnavailable
 from ..tickets import TICKET_LIFETIME_MS, new_ticket
-from .redis_client import UNAVAILABLE
+from .redis_client import UNAVAILABLE, text
 
 
 class RedisTicketStore:
@@ -38,4 +38,4 @@ class RedisTicketStore:
             user = self.redis.getdel(self._key(ticket))
         except UNAVAILABLE:
             return None  # refused (401): the client asks for a new ticket or uses a token
-        return user.decode() if user is not None else None
+        return text(user) if user is not None else None

@@ -5,11 +5,13 @@ callers pass the time in milliseconds.
 """
 
 from . import errors, messages
+from .calls import Run
 from .credits import CreditLedger, CreditSettings
 from .envelope import Message, parse
 from .errors import ProtoError
 from .replay import ReplayWindow
-from .session import ProtocolSession, Run, SessionSettings
+from .session import ProtocolSession
+from .settings import SessionSettings
 
 __all__ = [
     "CreditLedger", "CreditSettings", "Message", "ProtoError", "ProtocolSession",

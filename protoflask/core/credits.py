@@ -28,20 +28,23 @@ Rules (docs/PROTOCOL.md §5 Flow control, which says the same for clients):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import InsufficientCredits
 
 
 @dataclass(frozen=True, slots=True)
 class CreditSettings:
-    enabled: bool = True
-    initial_credits: int = 1000
-    min_credits: int = 100
-    max_credits: int = 10000
-    credit_threshold: int = 200
-    adaptive_adjustment: bool = True
-    initial_credit_messages: int = 1000
-    initial_credit_bytes: int = 1048576
+    """No defaults: ``protoflask.config`` declares them once (``FLOW_OPTIONS``)."""
+
+    enabled: bool
+    initial_credits: int
+    min_credits: int
+    max_credits: int
+    credit_threshold: int
+    adaptive_adjustment: bool
+    initial_credit_messages: int
+    initial_credit_bytes: int
 
 
 class _Account:
@@ -176,3 +179,25 @@ class CreditLedger:
         if not self.downstream_enabled:
             return {}
         return {ch: (a.messages, a.bytes) for ch, a in self._down.items()}
+
+    # -- moving to another node (core.handoff) --------------------------------------------
+
+    def export(self) -> dict[str, Any]:
+        """The ledger as JSON-ready data."""
+        return {
+            "grant": self.grant,
+            "downstream": self.downstream_enabled,
+            "down_default": [self._down_messages, self._down_bytes],
+            "up": {ch: [a.messages, a.bytes] for ch, a in self._up.items()},
+            "down": {ch: [a.messages, a.bytes] for ch, a in self._down.items()},
+        }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Take the state ``export`` wrote."""
+        self.grant = int(saved["grant"])
+        # absent in a state exported before downstream credit was opt-in: not counting
+        # never stalls the client
+        self.downstream_enabled = saved.get("downstream") is True
+        self._down_messages, self._down_bytes = saved["down_default"]
+        self._up = {ch: _Account(m, b) for ch, (m, b) in saved["up"].items()}
+        self._down = {ch: _Account(m, b) for ch, (m, b) in saved["down"].items()}

@@ -104,7 +104,7 @@ def decode_json(raw: bytes | bytearray | memoryview | str) -> Any:
 # -- field types ---------------------------------------------------------------------------
 
 
-class SeqField(fields.Field):
+class SeqField(fields.Field[int]):
     """A seq number in a payload: a decimal string or an int (docs/PROTOCOL.md §2) -> int."""
 
     def __init__(self, *, allow_zero: bool = True, **kwargs: Any) -> None:
@@ -139,7 +139,7 @@ class StrictInt(fields.Integer):
         return super()._validated(value)
 
 
-class BoundedList(fields.List):
+class BoundedList(fields.List[Any]):
     """A list whose validation stops after MAX_VALIDATION_ERRORS bad elements (marshmallow's
     List checks and reports every one)."""
 

@@ -27,11 +27,28 @@ or an HTTP error body without a lookup table elsewhere::
     ├── OutboundQueueFull           OUTBOUND_QUEUE_FULL (application side only)
     ├── ClusterUnavailable          CLUSTER_UNAVAILABLE 503
     └── ShuttingDown                SHUTTING_DOWN      503
+
+``CloseCode`` is the other half of reporting a failure: the WebSocket close code a
+transport ends a connection with (SSE and HTTP streaming carry it in their close event).
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any
+
+
+class CloseCode(enum.IntEnum):
+    """Close codes the server uses (docs/PROTOCOL.md §6 Errors)."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001  # the server stops, or the application closed the session
+    POLICY_VIOLATION = 1008  # kept flooding past the rate limit
+    TOO_LARGE = 1009
+    HEARTBEAT = 4000  # no PONG within heartbeatTimeout
+    UNSUPPORTED_VERSION = 4001
+    SUPERSEDED = 4002  # the session was resumed on another connection or node
+    SLOW_CONSUMER = 4003  # the client does not read: its outbound buffer is full
 
 
 class ProtoError(Exception):
@@ -190,8 +207,14 @@ class ShuttingDown(ProtoError):
     code, http_status, default_message = "SHUTTING_DOWN", 503, "server is shutting down"
 
 
-def _all_subclasses(cls: type) -> list[type]:
-    out = []
+class ToolCancelled(Exception):
+    """A tool call ended cancelled (TOOL_CANCEL, RUN_CANCEL, or its session went away).
+    Not a ProtoError (no ERROR carries it): the one root of ``protoflask.ToolCancelled``
+    (this class, raised by ``ProtoServer.call_tool``) and ``protoflask.client.ToolCancelled``."""
+
+
+def _all_subclasses(cls: type[ProtoError]) -> list[type[ProtoError]]:
+    out: list[type[ProtoError]] = []
     for sub in cls.__subclasses__():
         out.append(sub)
         out.extend(_all_subclasses(sub))

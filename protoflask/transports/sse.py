@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING
 import orjson
 from flask import Request, Response
 
-from ..auth import token_from_request
+from ..core.bodies import is_seq, parse_seq_arg
 from ..core.errors import InvalidMessage, ProtoError
-from .http import HTTPDownstream, error_response, is_seq, parse_seq_arg
+from .admission import admit
+from .http import HTTPDownstream, error_response
 from .http import post_messages as post_messages  # POST /proto/sse is the shared upstream
 
 if TYPE_CHECKING:
@@ -66,12 +67,8 @@ def resume_point(request: Request) -> tuple[str | None, int | None]:
 def open_stream(engine: "Engine", request: Request) -> Response:
     """GET /proto/sse: a new session's stream, or a resumed one."""
     try:
-        admission = engine.admit(
-            token_from_request(request.args.get("token"), request.headers.get("Authorization")),
-            *resume_point(request), kind=SSEStream.kind, ticket=request.args.get("ticket"))
+        admission = admit(engine, request, SSEStream.kind, *resume_point(request))
     except ProtoError as exc:
         return error_response(exc)
     live, last_seq = engine.session_for(admission)
-    stream = SSEStream(engine, live, last_seq, request.environ,
-                       log_connections=engine.config.enable_logging)
-    return stream.response()
+    return SSEStream(engine, live, last_seq, request.environ).response()

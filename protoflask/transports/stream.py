@@ -8,7 +8,8 @@ The request body is read in its own greenlet, line by line as it arrives (full d
 while a chunked body keeps coming), and each line goes to the session; the response
 writes one envelope per line. The response outlives the request body: it stays open as
 the session's downstream until the client goes away or the server ends it. A line over
-maxMessageSize gets its ERROR line and ends the response (the session stays for resume).
+maxMessageSize gets the core's MESSAGE_TOO_LARGE as its last ERROR line and ends the
+response (the session stays for resume).
 
 An NDJSON stream has no room for a keep-alive line (every line is an envelope), so an
 idle stream relies on the server's heartbeat PINGs, write failures and the end of the
@@ -18,18 +19,17 @@ socket's read side to notice a client that went away.
 from __future__ import annotations
 
 import logging
-import socket
 from typing import TYPE_CHECKING
 
 import gevent
 from flask import Request, Response
 
-from ..auth import token_from_request
-from ..core.errors import ProtoError, RequestTimeout
-from .http import (
-    LINGER_SECONDS, HTTPDownstream, body_pieces, error_response, iter_lines, parse_seq_arg,
-    post_messages,
-)
+from ..core.bodies import parse_seq_arg
+from ..core.errors import MessageTooLarge, ProtoError, RequestTimeout
+from .admission import admit
+from .http import LINGER_SECONDS, HTTPDownstream, error_response, post_messages
+from .request_body import body_pieces, iter_lines
+from .sockets import shutdown
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -62,14 +62,12 @@ class NDJSONStream(HTTPDownstream):
         try:
             while self._closing is None and not self._finished:
                 try:
-                    line = next(lines)
-                except StopIteration:
+                    line: bytes | MessageTooLarge | None = next(lines, None)
+                except MessageTooLarge as exc:  # its ERROR line, then the response ends
+                    line = exc
+                if line is None:
                     break
-                try:
-                    engine.receive(live, line)
-                except Exception:
-                    log.exception("stream %s: handling a line failed", live.id)
-                    self.gone()
+                if not self._hand_over(line):
                     return
             for _ in pieces:
                 pass
@@ -85,25 +83,32 @@ class NDJSONStream(HTTPDownstream):
             return
         self.watch_peer()
 
+    def _hand_over(self, line: bytes | MessageTooLarge) -> bool:
+        """One line (or the refusal of one too long to read) to the session; False when
+        handling it failed (the response then ends)."""
+        try:
+            if isinstance(line, MessageTooLarge):
+                self.engine.too_large(self.live, line, close=True)
+            else:
+                self.engine.receive(self.live, line)
+        except Exception:
+            log.exception("stream %s: handling a line failed", self.live.id)
+            self.gone()
+            return False
+        return True
+
     def after_response(self) -> None:
         """A response that ended before its request body did (too large, unsupported
         version, closed by the server): let the reader drain that body for a moment so the
         close does not reset the connection under the response's tail, then cut it."""
         reader = self._reader
-        if self._stalled and self.sock is not None:
-            try:  # the server would wait for the rest of that body before the next request
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        if self._stalled:  # the server would wait for the rest of that body before the
+            shutdown(self.sock)  # next request
         if reader is None or reader.dead:
             return
         reader.join(LINGER_SECONDS)
         if not reader.dead:
-            if self.sock is not None:
-                try:
-                    self.sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            shutdown(self.sock)
             reader.kill(block=True, timeout=1)
 
 
@@ -113,13 +118,9 @@ def handle_post(engine: "Engine", request: Request) -> Response:
     if session_id is not None and not request.args.get("last_seq"):
         return post_messages(engine, request)
     try:
-        admission = engine.admit(
-            token_from_request(request.args.get("token"), request.headers.get("Authorization")),
-            session_id, parse_seq_arg(request.args.get("last_seq"), "last_seq"),
-            kind=NDJSONStream.kind, ticket=request.args.get("ticket"))
+        admission = admit(engine, request, NDJSONStream.kind, session_id,
+                          parse_seq_arg(request.args.get("last_seq"), "last_seq"))
     except ProtoError as exc:
         return error_response(exc)
     live, last_seq = engine.session_for(admission)
-    stream = NDJSONStream(engine, live, last_seq, request.environ,
-                          log_connections=engine.config.enable_logging)
-    return stream.response()
+    return NDJSONStream(engine, live, last_seq, request.environ).response()

@@ -26,10 +26,11 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from ..core.errors import MessageTooLarge
-from ..hub import now_ms
+from ..clock import now_ms
+from .sockets import shutdown
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..engine import Admission, Engine
     from ..hub import LiveSession
 
 log = logging.getLogger("protoflask.websocket")
@@ -63,11 +64,6 @@ def text_frame(data: bytes) -> bytes:
     return b"\x81\x7f" + n.to_bytes(8, "big") + data
 
 
-def raw_socket(environ: dict[str, Any]) -> socket.socket | None:
-    """The client socket under gunicorn or protoflask's own gevent server."""
-    return environ.get("gunicorn.socket") or environ.get("protoflask.socket")
-
-
 class WebSocketConnection:
     """One client's WebSocket, attached to one session at a time."""
 
@@ -85,6 +81,7 @@ class WebSocketConnection:
         self._flush_scheduled = False
         self._closing = False
         self._reader: gevent.Greenlet | None = None
+        self.opened = False  # attached to its session: ``serve`` ends it with the engine
 
     # -- opening ---------------------------------------------------------------------
 
@@ -111,14 +108,15 @@ class WebSocketConnection:
     def _run(self, live: "LiveSession", last_seq: int | None) -> None:
         self.live = live
         engine = self.engine
-        engine.attach(live, self, last_seq)
-        self.flush()
+        engine.open_transport(live, self, last_seq)
+        self.opened = True
         try:
+            self.flush()
             self._read_loop()
         except OSError:
             pass  # the peer went away; the session stays for resume
         finally:
-            engine.detach(live, self)
+            engine.end_transport(live, self)
             self._shutdown()
 
     def _read_loop(self) -> None:
@@ -174,7 +172,7 @@ class WebSocketConnection:
         self.protocol.parser_exc = None
         closing = self.protocol.data_to_send()
         self._closing = True  # from here the reader writes; a scheduled flush must not
-        self.engine.reject(self.live, MessageTooLarge(
+        self.engine.too_large(self.live, MessageTooLarge(
             f"message exceeds maxMessageSize ({self.engine.config.max_message_size} bytes)"))
         frames = [Frame(Opcode.TEXT, data).serialize(
                       mask=False, extensions=self.protocol.extensions)
@@ -221,10 +219,10 @@ class WebSocketConnection:
                 chunks = frames + protocol.data_to_send()
                 if not chunks:
                     return
-                core = self.live.core
-                core.set_in_flight(sum(map(len, chunks)))
+                live = self.live
+                live.set_in_flight(sum(map(len, chunks)))
                 self._send(chunks)
-                core.set_in_flight(0)
+                live.set_in_flight(0)
         finally:
             self._writing = False
 
@@ -254,7 +252,20 @@ class WebSocketConnection:
             self._shutdown(socket.SHUT_WR)
 
     def _shutdown(self, how: int = socket.SHUT_RDWR) -> None:
-        try:
-            self.sock.shutdown(how)
-        except OSError:
-            pass
+        shutdown(self.sock, how)
+
+
+def serve(engine: "Engine", admission: "Admission", sock: socket.socket,
+          environ: dict[str, Any], compression: bool) -> None:
+    """An admitted WebSocket request: answer the upgrade, then serve the session on the
+    socket until the connection ends (in the request's greenlet). The connection slot
+    ``admit`` counted is given back however it ends."""
+    conn = WebSocketConnection(engine, sock, compression)
+    try:
+        if conn.accept(environ):
+            conn.serve(*engine.session_for(admission))
+    except OSError:
+        pass
+    finally:
+        if not conn.opened:  # else the connection ended itself (Engine.end_transport)
+            engine.close_connection(WebSocketConnection.kind, admission.user_id)

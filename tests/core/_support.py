@@ -6,19 +6,52 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from protoflask.config import ServerConfig
 from protoflask.core.credits import CreditSettings
 from protoflask.core.envelope import CONTROL_TYPES
-from protoflask.core.session import ProtocolSession, SessionSettings
+from protoflask.core.events import Event
+from protoflask.core.session import ProtocolSession
+from protoflask.core.settings import SessionSettings
 
 SESSION_ID = "sess-1"
 
 
+#: the configuration's defaults, as the server builds them (config.py declares them once)
+DEFAULT_SETTINGS = ServerConfig().session_settings()
+
+
+def session_settings(**overrides: Any) -> SessionSettings:
+    """The default session settings with ``overrides``."""
+    return replace(DEFAULT_SETTINGS, **overrides)
+
+
+def credit_settings(**overrides: Any) -> CreditSettings:
+    """The default credit settings with ``overrides``."""
+    return replace(DEFAULT_SETTINGS.credits, **overrides)
+
+
+def receive_events(s: ProtocolSession, raw: bytes | str, now: int) -> list[Event]:
+    """``receive``, then the events waiting (all of them: the one way out)."""
+    s.receive(raw, now)
+    return s.take_events()
+
+
+def receive_decoded_events(s: ProtocolSession, obj: Any, nbytes: int, now: int) -> list[Event]:
+    s.receive_decoded(obj, nbytes, now)
+    return s.take_events()
+
+
+def tick_events(s: ProtocolSession, now: int) -> list[Event]:
+    s.tick(now)
+    return s.take_events()
+
+
 def make_session(now: int = 0, attach: bool = True, credits: dict[str, Any] | None = None,
-                 **overrides: Any) -> ProtocolSession:
-    settings = SessionSettings(**overrides)
+                 greeted: bool = False, **overrides: Any) -> ProtocolSession:
+    settings = session_settings(**overrides)
     if credits:
-        settings = replace(settings, credits=CreditSettings(**credits))
-    s = ProtocolSession(SESSION_ID, "user-1", settings, now)
+        settings = replace(settings, credits=credit_settings(**credits))
+    s = ProtocolSession(SESSION_ID, "user-1", settings, now, greeted=greeted)
     if attach:
         s.attach(now)
     return s
@@ -72,7 +105,7 @@ class Client:
         self.sent_ids.append(mid)
         self.last_raw = raw(mtype, {} if payload is None else payload, seq=str(seq),
                             channel=channel, id=mid)
-        return self.s.receive(self.last_raw, self.now if now is None else now)
+        return receive_events(self.s, self.last_raw, self.now if now is None else now)
 
     def handshake(self, **hello: Any):
         events = self.send("HELLO", hello_payload(**hello))

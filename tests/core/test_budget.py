@@ -12,7 +12,8 @@ import orjson
 from protoflask.core import messages
 from protoflask.core.errors import InvalidMessage
 from protoflask.core.replay import ReplayWindow, ResendQueue
-from protoflask.core.session import REPLAY_BATCH_BYTES, SendRefused, SlowConsumer
+from protoflask.core.outbound import REPLAY_BATCH_BYTES
+from protoflask.core.session import SendRefused, SlowConsumer
 
 from ._support import Client, errors, make_session, types
 

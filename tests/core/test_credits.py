@@ -8,15 +8,15 @@ import json
 import pytest
 
 from protoflask.core import errors, messages
-from protoflask.core.credits import CreditLedger, CreditSettings
+from protoflask.core.credits import CreditLedger
 from protoflask.core.envelope import CONTROL_TYPES
 from protoflask.core.session import ErrorSent, TextReceived
 
-from ._support import Client, errors as error_codes, make_session, seqs, types
+from ._support import Client, credit_settings, errors as error_codes, make_session, seqs, types
 
 
 def ledger(**kw):
-    return CreditLedger(CreditSettings(**kw))
+    return CreditLedger(credit_settings(**kw))
 
 
 # -- upstream: charge ----------------------------------------------------------------------------
@@ -509,7 +509,7 @@ def test_a_message_too_large_for_the_bytes_left_gets_them_topped_up():
 
 
 def test_no_byte_top_up_for_a_message_refused_for_want_of_message_credit():
-    led = CreditLedger(CreditSettings(initial_credit_messages=1, initial_credit_bytes=100))
+    led = CreditLedger(credit_settings(initial_credit_messages=1, initial_credit_bytes=100))
     led.charge("USER", 90)
     with pytest.raises(errors.InsufficientCredits):
         led.charge("USER", 50)

@@ -17,7 +17,9 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from protoflask.core import envelope
 from protoflask.core.envelope import CLIENT_TYPES, PAYLOAD_SCHEMAS, Message
 from protoflask.core.errors import ERRORS_BY_CODE, InvalidMessage, ProtoError
-from protoflask.core.session import Event, ProtocolSession, SessionSettings
+from protoflask.core.session import Event, ProtocolSession
+
+from ._support import receive_decoded_events, receive_events, session_settings, tick_events
 
 EXAMPLES = int(os.environ.get("PROTOFLASK_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None,
@@ -207,16 +209,16 @@ frames = st.one_of(
 @FUZZ
 @given(st.lists(frames, max_size=25), st.booleans(), st.integers(0, 3))
 def test_a_session_answers_anything_with_events_and_errors(inputs, hello_first, rate):
-    settings_ = SessionSettings(rate_limit=rate * 5, rate_limit_burst=4,
+    settings_ = session_settings(rate_limit=rate * 5, rate_limit_burst=4,
                                 max_message_size=4096)
     session = ProtocolSession("s", "u", settings_, 0)
     session.attach(0)
     now = 1
     for raw in ([HELLO] if hello_first else []) + inputs:
         now += 7
-        events = session.receive(raw, now)
+        events = receive_events(session, raw, now)
         assert all(isinstance(e, Event.__args__) for e in events)  # type: ignore[attr-defined]
-        session.tick(now)
+        tick_events(session, now)
         for _, data in session.take_writable(now):
             sent = orjson.loads(data)
             if sent["type"] == "ERROR":
@@ -228,6 +230,6 @@ def test_a_session_answers_anything_with_events_and_errors(inputs, hello_first, 
         except orjson.JSONDecodeError:
             continue
         now += 7
-        session.receive_decoded(obj, len(raw), now)
+        receive_decoded_events(session, obj, len(raw), now)
         session.take_writable(now)
     session.snapshot()

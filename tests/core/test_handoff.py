@@ -16,7 +16,8 @@ def moved(session: ProtocolSession, now: int) -> ProtocolSession:
     state = orjson.loads(orjson.dumps(handoff.export_state(session)))
     entries = [(e.seq, e.stored_at, e.data) for e in session.replay]
     copy = handoff.restore(state, session.settings, now, entries)
-    handoff.requeue(copy, orjson.loads(orjson.dumps(handoff.pending_outbound(session))))
+    for item in orjson.loads(orjson.dumps(handoff.pending_outbound(session))):
+        copy.send(messages.from_dict(item))  # queued again on the new node
     return copy
 
 

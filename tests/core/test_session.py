@@ -12,7 +12,10 @@ from protoflask.core.session import (
     RunChanged, TextReceived, ToolCallReceived, ToolCancelRequested, ToolListRequested,
 )
 
-from ._support import Client, errors as error_codes, hello_payload, make_session, raw, seqs, types
+from ._support import (
+    Client, errors as error_codes, hello_payload, make_session, raw, receive_decoded_events,
+    receive_events, seqs, session_settings, tick_events, types,
+)
 
 #: The server-to-client types docs/PROTOCOL.md §4 lists.
 CONTRACT_SERVER_TYPES = {
@@ -257,7 +260,7 @@ def test_rejected_messages_still_advance_the_seq(client, mtype, payload, code):
 def test_invalid_envelope_does_not_advance_the_seq(client):
     bad = json.dumps({"id": "x", "session": "sess-1", "seq": "50", "ts": "1", "type": "PING",
                       "channel": "NOWHERE", "payload": {"nonce": "n"}})
-    events = client.s.receive(bad, 0)
+    events = receive_events(client.s, bad, 0)
     assert [type(e) for e in events] == [ErrorSent]
     assert error_codes(client.take()) == ["INVALID_MESSAGE"]
     assert client.s.upstream_seq == 1
@@ -267,7 +270,7 @@ def test_invalid_envelope_does_not_advance_the_seq(client):
 
 @pytest.mark.parametrize("frame", [b"garbage", b"[1,2]", b'"str"', b"{}"])
 def test_malformed_frames_get_invalid_message_and_the_session_goes_on(client, frame):
-    client.s.receive(frame, 0)
+    receive_events(client.s, frame, 0)
     out = client.take()
     assert error_codes(out) == ["INVALID_MESSAGE"]
     assert "related_id" not in out[0]["payload"]
@@ -280,7 +283,7 @@ def test_oversize_frame_is_message_too_large_and_close_1009():
     c = Client(s)
     c.handshake()
     frame = raw("PING", {"nonce": "z" * 300}, seq="2")
-    events = s.receive(frame, 0)
+    events = receive_events(s, frame, 0)
     assert [e.code for e in of_type(events, CloseRequested)] == [1009]
     assert error_codes(c.take()) == ["MESSAGE_TOO_LARGE"]
     assert s.upstream_seq == 1
@@ -289,11 +292,11 @@ def test_oversize_frame_is_message_too_large_and_close_1009():
 def test_receive_decoded_applies_the_same_rules(client):
     env = {"id": "d-1", "session": "sess-1", "seq": "2", "ts": "1", "type": "PING",
            "channel": "SYSTEM", "payload": {"nonce": "dec"}}
-    client.s.receive_decoded(env, 90, 0)
+    receive_decoded_events(client.s, env, 90, 0)
     assert [m["payload"] for m in client.take()] == [{"nonce": "dec"}]
-    client.s.receive_decoded(env, 90, 0)  # same seq: dropped
+    receive_decoded_events(client.s, env, 90, 0)  # same seq: dropped
     assert client.take() == []
-    client.s.receive_decoded(["not", "an", "object"], 10, 0)
+    receive_decoded_events(client.s, ["not", "an", "object"], 10, 0)
     assert error_codes(client.take()) == ["INVALID_MESSAGE"]
 
 
@@ -326,7 +329,7 @@ def test_seq_and_ts_are_stamped_when_the_message_is_written(client):
 
 
 def test_send_after_close_is_refused(client):
-    client.s.closed = True
+    client.s.close()
     assert client.s.send(messages.ping("x")) is False
     assert client.take() == []
 
@@ -344,7 +347,7 @@ def test_accept_events_filters_and_filtered_messages_take_no_seq():
     c.send("MESSAGE_END", {"message_id": "nope"})         # ERROR always passes
     assert s.send(messages.text_part("m", "x")) is False  # filtered
     assert s.send(messages.tool_done("c", "OK")) is True
-    s.tick(1000)                                          # heartbeat PING always passes
+    tick_events(s, 1000)                                    # heartbeat PING always passes
     out = c.take(now=1000)
     assert types(out) == ["ERROR", "TOOL_DONE", "PING"]
     assert seqs(out) == [2, 3, 4]
@@ -856,9 +859,9 @@ def hb_session():
 
 def test_ping_is_sent_after_the_interval():
     s, c = hb_session()
-    assert s.tick(999) == []
+    assert tick_events(s, 999) == []
     assert c.take(now=999) == []
-    assert s.tick(1000) == []
+    assert tick_events(s, 1000) == []
     (ping,) = c.take(now=1000)
     assert (ping["type"], ping["channel"]) == ("PING", "SYSTEM")
     assert isinstance(ping["payload"]["nonce"], str) and ping["payload"]["nonce"]
@@ -866,23 +869,23 @@ def test_ping_is_sent_after_the_interval():
 
 def test_no_matching_pong_times_out():
     s, c = hb_session()
-    s.tick(1000)
+    tick_events(s, 1000)
     (ping,) = c.take(now=1000)
     c.send("PONG", {"nonce": "wrong-" + ping["payload"]["nonce"]}, now=1100)
-    assert s.tick(1299) == []
-    assert s.tick(1300) == [HeartbeatTimedOut()]
+    assert tick_events(s, 1299) == []
+    assert tick_events(s, 1300) == [HeartbeatTimedOut()]
 
 
 def test_matching_pong_clears_the_heartbeat():
     s, c = hb_session()
-    s.tick(1000)
+    tick_events(s, 1000)
     (ping,) = c.take(now=1000)
     c.send("PONG", {"nonce": ping["payload"]["nonce"]}, now=1200)
     assert c.take(now=1200) == []  # PONG is not answered
-    assert s.tick(1300) == []
-    assert s.tick(1999) == []
+    assert tick_events(s, 1300) == []
+    assert tick_events(s, 1999) == []
     assert c.take(now=1999) == []
-    s.tick(2000)  # next interval: a fresh PING with a fresh nonce
+    tick_events(s, 2000)  # next interval: a fresh PING with a fresh nonce
     (ping2,) = c.take(now=2000)
     assert ping2["type"] == "PING"
     assert ping2["payload"]["nonce"] != ping["payload"]["nonce"]
@@ -891,7 +894,7 @@ def test_matching_pong_clears_the_heartbeat():
 def test_no_heartbeat_while_disconnected():
     s, c = hb_session()
     s.detach(0)
-    assert s.tick(5000) == []
+    assert tick_events(s, 5000) == []
     assert c.take(now=5000) == []
 
 
@@ -899,9 +902,9 @@ def test_attach_restarts_the_heartbeat_clock():
     s, c = hb_session()
     s.detach(100)
     s.attach(900)
-    s.tick(1000)
+    tick_events(s, 1000)
     assert c.take(now=1000) == []
-    s.tick(1900)
+    tick_events(s, 1900)
     assert types(c.take(now=1900)) == ["PING"]
 
 
@@ -913,9 +916,9 @@ def test_disconnected_session_expires_after_the_replay_window_time():
     c = Client(s)
     c.handshake()
     s.detach(1000)
-    assert s.tick(5999) == []
+    assert tick_events(s, 5999) == []
     assert s.closed is False
-    assert s.tick(6000) == [Expired()]
+    assert tick_events(s, 6000) == [Expired()]
     assert s.closed is True
     assert s.send(messages.ping("x")) is False
 
@@ -924,13 +927,13 @@ def test_reattaching_in_time_prevents_expiry():
     s = make_session(replay_window_time=5000)
     s.detach(1000)
     s.attach(5000)
-    assert all(not isinstance(e, Expired) for e in s.tick(10_000))
+    assert all(not isinstance(e, Expired) for e in tick_events(s, 10_000))
     assert s.closed is False
 
 
 def test_connected_session_does_not_expire():
     s = make_session(replay_window_time=100, heartbeat_interval=10**9)
-    assert s.tick(10_000) == []
+    assert tick_events(s, 10_000) == []
 
 
 # -- snapshot -----------------------------------------------------------------------------------
@@ -1013,11 +1016,11 @@ def test_payload_with_non_string_keys_from_the_application_is_sent(client):
 
 
 def test_expired_is_reported_once():
-    from protoflask.core.session import Expired, ProtocolSession, SessionSettings
-    s = ProtocolSession("S", "u", SessionSettings(replay_window_time=100), now=0)
+    from protoflask.core.session import Expired, ProtocolSession
+    s = ProtocolSession("S", "u", session_settings(replay_window_time=100), now=0)
     s.detach(0)
-    assert [type(e) for e in s.tick(150)] == [Expired]
-    assert s.tick(300) == [] and s.closed
+    assert [type(e) for e in tick_events(s, 150)] == [Expired]
+    assert tick_events(s, 300) == [] and s.closed
 
 
 def test_application_payload_must_be_json():

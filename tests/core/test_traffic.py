@@ -4,10 +4,10 @@ bounded labels, and replays by source and result."""
 from __future__ import annotations
 
 from protoflask.core import messages
-from protoflask.core.session import ProtocolSession, SessionSettings
+from protoflask.core.session import ProtocolSession
 from protoflask.core.traffic import TrafficCounters
 
-from ._support import Client
+from ._support import Client, receive_events, session_settings
 
 
 def moved(counts: dict, before: dict) -> dict:
@@ -16,8 +16,8 @@ def moved(counts: dict, before: dict) -> dict:
 
 def test_sessions_sharing_counters_add_up_by_type():
     traffic = TrafficCounters()
-    a = Client(ProtocolSession("a", "u", SessionSettings(), 0, traffic))
-    b = Client(ProtocolSession("b", "u", SessionSettings(), 0, traffic))
+    a = Client(ProtocolSession("a", "u", session_settings(), 0, traffic))
+    b = Client(ProtocolSession("b", "u", session_settings(), 0, traffic))
     for c in (a, b):
         c.s.attach(0)
         c.handshake()
@@ -30,21 +30,21 @@ def test_sessions_sharing_counters_add_up_by_type():
 
 
 def test_unknown_types_and_unreadable_envelopes_get_one_label_each():
-    c = Client(ProtocolSession("a", "u", SessionSettings(), 0))
+    c = Client(ProtocolSession("a", "u", session_settings(), 0))
     c.s.attach(0)
     traffic = c.s.traffic
     before = dict(traffic.received)
     c.send("MADE_UP_1", {})
     c.send("MADE_UP_2", {})
-    c.s.receive(b"not json", 0)
-    c.s.receive(b'{"type": "PING"}', 0)
+    receive_events(c.s, b"not json", 0)
+    receive_events(c.s, b'{"type": "PING"}', 0)
     assert moved(traffic.received, before) == {"unknown": 2, "invalid": 2}
     assert set(traffic.received) >= {"unknown", "invalid"}
     assert "MADE_UP_1" not in traffic.received
 
 
 def test_a_message_is_counted_sent_once_when_it_gets_its_seq_not_when_queued():
-    c = Client(ProtocolSession("a", "u", SessionSettings(), 0))
+    c = Client(ProtocolSession("a", "u", session_settings(), 0))
     c.s.attach(0)
     c.handshake(capabilities={"flow_control": {"initial_credit_messages": 1,
                                                "downstream": True}})
@@ -61,7 +61,7 @@ def test_a_message_is_counted_sent_once_when_it_gets_its_seq_not_when_queued():
 
 
 def test_replays_by_source_and_result():
-    s = ProtocolSession("a", "u", SessionSettings(replay_window_size=2), 0)
+    s = ProtocolSession("a", "u", session_settings(replay_window_size=2), 0)
     c = Client(s)
     s.attach(0)
     c.handshake()

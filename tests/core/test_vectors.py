@@ -11,7 +11,7 @@ from protoflask.core.envelope import CLIENT_TYPES, parse
 from protoflask.core.errors import ERRORS_BY_CODE, ProtoError
 from protoflask.core.session import ErrorSent
 
-from ._support import Client, make_session
+from ._support import Client, make_session, receive_events
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors"
 MAX_SIZE = 4096
@@ -53,18 +53,16 @@ def test_valid_vector_parses(path):
 
 @pytest.mark.parametrize("path", VALID, ids=[p.stem for p in VALID])
 def test_valid_vector_is_accepted_by_a_session(path):
-    s = make_session(max_message_size=MAX_SIZE)
     wire = json.loads(path.read_bytes())
-    if wire["type"] != "HELLO":
-        s.handshake_completed = True
+    s = make_session(max_message_size=MAX_SIZE, greeted=wire["type"] != "HELLO")
     if wire["type"] in ("MESSAGE_PART", "MESSAGE_END"):
         # PART/END need an open text (else INVALID_MESSAGE for the unknown message_id).
         assert int(wire["seq"]) > 1
         start = {**wire, "seq": "1", "type": "MESSAGE_START",
                  "payload": {"message_id": wire["payload"]["message_id"],
                              "content_type": "text/plain"}}
-        assert s.receive(json.dumps(start), 0)
-    events = s.receive(path.read_bytes(), 0)
+        assert receive_events(s, json.dumps(start), 0)
+    events = receive_events(s, path.read_bytes(), 0)
     codes = {e.error.code for e in events if isinstance(e, ErrorSent)}
     assert not codes & VALIDATION_CODES, codes
 
@@ -78,9 +76,8 @@ def test_invalid_vector_is_rejected_with_its_code(path):
 
 @pytest.mark.parametrize("path", INVALID, ids=[p.stem for p in INVALID])
 def test_invalid_vector_gets_one_error_message_from_a_session(path):
-    s = make_session(max_message_size=MAX_SIZE)
-    s.handshake_completed = True
-    s.receive(path.read_bytes(), 0)
+    s = make_session(max_message_size=MAX_SIZE, greeted=True)
+    receive_events(s, path.read_bytes(), 0)
     out = Client(s).take()
     assert [(m["type"], m["payload"]["code"]) for m in out] == [
         ("ERROR", expected_code(path))]

@@ -92,17 +92,18 @@ def test_dashboard_data_refuses_odd_since_with_400(make_server):
 
 def test_dashboard_data_survives_odd_session_state(make_server):
     """A seq past 64 bits in a session (however it got there: issue 13 saw a 64-digit
-    upstream seq) is listed as a string, not a 500 from the JSON encoder."""
+    upstream seq, which the envelope now refuses) is listed as a string, not a 500 from
+    the JSON encoder."""
     server = make_server()
     token = server.issue_token("alice")
     with WSClient(server.base_url, token) as client:
         client.hello()
         huge = 10 ** 64
-        server.hub.get(client.session_id).core.upstream_seq = huge
+        server.hub.get(client.session_id).core.downstream_seq = huge
         response = requests.get(server.base_url + "/dashboard/data",
                                 headers={"Authorization": f"Bearer {token}"}, timeout=5)
         assert response.status_code == 200, response.text
-        assert response.json()["sessions"][0]["lastClientSeq"] == str(huge)
+        assert response.json()["sessions"][0]["lastDeliveredSeq"] == str(huge)
 
 
 def test_public_cluster_stats_hide_hosts_and_pids(make_server, redis_url, prefix):

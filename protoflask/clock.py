@@ -1,0 +1,10 @@
+"""The wall clock in milliseconds: the one ``now_ms`` every layer above the core reads
+(the core itself never reads a clock; its callers pass this value in)."""
+
+from __future__ import annotations
+
+import time
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

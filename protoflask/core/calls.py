@@ -1,0 +1,99 @@
+"""The runs and tool calls one session has open: bookkeeping only (the session sends
+the messages and events that go with them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import DuplicateCallId, InvalidMessage, MaxRunsExceeded, RunNotFound
+
+
+@dataclass(slots=True)
+class Run:
+    """A run (docs/PROTOCOL.md §12 Application API)."""
+
+    run_id: str
+    start_time: int
+    thread_id: str | None = None
+    status: str = "active"
+    end_time: int | None = None
+    metadata: Any = None
+    summary: Any = None
+    error: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"runId": self.run_id, "status": self.status,
+                               "startTime": self.start_time}
+        for key, value in (("threadId", self.thread_id), ("endTime", self.end_time),
+                           ("metadata", self.metadata), ("summary", self.summary),
+                           ("error", self.error)):
+            if value is not None:
+                out[key] = value
+        return out
+
+
+@dataclass(slots=True)
+class Call:
+    run_id: str | None
+    message_id: str | None  # the TOOL_CALL's id; None for a call the application opened
+
+
+class CallRegistry:
+    """Active runs by id and open tool calls by call_id."""
+
+    __slots__ = ("max_runs", "runs", "calls")
+
+    def __init__(self, max_runs: int) -> None:
+        self.max_runs = max_runs
+        self.runs: dict[str, Run] = {}
+        self.calls: dict[str, Call] = {}
+
+    # -- runs -----------------------------------------------------------------------------
+
+    def check_room(self) -> None:
+        """Raise MaxRunsExceeded when no other run may start."""
+        if len(self.runs) >= self.max_runs:
+            raise MaxRunsExceeded(f"{len(self.runs)} runs are active (max {self.max_runs})")
+
+    def add_run(self, run_id: str, now: int, thread_id: str | None, metadata: Any) -> Run:
+        if run_id in self.runs:
+            raise InvalidMessage(f"run {run_id!r} is already active")
+        run = self.runs[run_id] = Run(run_id, now, thread_id=thread_id, metadata=metadata)
+        return run
+
+    def end_run(self, run_id: str, now: int) -> Run:
+        """Remove an active run (its status is the caller's to set)."""
+        run = self.runs.pop(run_id, None)
+        if run is None:
+            raise RunNotFound(f"run {run_id!r} is not active in this session")
+        run.end_time = now
+        return run
+
+    def calls_of(self, run_id: str) -> tuple[str, ...]:
+        return tuple(cid for cid, call in self.calls.items() if call.run_id == run_id)
+
+    # -- calls ----------------------------------------------------------------------------
+
+    def add_call(self, call_id: str, run_id: str | None, message_id: str | None,
+                 check_run: bool = False) -> None:
+        """Open a call; with ``check_run``, only in an active run (or none)."""
+        if call_id in self.calls:
+            raise DuplicateCallId(f"call_id {call_id!r} is already running")
+        if check_run and run_id is not None and run_id not in self.runs:
+            raise RunNotFound(f"run {run_id!r} is not active in this session")
+        self.calls[call_id] = Call(run_id, message_id)
+
+    # -- moving to another node (core.handoff) --------------------------------------------
+
+    def export(self) -> tuple[list[list[Any]], dict[str, list[str | None]]]:
+        """(runs, calls) as JSON-ready data: what a run needs to go on elsewhere."""
+        runs = [[r.run_id, r.start_time, r.thread_id, r.metadata] for r in self.runs.values()]
+        calls = {cid: [c.run_id, c.message_id] for cid, c in self.calls.items()}
+        return runs, calls
+
+    def restore(self, runs: Any, calls: Any) -> None:
+        for run_id, start_time, thread_id, metadata in runs or ():
+            self.runs[run_id] = Run(run_id, start_time, thread_id=thread_id, metadata=metadata)
+        for call_id, (run_id, message_id) in (calls or {}).items():
+            self.calls[call_id] = Call(run_id, message_id)

@@ -1,0 +1,98 @@
+"""What a session tells the layer above it: small immutable events.
+
+The session buffers them as it goes; the caller drains them with
+``ProtocolSession.take_events()`` after any call (the one way out, as websockets'
+``events_received()``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .calls import Run
+from .errors import ProtoError
+
+
+@dataclass(frozen=True, slots=True)
+class Handshake:
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TextReceived:
+    message: dict[str, Any]  # wire form; END carries ``text`` and ``content_type`` too
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallReceived:
+    call_id: str
+    tool: str
+    params: dict[str, Any]
+    run_id: str | None
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCancelRequested:
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolListRequested:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RunChanged:
+    kind: str  # "started" | "finished" | "cancelled"
+    run: Run
+    cancelled_calls: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AudioReceived:
+    message: dict[str, Any]
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSent:
+    error: ProtoError
+
+
+@dataclass(frozen=True, slots=True)
+class CloseRequested:
+    code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatTimedOut:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class SlowConsumer:
+    """Unsent bytes passed outbound_buffer_size: the transport should be dropped."""
+
+    unsent_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendRefused:
+    """A server message was dropped: the pending queue was full (the client withholds
+    credit or paused the channel for too long)."""
+
+    type: str
+    channel: str
+
+
+Event = (Handshake | TextReceived | ToolCallReceived | ToolCancelRequested | ToolListRequested
+         | RunChanged | AudioReceived | ErrorSent | CloseRequested | HeartbeatTimedOut | Expired
+         | SlowConsumer | SendRefused)

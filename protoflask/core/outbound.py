@@ -1,0 +1,280 @@
+"""One session's way down to its client: the pending queue, credit gating, seq stamping,
+the replay window and resends, and back-pressure.
+
+A message is filtered (by the session) when queued, then waits in the pending queue
+until its channel has credit and is not paused; only then does it get the next
+downstream seq and enter the replay window, so wire order is seq order. Control
+messages never wait for credit or a pause.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .messages import Outbound, pause_channel, resume_channel
+from .credits import CreditLedger
+from .envelope import CONTROL_TYPES, encode
+from .errors import ReplayUnavailable
+from .events import Event, SendRefused, SlowConsumer
+from .replay import ReplayWindow, ResendQueue
+from .settings import SessionSettings
+from .traffic import TrafficCounters
+
+# Bytes a stamped envelope adds around its payload (id, session, seq, ts, type, channel):
+# the estimate the pending queue's byte count uses before the real encoding exists.
+ENVELOPE_OVERHEAD = 160
+#: Most bytes of replayed messages one ``take_writable`` returns: a replay is written out a
+#: batch at a time, read from the window as it goes, never materialised whole.
+REPLAY_BATCH_BYTES = 262144
+
+
+class OutboundQueue:
+    """Everything the session holds for its client, and the order it goes out in.
+
+    ``events`` is the session's event buffer (SlowConsumer and SendRefused go there);
+    ``connected`` tells whether a transport is attached."""
+
+    def __init__(self, session_id: str, settings: SessionSettings, credits: CreditLedger,
+                 traffic: TrafficCounters, events: list[Event],
+                 connected: Callable[[], bool]) -> None:
+        self.session_id = session_id
+        self.settings = settings
+        self.credits = credits
+        self.traffic = traffic
+        self._events = events
+        self._connected = connected
+        self.replay = ReplayWindow(settings.replay_window_size, settings.replay_window_time,
+                                   settings.replay_window_bytes)
+        self.downstream_seq = 0
+        self.paused_by_client: set[str] = set()
+        self.paused_by_server: set[str] = set()
+        # Lists, not deques: take_writable drains them whole, and an idle session's empty
+        # list costs 56 bytes where a deque costs 760.
+        self.pending: list[Outbound] = []
+        self._pending_sizes: list[int] = []
+        # estimated encoded size of what ``pending`` holds, per channel
+        self._pending_channel_bytes: dict[str, int] = {}
+        self.in_flight = 0  # bytes the transport is writing right now
+        # below this nothing in check_pressure can trigger (half the pause threshold)
+        self._low_water = min(settings.outbound_buffer_size * settings.back_pressure_threshold / 2,
+                              settings.outbound_buffer_size)
+        # back-pressure may pause USER only after data was queued since the last resume
+        self._pause_armed = True
+        self._overflowed = False  # SlowConsumer reported for this connection
+        self._resend = ResendQueue()  # window ranges to write again (resume, REPLAY_REQUEST)
+        self._resend_bytes = 0  # what they hold; counts toward the outbound buffer
+
+    # -- a transport comes and goes -------------------------------------------------------
+
+    def attached(self) -> None:
+        """A fresh connection: nothing in flight, nothing to resend yet."""
+        self.drop_resends()
+        self.in_flight = 0
+        self._overflowed = False
+
+    def drop_resends(self) -> None:
+        """A replay in progress was for the connection that went; a resume asks for its own."""
+        self._resend.clear()
+        self._resend_bytes = 0
+
+    # -- queueing -------------------------------------------------------------------------
+
+    def push(self, out: Outbound) -> bool:
+        """Queue a message the session accepted; False when the queue is full."""
+        s = self.settings
+        if len(self.pending) >= s.max_pending_messages or \
+                self.pending_bytes >= max(s.outbound_buffer_size, 4 * s.max_message_size):
+            if out.type not in CONTROL_TYPES:
+                self._events.append(SendRefused(out.type, out.channel))
+                return False
+            # Control messages never wait for credit, so they are queued anyway; they
+            # only pile up while a write is blocked, i.e. the client does not read: that
+            # is a slow consumer (its transport is closed, the session kept, and what is
+            # queued goes to the replay window), so nothing is lost.
+            if self._connected() and self.in_flight and not self._overflowed:
+                self._overflowed = True
+                self._events.append(SlowConsumer(self.unsent_bytes))
+        self._enqueue(out)
+        if out.type not in CONTROL_TYPES:
+            self._pause_armed = True
+        self.check_pressure()
+        return True
+
+    def _enqueue(self, out: Outbound) -> None:
+        size = len(encode(out.payload)) + ENVELOPE_OVERHEAD
+        self.pending.append(out)
+        self._pending_sizes.append(size)
+        by_channel = self._pending_channel_bytes
+        by_channel[out.channel] = by_channel.get(out.channel, 0) + size
+
+    @property
+    def pending_bytes(self) -> int:
+        """Estimated encoded size of everything in ``pending`` (at most five channels)."""
+        return sum(self._pending_channel_bytes.values())
+
+    @property
+    def unsent_bytes(self) -> int:
+        """What the session holds for its client: queued, replays still to write, and
+        being written."""
+        return self.pending_bytes + self._resend_bytes + self.in_flight
+
+    def under_load(self) -> bool:
+        return bool(self.paused_by_server) or \
+            len(self.pending) > self.settings.max_pending_messages // 2
+
+    # -- back-pressure --------------------------------------------------------------------
+
+    def set_in_flight(self, nbytes: int) -> None:
+        """The transport reports how many bytes it is writing (0 once written)."""
+        self.in_flight = nbytes
+        self.check_pressure(writer=True)
+
+    def check_pressure(self, writer: bool = False, may_resume: bool = True) -> None:
+        """Back-pressure (docs/PROTOCOL.md §5 Flow control), with hysteresis: USER is paused
+        when the unsent bytes (queued plus being written) pass the high mark,
+        backPressureThreshold of the buffer, and resumed only once they are down to the
+        low mark, a quarter of the high one. Two rules keep the pair from feeding itself:
+        a pause needs data queued since the last resume (the PAUSE/RESUME frames and the
+        write of what is already queued never pause again on their own), and no resume is
+        decided inside take_writable, between taking a batch off the queue and the
+        transport reporting it in flight, when the batch is counted nowhere.
+
+        A client is stuck when bytes the session could send (not held back by the client's
+        own credit or pause) pass the whole buffer while a write is blocked: only another
+        caller than the writer can see that."""
+        s = self.settings
+        unsent = self.unsent_bytes
+        if unsent < self._low_water and not self.paused_by_server:
+            return  # the common case: nearly nothing buffered
+        high = s.outbound_buffer_size * s.back_pressure_threshold
+        if s.credits.enabled:
+            if "USER" not in self.paused_by_server:
+                if unsent > high and self._pause_armed:
+                    self.paused_by_server.add("USER")
+                    self._enqueue(pause_channel("USER"))
+            elif may_resume and unsent <= high / 4:
+                self.paused_by_server.discard("USER")
+                self._pause_armed = False
+                self._enqueue(resume_channel("USER"))
+        if writer or not self.in_flight or self._overflowed or not self._connected():
+            return
+        sendable = self.in_flight + self._resend_bytes + sum(
+            nbytes for channel, nbytes in self._pending_channel_bytes.items()
+            if nbytes and channel not in self.paused_by_client
+            and self.credits.can_send(channel, 0))
+        if sendable > s.outbound_buffer_size:
+            self._overflowed = True
+            self._events.append(SlowConsumer(sendable))
+
+    # -- to the wire ----------------------------------------------------------------------
+
+    def has_writable(self) -> bool:
+        return bool(self._resend or self.pending)
+
+    def take_writable(self, now: int) -> list[tuple[int, bytes]]:
+        """Messages ready for the wire, in seq order: replays first, then pending
+        messages whose channel has credit and is not paused (those get their seq now).
+
+        A replay comes a batch of about REPLAY_BATCH_BYTES at a time, read from the
+        window; until it is all taken nothing newer is, so the wire stays in seq order.
+        Call again while ``has_writable()``."""
+        if self._resend:
+            out = self._resend.take(self.replay, REPLAY_BATCH_BYTES)
+            self.traffic.replayed_messages += len(out)
+            if self._resend:
+                self._resend_bytes = self._resend.nbytes(self.replay)
+                return out
+            self._resend_bytes = 0
+        else:
+            out = []
+        pending, sizes = self.pending, self._pending_sizes
+        if not pending:
+            return out
+        self.pending, self._pending_sizes = [], []
+        credits = self.credits
+        paused = self.paused_by_client
+        blocked: set[str] = set()
+        sid, ts = self.session_id, str(now)
+        sent = self.traffic.sent
+        for ob, size in zip(pending, sizes, strict=True):
+            channel = ob.channel
+            control = ob.type in CONTROL_TYPES
+            if not control and (channel in blocked or channel in paused):
+                blocked.add(channel)
+                self._hold(ob, size)
+                continue
+            seq = self.downstream_seq + 1
+            data = encode({"id": ob.id or f"{sid}:{seq}", "session": sid, "seq": str(seq),
+                           "ts": ts, "type": ob.type, "channel": channel,
+                           "payload": ob.payload})
+            if not control:
+                if not credits.can_send(channel, len(data)):
+                    blocked.add(channel)
+                    self._hold(ob, size)
+                    continue
+                credits.spend(channel, len(data))
+            self._pending_channel_bytes[channel] -= size
+            self.downstream_seq = seq
+            self.replay.add(seq, data, now)
+            out.append((seq, data))
+            try:
+                sent[ob.type] += 1
+            except KeyError:  # an application's own type
+                sent[ob.type] = 1
+        # what was just taken is not in flight yet: no resume decision here (see above)
+        self.check_pressure(may_resume=False)
+        return out
+
+    def _hold(self, ob: Outbound, size: int) -> None:
+        """Put a message back, behind those held before it (order within a channel)."""
+        self.pending.append(ob)
+        self._pending_sizes.append(size)
+
+    # -- replays --------------------------------------------------------------------------
+
+    def queue_replay(self, from_seq: int, to_seq: int | None, now: int, source: str,
+                     related_id: str | None = None) -> ReplayUnavailable | None:
+        """Write the window's ``from_seq``..``to_seq`` (None: the newest) again. Returns
+        the error to report when part of it is gone. ``source``: "resume" (a reconnect
+        with last_seq) or "request" (REPLAY_REQUEST), for the replay counters."""
+        replays = self.traffic.replays
+        if to_seq is not None:
+            to_seq = min(to_seq, self.downstream_seq)
+        elif from_seq > self.downstream_seq:
+            replays[source, "complete"] += 1  # nothing was sent after it
+            return None
+        self.replay.prune(now)
+        complete = self.replay.holds(from_seq)
+        # merged with what is already queued: asking again for the same range costs
+        # nothing, so the queue never holds more than the window
+        self._resend.add(from_seq, self.downstream_seq if to_seq is None else to_seq)
+        self._resend_bytes = self._resend.nbytes(self.replay)
+        self.check_pressure()
+        unavailable = not complete and (to_seq is None or from_seq <= to_seq)
+        replays[source, "unavailable" if unavailable else "complete"] += 1
+        if not unavailable:
+            return None
+        first = self.replay.first_seq
+        return ReplayUnavailable(
+            f"messages from seq {from_seq} are no longer available",
+            detail={"first_available": str(first if first is not None
+                                            else self.downstream_seq + 1)},
+            related_id=related_id)
+
+    # -- moving to another node (core.handoff) --------------------------------------------
+
+    def export_pending(self) -> list[dict[str, Any]]:
+        """Messages queued but not yet stamped, as JSON-ready data."""
+        return [ob.to_dict() for ob in self.pending]
+
+    def restore(self, downstream_seq: int, paused_by_client: set[str],
+                replay: Any, acked: int, now: int) -> None:
+        """Take the seq, the client's pauses and the window's (seq, stored_at, data)
+        entries from the node that held the session; entries up to ``acked`` stay out."""
+        self.paused_by_client = paused_by_client
+        for seq, stored_at, data in replay:
+            if seq > acked:
+                self.replay.add(seq, data, stored_at)
+            downstream_seq = max(downstream_seq, seq)
+        self.downstream_seq = downstream_seq
+        self.replay.prune(now)
