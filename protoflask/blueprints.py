@@ -22,17 +22,24 @@ lists them and ``server.unregister_tool("billing.refund")`` removes them.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from flask import Blueprint
 
-from .tools import Tool
+from .tools import Tool, ToolRegistry
 
 if TYPE_CHECKING:
     from flask.sansio.app import App
     from flask.sansio.blueprints import BlueprintSetupState
 
-    from .server import ProtoServer
+
+@runtime_checkable
+class ToolHost(Protocol):
+    """What a blueprint needs of the app's ProtoServer (``app.extensions["protoflask"]``)."""
+
+    tools: ToolRegistry
+
+    def register_tool(self, tool: Tool) -> None: ...
 
 
 class ToolBlueprint(Blueprint):
@@ -107,8 +114,6 @@ class ToolBlueprint(Blueprint):
             server.register_tool(tool)
 
 
-def _server_of(app: "App") -> "ProtoServer | None":
-    from .server import ProtoServer
-
+def _server_of(app: "App") -> ToolHost | None:
     server = app.extensions.get("protoflask")
-    return server if isinstance(server, ProtoServer) else None
+    return server if isinstance(server, ToolHost) else None

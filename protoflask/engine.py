@@ -1,9 +1,12 @@
-"""The transport-neutral session layer: what every transport calls, and the one place
-where core events become signals, tool runs and transport actions.
+"""The transport-neutral session layer: what every transport calls (admission, the
+sessions' lifecycle, upstream messages), the heartbeat ticker, and the operations the
+server's public API runs on sessions. What core events become is ``dispatch.py``'s.
 
 Transports only frame bytes; they call ``open_connection`` / ``new_session`` or
 ``find_session`` / ``attach`` / ``receive`` / ``detach`` and write what
-``session.core.take_writable`` gives them.
+``session.core.take_writable`` gives them. The engine knows the server above it only
+through the callables it is given (``emit``, ``emit_error``, ``invoke_tool``), and hands
+the hub below it a ``SessionHost``.
 """
 
 from __future__ import annotations
@@ -11,140 +14,38 @@ from __future__ import annotations
 import gc
 import logging
 import uuid
-from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 import gevent
 
 from .auth import TokenAuthority
 from .tickets import MemoryTicketStore, TicketStore
 from .config import ServerConfig
-from .core import messages
+from .clock import now_ms
 from .core.bodies import is_raw, split_body
 from .core.errors import (
-    InvalidMessage, InvalidToken, MaxConnections, MessageTooLarge, OutboundQueueFull,
-    ProtoError, SessionNotFound, ShuttingDown, UserConnectionLimit,
+    CloseCode, InvalidMessage, InvalidToken, MaxConnections, MessageTooLarge, ProtoError,
+    SessionNotFound, ShuttingDown, UserConnectionLimit,
 )
-from .core.errors import CloseCode
-from .core.session import (
-    AudioReceived, CloseRequested,
-    ErrorSent, Expired,
-    Handshake, HeartbeatTimedOut, ProtocolSession, RunChanged, TextReceived, ToolCallReceived,
-    SendRefused, SlowConsumer, ToolCancelRequested, ToolListRequested,
-)
-from .clock import now_ms
+from .core.session import ProtocolSession
+from .dispatch import Dispatcher
 from .hub import Hub, LiveSession, SessionHost, Transport
-from .core.traffic import TrafficCounters
-from .metrics import ToolCounters
-from .tools import SessionToolRunner, ToolExecution, ToolRegistry, check_call
+from .kept import KeptSessions
+from .limits import UserCaps
+from .stats import Stats
+from .tools import CallSink, SessionToolRunner, Tool, ToolExecution, ToolRegistry, check_call
 from . import signals
-
-if TYPE_CHECKING:
-    from .server import ProtoServer
 
 log = logging.getLogger("protoflask")
 access_log = logging.getLogger("protoflask.access")
 
-STATS_WINDOW_MS = 10_000
-HISTORY_SECONDS = 300  # per-second samples the dashboard charts (five minutes)
-
-
-class Stats:
-    """The counters of docs/PROTOCOL.md §10 Statistics, plus the plain counters /metrics
-    and the dashboard read (docs/OPERATIONS.md): bumped where things happen, never
-    through a metrics library on the per-message path."""
-
-    def __init__(self, now: int) -> None:
-        self.started_at = now
-        self.total_connections = 0
-        self.active_connections = 0
-        self.total_messages = 0
-        self.errors_sent = 0
-        # (second, messages, latency sum ms, latency samples) for the last 10 s
-        self._buckets: deque[list[float]] = deque()
-        self.traffic = TrafficCounters()  # shared by every session's core
-        self.connections_active: dict[str, int] = {}  # by transport kind
-        self.connections_opened: dict[str, int] = {}
-        self.connections_refused: dict[str, int] = {}  # by error code
-        self.errors_by_code: dict[str, int] = {}  # ERROR messages sent
-        self.outbound_dropped = 0  # OUTBOUND_QUEUE_FULL
-        self.runs: dict[str, int] = dict.fromkeys(
-            ("started", "finished", "cancelled", "error"), 0)
-        self.tools = ToolCounters()
-        #: [second start ms, most connections open in it, messages, mean latency ms, errors]
-        self.history: deque[list[float]] = deque(maxlen=HISTORY_SECONDS)
-        self._sampled_second = now // 1000
-        self._errors_at_sample = 0
-        self._peak_connections = 0  # since the last sample
-
-    def connection_opened(self, kind: str) -> None:
-        self.active_connections += 1
-        self.total_connections += 1
-        self._peak_connections = max(self._peak_connections, self.active_connections)
-        self.connections_active[kind] = self.connections_active.get(kind, 0) + 1
-        self.connections_opened[kind] = self.connections_opened.get(kind, 0) + 1
-
-    def connection_closed(self, kind: str) -> None:
-        self.active_connections -= 1
-        self.connections_active[kind] = self.connections_active.get(kind, 0) - 1
-
-    def count(self, counts: dict[str, int], key: str) -> None:
-        counts[key] = counts.get(key, 0) + 1
-
-    def sample(self, now: int) -> None:
-        """Once a second (the heartbeat ticker calls it): append the seconds completed
-        since the last sample to ``history``, from the 10 s buckets."""
-        second = now // 1000
-        if second <= self._sampled_second:
-            return
-        by_second = {int(b[0]): b for b in self._buckets}
-        errors = self.errors_sent - self._errors_at_sample
-        self._errors_at_sample = self.errors_sent
-        peak = max(self._peak_connections, self.active_connections)
-        self._peak_connections = self.active_connections
-        first = max(self._sampled_second, second - HISTORY_SECONDS)
-        for s in range(first, second):
-            b = by_second.get(s)
-            self.history.append([s * 1000, peak, b[1] if b else 0,
-                                 round(b[2] / b[3], 4) if b and b[3] else 0.0,
-                                 errors if s == second - 1 else 0])
-        self._sampled_second = second
-
-    def record(self, now: int, latency_ms: float) -> None:
-        self.total_messages += 1
-        second = now // 1000
-        buckets = self._buckets
-        if not buckets or buckets[-1][0] != second:
-            buckets.append([second, 0, 0.0, 0])
-            self._trim(now)
-        bucket = buckets[-1]
-        bucket[1] += 1
-        bucket[2] += latency_ms
-        bucket[3] += 1
-
-    def _trim(self, now: int) -> None:
-        horizon = (now - STATS_WINDOW_MS) // 1000
-        while self._buckets and self._buckets[0][0] <= horizon:
-            self._buckets.popleft()
-
-    def snapshot(self, now: int) -> dict[str, Any]:
-        self._trim(now)
-        uptime = max(1, now - self.started_at)
-        window_s = min(STATS_WINDOW_MS, uptime) / 1000.0
-        recent = sum(b[1] for b in self._buckets)
-        samples = sum(b[3] for b in self._buckets)
-        return {
-            "totalConnections": self.total_connections,
-            "activeConnections": self.active_connections,
-            "totalMessages": self.total_messages,
-            "messagesPerSecond": round(recent / window_s, 3),
-            "averageLatency": round(sum(b[2] for b in self._buckets) / samples, 4)
-            if samples else 0.0,
-            "errorRate": round(min(1.0, self.errors_sent / self.total_messages), 6)
-            if self.total_messages else 0.0,
-            "uptime": uptime,
-        }
+#: ``emit(signal, **kwargs)``: send a signal (the server's, whose listeners get it)
+Emit = Callable[..., None]
+#: ``emit_error(exception, **kwargs)``: send the ``error`` signal
+EmitError = Callable[..., None]
+#: ``invoke_tool(tool, params, session_id, call_id)``: call the tool's ``execute``
+InvokeTool = Callable[[Tool, Any, str, str], Any]
 
 
 @dataclass(frozen=True)
@@ -159,31 +60,39 @@ class Admission:
 
 
 class Engine:
-    def __init__(self, server: "ProtoServer", config: ServerConfig, hub: Hub,
-                 tools: ToolRegistry, authority: TokenAuthority) -> None:
-        self.server = server
+    """The session layer of one process: admits transports, feeds the sessions' cores and
+    hands their events to its ``Dispatcher``."""
+
+    def __init__(self, config: ServerConfig, hub: Hub, tools: ToolRegistry,
+                 authority: TokenAuthority, *, emit: Emit, emit_error: EmitError,
+                 invoke_tool: InvokeTool, tickets: TicketStore | None = None) -> None:
         self.config = config
         self.hub = hub
         self.tools = tools
         self.authority = authority
+        self._emit = emit
+        self._emit_error = emit_error
+        self._invoke_tool = invoke_tool
         self.settings = config.session_settings()
         self.stats = Stats(now_ms())
         self.shutting_down = False
         self._ticker: gevent.Greenlet | None = None
-        #: per user: live transports, and POST bodies being read (maxConnectionsPerUser)
-        self._user_connections: dict[str, int] = {}
-        self._user_bodies: dict[str, int] = {}
-        #: per user: ids of this process's disconnected (kept) sessions, oldest first
-        self._kept: dict[str, dict[str, None]] = {}
-        self._kept_pruned_at = 0
-        #: connect tickets (POST /proto/ticket); the server sets a shared one when clustered
-        self.tickets: TicketStore = MemoryTicketStore()
+        self.user_caps = UserCaps(config.connections_per_user)
+        self.kept = KeptSessions(hub, config.max_kept_sessions_per_user, self._expire)
+        #: connect tickets (POST /proto/ticket): in memory, or shared when clustered
+        self.tickets: TicketStore = tickets if tickets is not None else MemoryTicketStore()
+        self.dispatcher = Dispatcher(
+            hub=hub, tools=tools, stats=self.stats, emit=emit, emit_error=emit_error,
+            close_transport=self.close_transport, expire=self._expire,
+            heartbeat_timeout=config.heartbeat_timeout)
+        self._dispatch = self.dispatcher.dispatch
+        hub.bind(SessionHost(settings=self.settings, adopt=self.adopt,
+                             close_transport=self.close_transport,
+                             local_stats=self.local_stats, receive_body=self.receive_body))
 
-        hub.bind(SessionHost(
-            settings=self.settings, adopt=self.adopt, close_transport=self._close_transport,
-            local_stats=lambda: {**self.stats.snapshot(now_ms()),
-                                 "errorsSent": self.stats.errors_sent},
-            receive_body=self.receive_body))
+    def local_stats(self) -> dict[str, Any]:
+        """This node's statistics (docs/PROTOCOL.md §10) now, and ``errorsSent``."""
+        return {**self.stats.snapshot(now_ms()), "errorsSent": self.stats.errors_sent}
 
     # -- connections -----------------------------------------------------------------
 
@@ -211,33 +120,26 @@ class Engine:
         if self.stats.active_connections >= self.config.max_connections:
             raise MaxConnections(f"{self.config.max_connections} connections are open")
         if user_id is not None:
-            held = self._user_connections.get(user_id, 0)
-            cap = self.config.connections_per_user
-            if held >= cap and not replacing:
-                raise UserConnectionLimit(f"this user has {held} live connections open "
-                                          f"(maxConnectionsPerUser {cap})")
-            self._user_connections[user_id] = held + 1
+            self.user_caps.take_connection(user_id, replacing)
         self.ensure_running()
         self.stats.connection_opened(kind)
 
     def close_connection(self, kind: str = "unknown", user_id: str | None = None) -> None:
         self.stats.connection_closed(kind)
         if user_id is not None:
-            _release(self._user_connections, user_id)
+            self.user_caps.release_connection(user_id)
 
     def open_body(self, user_id: str) -> None:
         """Count a POST body being read for the user (their own cap, maxConnectionsPerUser
         of them at once), or raise USER_CONNECTION_LIMIT; the caller owes close_body."""
-        held = self._user_bodies.get(user_id, 0)
-        cap = self.config.connections_per_user
-        if held >= cap:
-            self.stats.count(self.stats.connections_refused, UserConnectionLimit.code)
-            raise UserConnectionLimit(f"this user has {held} request bodies being read "
-                                      f"(maxConnectionsPerUser {cap})")
-        self._user_bodies[user_id] = held + 1
+        try:
+            self.user_caps.take_body(user_id)
+        except UserConnectionLimit as exc:
+            self.stats.count(self.stats.connections_refused, exc.code)
+            raise
 
     def close_body(self, user_id: str) -> None:
-        _release(self._user_bodies, user_id)
+        self.user_caps.release_body(user_id)
 
     def admit(self, token: str | None, session_id: str | None,
               last_seq: int | None, kind: str = "unknown",
@@ -275,10 +177,16 @@ class Engine:
         """A live session around a protocol session (new, or moved here from another node)."""
         core.traffic = self.stats.traffic  # this node counts what it carries
         live = LiveSession(core, self._dispatch)
-        live.runner = SessionToolRunner(live, self.server, self.config.max_concurrent_runs,
+        sink = CallSink(core.id, update=live.tool_update, done=live.tool_done,
+                        fail=live.fail_call, invoke=self._invoke_tool,
+                        tool_failed=self._tool_failed)
+        live.runner = SessionToolRunner(sink, self.config.max_concurrent_runs,
                                         self.config.tool_queue_size, self.config.tool_timeout,
                                         on_finish=self.stats.tools.finished)
         return live
+
+    def _tool_failed(self, exc: BaseException, session_id: str) -> None:
+        self._emit_error(exc, session_id=session_id)
 
     def find_session(self, session_id: str | None, user_id: str, *,
                      claim: bool = True) -> LiveSession:
@@ -320,24 +228,6 @@ class Engine:
             return len(split_body(body))
         return self.receive_body(live, body)
 
-    def receive_body(self, live: LiveSession, body: bytes) -> int:
-        """Hand every message of a posted body to the session; returns how many.
-
-        Each message meets the session's rules (its errors go downstream as ERROR
-        messages). A body of which no line is JSON at all is reported in-protocol like a
-        non-JSON WebSocket frame and then raised as InvalidMessage (the HTTP 400)."""
-        try:
-            parts = split_body(body)
-        except InvalidMessage:
-            self.receive(live, body)
-            raise
-        for part in parts:
-            if is_raw(part):
-                self.receive(live, part[0])
-            else:
-                self.receive_decoded(live, *part)
-        return len(parts)
-
     def open_transport(self, live: LiveSession, transport: Transport,
                        last_seq: int | None) -> None:
         """An admitted transport starts serving its session: attach it and log it open
@@ -370,12 +260,10 @@ class Engine:
             old.close(CloseCode.SUPERSEDED, "superseded by a resumed connection")
         live.core.attach(now_ms(), last_seq)
         live.transport = transport
-        kept = self._kept.get(live.user_id)
-        if kept is not None:
-            kept.pop(live.id, None)
+        self.kept.connected(live)
         self.hub.changed(live)
         self._emit(signals.connect, session_id=live.id)
-        self._drain_events(live)
+        self.dispatcher.drain(live)
         live.notify()
 
     def detach(self, live: LiveSession, transport: Transport) -> None:
@@ -385,7 +273,7 @@ class Engine:
         live.transport = None
         live.core.detach(now_ms())
         self.hub.changed(live)
-        self._keep(live)
+        self.kept.keep(live)
         self._emit(signals.disconnect, session_id=live.id)
 
     # -- upstream --------------------------------------------------------------------
@@ -393,7 +281,7 @@ class Engine:
     def receive(self, live: LiveSession, raw: bytes | str) -> None:
         started = now_ms()
         live.core.receive(raw, started)
-        self._drain_events(live)
+        self.dispatcher.drain(live)
         live.notify()
         finished = now_ms()
         self.stats.record(finished, finished - started)
@@ -401,7 +289,7 @@ class Engine:
     def receive_decoded(self, live: LiveSession, obj: Any, nbytes: int) -> None:
         started = now_ms()
         live.core.receive_decoded(obj, nbytes, started)
-        self._drain_events(live)
+        self.dispatcher.drain(live)
         live.notify()
         finished = now_ms()
         self.stats.record(finished, finished - started)
@@ -414,10 +302,28 @@ class Engine:
         (an ERROR message) and counted like any received message."""
         started = now_ms()
         live.core.reject(exc)
-        self._drain_events(live)
+        self.dispatcher.drain(live)
         live.notify()
         finished = now_ms()
         self.stats.record(finished, finished - started)
+
+    def receive_body(self, live: LiveSession, body: bytes) -> int:
+        """Hand every message of a posted body to the session; returns how many.
+
+        Each message meets the session's rules (its errors go downstream as ERROR
+        messages). A body of which no line is JSON at all is reported in-protocol like a
+        non-JSON WebSocket frame and then raised as InvalidMessage (the HTTP 400)."""
+        try:
+            parts = split_body(body)
+        except InvalidMessage:
+            self.receive(live, body)
+            raise
+        for part in parts:
+            if is_raw(part):
+                self.receive(live, part[0])
+            else:
+                self.receive_decoded(live, *part)
+        return len(parts)
 
     def too_large(self, live: LiveSession, exc: MessageTooLarge, *,
                   close: bool = False) -> None:
@@ -428,133 +334,70 @@ class Engine:
         its own way (the WebSocket's 1009, the POST's 413, the stream's last line)."""
         self.reject(live, exc)
         if close:
-            self._close_transport(live, CloseCode.TOO_LARGE, "message too large")
+            self.close_transport(live, CloseCode.TOO_LARGE, "message too large")
 
-    # -- dispatch: core events -> signals, tools, transports -------------------------
-
-    def _drain_events(self, live: LiveSession) -> None:
-        self._dispatch(live, live.core.take_events())
-
-    def _dispatch(self, live: LiveSession, events: list[Any]) -> None:
-        while events:
-            for event in events:
-                self._handle(live, event)
-            events = live.core.take_events()
-
-    def _handle(self, live: LiveSession, event: Any) -> None:
-        sid = live.id
-        if isinstance(event, TextReceived):
-            self._emit(signals.text_message, session_id=sid, message=event.message)
-        elif isinstance(event, ToolCallReceived):
-            self._start_call(live, event)
-        elif isinstance(event, ErrorSent):
-            self.stats.errors_sent += 1
-            self.stats.count(self.stats.errors_by_code, event.error.code)
-            self._emit(signals.error, error=event.error, session_id=sid)
-        elif isinstance(event, Handshake):
-            self._emit(signals.handshake, session_id=sid, payload=event.payload)
-        elif isinstance(event, ToolCancelRequested):
-            assert live.runner is not None
-            if not live.runner.cancel(event.call_id):
-                self.hub.cancel_elsewhere(sid, event.call_id)  # started on another node
-        elif isinstance(event, ToolListRequested):
-            live.core.send(messages.tool_list(t.to_dict() for t in self.tools))
-        elif isinstance(event, RunChanged):
-            signal = {"started": signals.run_started, "finished": signals.run_finished,
-                      "cancelled": signals.run_cancelled}[event.kind]
-            self.stats.runs[event.kind if event.kind != "finished" else event.run.status] += 1
-            for call_id in event.cancelled_calls:
-                assert live.runner is not None
-                if not live.runner.cancel(call_id):
-                    self.hub.cancel_elsewhere(sid, call_id)
-            self._emit(signal, session_id=sid, run=event.run)
-        elif isinstance(event, AudioReceived):
-            self._emit(signals.audio_chunk, session_id=sid, message=event.message,
-                       data=event.data)
-        elif isinstance(event, CloseRequested):
-            self._close_transport(live, event.code, event.reason)
-        elif isinstance(event, HeartbeatTimedOut):
-            log.info("session %s: no PONG within %d ms; disconnecting", sid,
-                     self.config.heartbeat_timeout)
-            self._close_transport(live, CloseCode.HEARTBEAT, "heartbeat timeout")
-        elif isinstance(event, SlowConsumer):
-            log.warning("session %s: client is not reading (%d bytes unsent); dropping its "
-                        "connection, the session stays for resume", sid, event.unsent_bytes)
-            self._close_transport(live, CloseCode.SLOW_CONSUMER, "outbound buffer full")
-        elif isinstance(event, SendRefused):
-            self.stats.outbound_dropped += 1
-            log.warning("session %s: pending queue full; %s on %s dropped", sid, event.type,
-                        event.channel)
-            self._emit_error(OutboundQueueFull(
-                f"{event.type} on {event.channel} dropped: {len(live.core.pending)} messages "
-                "are waiting for the client's credit or RESUME_CHANNEL"), session_id=sid)
-        elif isinstance(event, Expired):
-            self._expire(live)
-
-    def _start_call(self, live: LiveSession, event: ToolCallReceived) -> None:
-        tool = self.tools.get(event.tool)
-        try:
-            check_call(tool, event.tool, event.params)
-        except ProtoError as exc:
-            live.core.fail_call(event.call_id, exc)
-            return
-        assert tool is not None and live.runner is not None
-        execution = ToolExecution(event.call_id, tool.name, event.params, run_id=event.run_id)
-        self.hub.state_changed(live)  # the open call, for a node that may take it over
-        self._emit(signals.tool_call, session_id=live.id, execution=execution)
-        if tool.execute is not None:
-            live.runner.submit(execution, tool)
-
-    def _close_transport(self, live: LiveSession, code: int, reason: str) -> None:
+    def close_transport(self, live: LiveSession, code: int, reason: str) -> None:
+        """Close the session's transport (if any) with ``code``; the session stays."""
         transport = live.transport
         if transport is not None:
             live.notify()
             transport.close(code, reason)
             self.detach(live, transport)
 
-    def _keep(self, live: LiveSession) -> None:
-        """A session just disconnected: the user's oldest disconnected sessions beyond
-        maxKeptSessionsPerUser are dropped (as if they had expired)."""
-        kept = self._kept.setdefault(live.user_id, {})
-        kept.pop(live.id, None)
-        kept[live.id] = None  # newest last
-        if len(kept) <= self.config.max_kept_sessions_per_user:
-            return
-        for sid in list(kept):
-            if len(kept) <= self.config.max_kept_sessions_per_user:
-                break
-            other = self.hub.get(sid)
-            if other is None or other.core.closed or other.transport is not None:
-                del kept[sid]  # gone or connected again meanwhile
-            else:
-                log.info("session %s: user %s keeps more than %d disconnected sessions; "
-                         "dropping the oldest", sid, live.user_id,
-                         self.config.max_kept_sessions_per_user)
-                other.core.close()
-                self._expire(other)
-
-    def _prune_kept(self, now: int) -> None:
-        """Forget kept ids whose sessions went away without passing _expire here (taken
-        over by another node); once a minute."""
-        if now - self._kept_pruned_at < 60_000:
-            return
-        self._kept_pruned_at = now
-        for user in list(self._kept):
-            kept = self._kept[user]
-            for sid in [s for s in kept if self.hub.get(s) is None]:
-                del kept[sid]
-            if not kept:
-                del self._kept[user]
-
     def _expire(self, live: LiveSession) -> None:
-        kept = self._kept.get(live.user_id)
-        if kept is not None:
-            kept.pop(live.id, None)
-            if not kept:
-                del self._kept[live.user_id]
+        self.kept.forget(live)
         self.hub.remove(live.id)
         if live.runner is not None:
             live.runner.cancel_all()
+
+    # -- the application's operations (ProtoServer's public API) ---------------------
+
+    def call_tool(self, live: LiveSession, name: str, args: Any, call_id: str,
+                  run_id: str | None,
+                  on_done: Callable[[ToolExecution, ProtoError | None], None]) -> None:
+        """Start a call of the application's own agent in the session (``call_tool``):
+        the contract's errors are raised before anything is sent; ``on_done`` hears the
+        end."""
+        tool = self.tools.get(name)
+        check_call(tool, name, args)
+        assert tool is not None and live.runner is not None
+        if tool.execute is None:
+            raise ValueError(f"tool {name!r} has no execute function to call")
+        live.core.open_call(call_id, run_id)
+        live.runner.submit(ToolExecution(call_id, tool.name, args, run_id=run_id,
+                                         on_done=on_done), tool)
+        live.notify()
+
+    def settle(self, live: LiveSession) -> None:
+        """After an operation on the session's core: act on its events, wake its writer."""
+        self.dispatcher.drain(live)
+        live.notify()
+
+    def tools_busy(self) -> bool:
+        """Whether a tool call runs or waits in any session of this process."""
+        return any(live.runner is not None and (live.runner.running or live.runner.waiting)
+                   for live in self.hub.sessions())
+
+    def close_transports(self, code: int, reason: str) -> None:
+        """Close every live transport; the sessions stay for resume."""
+        for live in self.hub.sessions():
+            if live.transport is not None:
+                self.close_transport(live, code, reason)
+
+    def shutdown_sessions(self) -> list[LiveSession]:
+        """The process is stopping: cancel tools and close every transport (1001); returns
+        the sessions whose transports are closing."""
+        self.shutting_down = True
+        closing = []
+        for live in self.hub.sessions():
+            if live.runner is not None:
+                live.runner.cancel_all()
+            transport = live.transport
+            if transport is not None:
+                transport.close(CloseCode.GOING_AWAY, "server stopping")
+                closing.append(live)
+            self.hub.hand_off(live)
+        return closing
 
     # -- timers ----------------------------------------------------------------------
 
@@ -585,10 +428,10 @@ class Engine:
     def tick(self) -> None:
         now = now_ms()
         self.stats.sample(now)
-        self._prune_kept(now)
+        self.kept.prune(now)
         for live in self.hub.sessions():
             live.core.tick(now)
-            self._drain_events(live)
+            self.dispatcher.drain(live)
             live.notify()
 
     def stop_timers(self) -> None:
@@ -596,19 +439,3 @@ class Engine:
             self._ticker.kill(block=False)
             self._ticker = None
         self.hub.stop()
-
-    # -- signals ---------------------------------------------------------------------
-
-    def _emit(self, signal: Any, **kwargs: Any) -> None:
-        self.server._emit(signal, **kwargs)
-
-    def _emit_error(self, exc: BaseException, **kwargs: Any) -> None:
-        self.server._emit_error(exc, **kwargs)
-
-
-def _release(counts: dict[str, int], user_id: str) -> None:
-    left = counts.get(user_id, 0) - 1
-    if left > 0:
-        counts[user_id] = left
-    else:
-        counts.pop(user_id, None)

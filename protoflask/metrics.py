@@ -1,8 +1,8 @@
 """/metrics: the server's counters in Prometheus' text format (docs/OPERATIONS.md).
 
 Nothing here runs per message. The numbers are plain ints and dicts kept where things
-happen (``engine.Stats``, the sessions' shared ``TrafficCounters``, the tool runners'
-``ToolCounters``); ``ProtoCollector`` turns them into metric families when a scraper
+happen (``stats.Stats``, the sessions' shared ``TrafficCounters``, the tool runners'
+``stats.ToolCounters``); ``ProtoCollector`` turns them into metric families when a scraper
 asks. Each ProtoServer has its own ``CollectorRegistry`` (``server.metrics_registry``),
 so several servers in one process never collide and an application can register its
 own collectors next to protoflask's. The collector is handed a way to reach the engine's
@@ -12,7 +12,6 @@ counters (``CounterSource``), never the server.
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from prometheus_client import CollectorRegistry
@@ -26,50 +25,7 @@ if TYPE_CHECKING:
     from flask import Response
 
     from .hub import LiveSession
-    from .tools import ToolExecution
-
-#: upper bounds (seconds) of the tool duration histogram's buckets
-TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                60.0)
-
-
-class DurationHistogram:
-    """Bucket counts, sum and count, as a Prometheus histogram needs them."""
-
-    __slots__ = ("counts", "sum")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(TOOL_BUCKETS) + 1)  # the last one is +Inf
-        self.sum = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(TOOL_BUCKETS, seconds)] += 1
-        self.sum += seconds
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        out, total = [], 0
-        for bound, count in zip((*map(str, TOOL_BUCKETS), "+Inf"), self.counts, strict=True):
-            total += count
-            out.append((bound, total))
-        return out
-
-
-class ToolCounters:
-    """Tool executions by tool: how they ended, and how long those that ran took
-    (from ``execute`` being called to the end: queue time excluded)."""
-
-    def __init__(self) -> None:
-        self.calls: dict[tuple[str, str], int] = {}  # (tool, status) -> count
-        self.durations: dict[str, DurationHistogram] = {}
-
-    def finished(self, execution: "ToolExecution") -> None:
-        key = (execution.tool_name, execution.status)
-        self.calls[key] = self.calls.get(key, 0) + 1
-        if execution.run_started is not None:
-            histogram = self.durations.get(execution.tool_name)
-            if histogram is None:
-                histogram = self.durations[execution.tool_name] = DurationHistogram()
-            histogram.observe(time.perf_counter() - execution.run_started)
+    from .stats import Stats
 
 
 def _labelled(metric: Any, counts: dict[Any, int]) -> Any:
@@ -80,11 +36,10 @@ def _labelled(metric: Any, counts: dict[Any, int]) -> Any:
 
 class CounterSource(Protocol):
     """What the collector reads at scrape time: the engine's ``Stats`` and its hub's
-    sessions. (Typed loosely so that metrics does not import the engine, which counts
-    tool runs with ``ToolCounters`` from here.)"""
+    sessions."""
 
     @property
-    def stats(self) -> Any: ...
+    def stats(self) -> "Stats": ...
 
     @property
     def hub(self) -> Any: ...

@@ -10,11 +10,9 @@ or test can call them safely.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import secrets
 import signal
-import socket
 import threading
 import time
 import uuid
@@ -22,9 +20,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import gevent
 import gevent.event
-from blinker import Signal
+from blinker import NamedSignal
 from flask import Flask
-from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from . import signals
 from .auth import authority_from_config
@@ -38,100 +35,12 @@ from .clock import now_ms
 from .cluster import make_hub
 from .hub import Hub, LiveSession, Send, ToolDone, ToolUpdate
 from .metrics import create_registry
-from .logs import RedactTokens
-from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools, check_call
+from .serving import EmbeddedServer
+from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools
 from .streaming import StreamedText, stream_chunks
-from .web import ConnectionTakenOver, WebContext, create_blueprint
+from .web import WebContext, create_blueprint
 
 log = logging.getLogger("protoflask")
-
-STOP_TIMEOUT = 3.0
-
-
-def _error_body(code: int) -> tuple[str, bytes]:
-    """The status line and JSON body of an error the WSGI server answers by itself."""
-    reason, name, message = {
-        400: ("Bad Request", "INVALID_MESSAGE", "malformed HTTP request"),
-        414: ("Request-URI Too Long", "URI_TOO_LONG", "the request line is too long"),
-    }.get(code, ("Internal Server Error", "INTERNAL_ERROR", "internal error"))
-    body = b'{"error":{"code":"%s","message":"%s"}}' % (name.encode(), message.encode())
-    return f"{code} {reason}", body
-
-
-def _raw_error(code: int) -> bytes:
-    status, body = _error_body(code)
-    return (f"HTTP/1.1 {status}\r\nConnection: close\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body
-
-
-class _Handler(WSGIHandler):
-    """gevent's handler, exposing the client socket to the WebSocket route."""
-
-    def handle(self) -> None:
-        # pywsgi writes a response's head and a small body separately; with Nagle on,
-        # the body waited for the client's delayed ACK of the head (~40 ms per POST).
-        try:
-            self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except (OSError, AttributeError):
-            pass  # not TCP (a Unix socket)
-        try:
-            super().handle()
-        except (BrokenPipeError, ConnectionResetError):
-            # the client left while gevent answered it (a 400 to a malformed request, say):
-            # not worth the traceback gevent's hub would print for it
-            self.close_connection = True
-
-    def get_environ(self) -> dict[str, Any]:
-        environ = super().get_environ()
-        environ["protoflask.socket"] = self.socket
-        return environ
-
-    def handle_one_request(self) -> Any:
-        """gevent's, except that a request it cannot parse (400, 414) is answered with
-        the JSON error body every other error has, not an empty or plain-text one."""
-        result = super().handle_one_request()
-        if isinstance(result, tuple) and len(result) == 2:
-            return result[0], _raw_error(int(result[0]))
-        return result
-
-    def _send_error_response_if_possible(self, error_code: int) -> None:
-        """gevent's plain-text 400/500 for errors outside the application, as JSON."""
-        if self.response_length:
-            self.close_connection = True
-            return
-        status, body = _error_body(error_code)
-        try:
-            self.start_response(status, [("Content-Type", "application/json"),
-                                         ("Content-Length", str(len(body))),
-                                         ("Connection", "close")])
-            self.write(body)
-        except OSError:
-            self.close_connection = True
-
-    def process_result(self) -> None:
-        """gevent's, except that an empty chunk before the head sends the head: a
-        streaming response flushes its status line that way when it has nothing to write
-        yet (gevent skips empty chunks, and would hold the head until the first bytes)."""
-        for data in self.result:
-            if data:
-                self.write(data)
-            elif not self.headers_sent:
-                # a 100 Continue still owed to the request body goes first, then the head
-                # alone (an empty chunk on the wire would end the body)
-                send_continue = getattr(self.wsgi_input, "_send_100_continue", None)
-                if send_continue is not None:
-                    send_continue()
-                self.write(b"")
-        if self.status and not self.headers_sent:
-            self.write(b"")
-        if self.response_use_chunked:
-            self._sendall(b"0\r\n\r\n")
-
-    def run_application(self) -> None:
-        try:
-            super().run_application()
-        except ConnectionTakenOver:
-            self.close_connection = True
 
 
 class ProtoServer:
@@ -148,11 +57,7 @@ class ProtoServer:
         self._app: Flask | None = None
         self._own_app = False  # the app was created here: the page may take "/"
         self._listeners: list[Callable[..., Any]] = []
-        self._wsgi: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
-        self._hub_loop: Any = None
-        self._stop_event: gevent.event.Event | None = None
-        self._port: int | None = None
+        self._serving = EmbeddedServer()
         if app is not None:
             self.init_app(app)
 
@@ -179,8 +84,16 @@ class ProtoServer:
         self.hub = self._hub_arg or make_hub(self.config)
         if self.config.metrics:
             self.hub.set_metrics_source(self._metrics_text)
-        self.engine = Engine(self, self.config, self.hub, self.tools, self.authority)
-        self.engine.tickets = self.hub.ticket_store()  # clustered: one every worker redeems
+        self.engine = Engine(self.config, self.hub, self.tools, self.authority,
+                             emit=self._emit, emit_error=self._emit_error,
+                             invoke_tool=self._invoke_tool,
+                             # clustered: a ticket store every worker redeems from
+                             tickets=self.hub.ticket_store())
+
+    def _invoke_tool(self, tool: Tool, params: Any, session_id: str, call_id: str) -> Any:
+        """The contract's call: ``execute(params, session_id, call_id, server)``."""
+        assert tool.execute is not None
+        return tool.execute(params, session_id, call_id, self)
 
     def _metrics_text(self) -> bytes:
         from prometheus_client import generate_latest
@@ -235,28 +148,12 @@ class ProtoServer:
     @property
     def port(self) -> int | None:
         """The port actually listened on (useful with port 0)."""
-        return self._port
+        return self._serving.port
 
     def start(self) -> None:
         """Listen on host:port and return once listening; emits ``started``."""
-        if self._wsgi is not None:
-            raise RuntimeError("server already started")
-        import gevent.monkey
-
-        if gevent.monkey.is_module_patched("socket"):
-            self._listen()
-        else:
-            ready = threading.Event()
-            failure: list[BaseException] = []
-            self._thread = threading.Thread(target=self._serve_in_thread,
-                                            args=(ready, failure), name="protoflask",
-                                            daemon=True)
-            self._thread.start()
-            ready.wait()
-            if failure:
-                self._thread.join()
-                self._thread = None
-                raise failure[0]
+        self._serving.start(self.app, self.config.host, self.config.port,
+                            listening=self.engine.ensure_running)
         self.engine.shutting_down = False
         self._warn_about_open_origins()
         if self.dev_token:
@@ -276,7 +173,7 @@ class ProtoServer:
         ``grace`` seconds (as under gunicorn's default graceful timeout) while new
         connections are refused. For scripts and examples (production runs gunicorn).
         Starts the server unless it already runs; call it from the main thread."""
-        if self._wsgi is None:
+        if not self._serving.running:
             self.start()
         done = threading.Event()  # gevent's own when the process is monkey-patched
         previous = {sig: signal.signal(sig, lambda *_: done.set())
@@ -288,61 +185,19 @@ class ProtoServer:
                 signal.signal(sig, handler)
             self.stop(grace)
 
-    def _listen(self) -> None:
-        error_log = logging.getLogger("protoflask.wsgi")  # quotes raw request lines:
-        if not any(isinstance(f, RedactTokens) for f in error_log.filters):
-            error_log.addFilter(RedactTokens())  # never with their tokens
-        self._wsgi = WSGIServer((self.config.host, self.config.port), self.app,
-                                handler_class=_Handler, log=None, error_log=error_log)
-        self._wsgi.start()
-        self._port = self._wsgi.server_port
-        self.engine.ensure_running()
-
-    def _serve_in_thread(self, ready: threading.Event, failure: list[BaseException]) -> None:
-        try:
-            self._hub_loop = gevent.get_hub().loop
-            self._stop_event = gevent.event.Event()
-            self._listen()
-        except BaseException as exc:
-            failure.append(exc)
-            self._hub_loop = None
-            ready.set()
-            return
-        ready.set()
-        self._stop_event.wait()
-
     def stop(self, grace: float = 0.0) -> None:
         """Close every connection (1001), cancel running tools, stop listening; emits
         ``stopped``. With ``grace`` (seconds), drain first: new connections are refused
         (503 SHUTTING_DOWN, /health 503 draining) while running tool calls get up to
         ``grace`` to finish."""
-        if self._wsgi is None:
+        if not self._serving.running:
             self.drain(grace)
             self.serving_stopped()
             return
         self.drain(grace)
-        self._call(self._stop_in_hub)
-        if self._thread is not None:
-            self._thread.join(STOP_TIMEOUT + 2)
-            self._thread = None
-        self._hub_loop = None
-        self._wsgi = None
+        self._serving.stop(closing=self.engine.shutdown_sessions,
+                           stopped=self.engine.stop_timers)
         self._emit(signals.stopped)
-
-    def _stop_in_hub(self) -> None:
-        closing = self._shutdown_sessions()
-        # Let each closed transport finish its close handshake (its reader detaches it)
-        # before the hub's thread ends: the WSGI server has no pool, so its stop() does
-        # not wait for handlers, and a hub that is gone never completes them.
-        with gevent.Timeout(STOP_TIMEOUT, False):
-            while any(live.transport is not None for live in closing):
-                gevent.sleep(0.01)
-        gevent.sleep(0)
-        assert self._wsgi is not None
-        self._wsgi.stop(timeout=STOP_TIMEOUT)
-        self.engine.stop_timers()
-        if self._stop_event is not None:
-            self._stop_event.set()
 
     def drain(self, grace: float) -> None:
         """Refuse new connections and wait up to ``grace`` seconds for running and queued
@@ -350,9 +205,7 @@ class ProtoServer:
         def wait() -> None:
             self.engine.shutting_down = True
             deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and any(
-                    live.runner is not None and (live.runner.running or live.runner.waiting)
-                    for live in self.hub.sessions()):
+            while time.monotonic() < deadline and self.engine.tools_busy():
                 gevent.sleep(0.05)
         self._call(wait)
 
@@ -364,49 +217,19 @@ class ProtoServer:
 
     def serving_stopped(self) -> None:
         """For hosting servers that are not ``start()`` (gunicorn's worker shutdown)."""
-        self._shutdown_sessions()
+        self.engine.shutdown_sessions()
         self.engine.stop_timers()
         self._emit(signals.stopped)
 
-    def _shutdown_sessions(self) -> list[LiveSession]:
-        """Cancel tools and close every transport; returns the sessions being closed."""
-        self.engine.shutting_down = True
-        closing = []
-        for live in self.hub.sessions():
-            if live.runner is not None:
-                live.runner.cancel_all()
-            transport = live.transport
-            if transport is not None:
-                transport.close(CloseCode.GOING_AWAY, "server stopping")
-                closing.append(live)
-            self.hub.hand_off(live)
-        return closing
-
     def close_all_connections(self) -> None:
         """Close every live transport (1001); sessions stay for resume."""
-        def close_all() -> None:
-            for live in self.hub.sessions():
-                if live.transport is not None:
-                    self.engine._close_transport(live, CloseCode.GOING_AWAY, "closed by server")
-        self._call(close_all)
+        self._call(self.engine.close_transports, CloseCode.GOING_AWAY, "closed by server")
 
     # -- threads -----------------------------------------------------------------------
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn`` in the server's hub and return its result (or raise its error)."""
-        loop = self._hub_loop
-        if loop is None or self._thread is None or threading.current_thread() is self._thread:
-            return fn(*args)
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:
-                future.set_exception(exc)
-
-        loop.run_callback_threadsafe(lambda: gevent.spawn(run))
-        return future.result()
+        return self._serving.call(fn, *args)
 
     # -- tools -------------------------------------------------------------------------
 
@@ -450,12 +273,6 @@ class ProtoServer:
 
         def run() -> Any:
             live = self._live(session_id)
-            tool = self.tools.get(name)
-            check_call(tool, name, args)
-            assert tool is not None and live.runner is not None
-            if tool.execute is None:
-                raise ValueError(f"tool {name!r} has no execute function to call")
-            live.core.open_call(call_id, run_id)
             outcome: gevent.event.AsyncResult = gevent.event.AsyncResult()
 
             def done(execution: ToolExecution, error: BaseException | None) -> None:
@@ -468,9 +285,7 @@ class ProtoServer:
                 else:
                     outcome.set(execution.result)
 
-            live.runner.submit(ToolExecution(call_id, tool.name, args, run_id=run_id,
-                                             on_done=done), tool)
-            live.notify()
+            self.engine.call_tool(live, name, args, call_id, run_id, on_done=done)
             return outcome.get()
         return self._call(run)
 
@@ -590,8 +405,7 @@ class ProtoServer:
         def run() -> dict[str, Any]:
             live = self._live(session_id)
             result = op(live, now_ms())
-            self.engine._drain_events(live)
-            live.notify()
+            self.engine.settle(live)
             return result.to_dict()
         return self._call(run)
 
@@ -621,7 +435,7 @@ class ProtoServer:
         signal.connect(receiver, sender=self, weak=False)
         return fn
 
-    def _emit(self, signal: Signal, **kwargs: Any) -> None:
+    def _emit(self, signal: NamedSignal, **kwargs: Any) -> None:
         """Send a signal; a listener that raises goes to ``error`` and the log."""
         if not signal.receivers:
             return

@@ -8,7 +8,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import gevent
 from gevent import Greenlet
@@ -21,9 +21,6 @@ from .core.errors import (
     InvalidMessage, MaxRunsExceeded, ProtoError, ToolExecutionError, ToolNotFound,
 )
 from .core.errors import ToolCancelled  # noqa: F401 - re-exported (protoflask.ToolCancelled)
-
-if TYPE_CHECKING:
-    from .hub import LiveSession
 
 log = logging.getLogger("protoflask.tools")
 
@@ -215,18 +212,35 @@ class ToolExecution:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class CallSink:
+    """What a session's tool runner may ask of the layers above it, as callables the
+    engine builds: the runner holds neither the session nor the server."""
+
+    session_id: str
+    #: (call_id, status): a TOOL_UPDATE without progress (QUEUED)
+    update: Callable[[str, str], Any]
+    #: (call_id, status, result): the call's TOOL_DONE (OK, CANCELLED)
+    done: Callable[..., Any]
+    #: (call_id, error): the call's TOOL_DONE ERROR
+    fail: Callable[[str, ProtoError], Any]
+    #: (tool, params, session_id, call_id) -> the result: the server calls the contract's
+    #: ``execute(params, session_id, call_id, server)``
+    invoke: Callable[[Tool, Any, str, str], Any]
+    #: (exception, session_id): a tool raised (the ``error`` signal)
+    tool_failed: Callable[[BaseException, str], None]
+
+
 class SessionToolRunner:
     """Runs one session's tool calls: at most ``limit`` at once, ``queue_size`` waiting.
 
-    Every call it accepts ends in exactly one TOOL_DONE, sent through the session.
+    Every call it accepts ends in exactly one TOOL_DONE, sent through the sink.
     """
 
-    def __init__(self, live: "LiveSession", server: Any, limit: int, queue_size: int,
-                 default_timeout_ms: int,
+    def __init__(self, sink: CallSink, limit: int, queue_size: int, default_timeout_ms: int,
                  on_finish: Callable[[ToolExecution], None] | None = None) -> None:
-        self.live = live
+        self.sink = sink
         self.on_finish = on_finish  # every ended execution (the server's tool metrics)
-        self.server = server
         self.limit = limit
         self.queue_size = queue_size
         self.default_timeout_ms = default_timeout_ms
@@ -242,7 +256,7 @@ class SessionToolRunner:
             self._spawn(execution, tool)
         elif len(self.waiting) < self.queue_size:
             self.waiting.append((execution, tool))
-            self.live.tool_update(execution.call_id, "QUEUED")
+            self.sink.update(execution.call_id, "QUEUED")
         else:
             self.finish(execution, "error", MaxRunsExceeded(
                 f"{len(self.running)} tool calls running and {len(self.waiting)} queued"))
@@ -254,7 +268,7 @@ class SessionToolRunner:
         if execution is not None:
             execution.status = "cancelled"
             execution.end_time = now_ms()
-        self.live.tool_done(call_id, "CANCELLED")
+        self.sink.done(call_id, "CANCELLED")
         self.executions.pop(call_id, None)
         self.waiting = [w for w in self.waiting if w[0].call_id != call_id]
         greenlet = self.running.pop(call_id, None)
@@ -279,9 +293,9 @@ class SessionToolRunner:
         execution.result = result
         self.executions.pop(execution.call_id, None)
         if error is not None:
-            self.live.fail_call(execution.call_id, error)
+            self.sink.fail(execution.call_id, error)
         else:
-            self.live.tool_done(execution.call_id, "OK", result)
+            self.sink.done(execution.call_id, "OK", result)
         if self.on_finish is not None:
             self.on_finish(execution)
         if execution.on_done is not None:
@@ -321,13 +335,13 @@ class SessionToolRunner:
         execution.run_started = time.perf_counter()
         try:
             assert tool.execute is not None
-            result = tool.execute(execution.arguments, self.live.id, execution.call_id,
-                                  self.server)
+            result = self.sink.invoke(tool, execution.arguments, self.sink.session_id,
+                                      execution.call_id)
         except Exception as exc:  # a tool's own failure, reported to the client
             log.warning("tool %r failed: %s", tool.name, exc, exc_info=True)
             self.finish(execution, "error", ToolExecutionError(
                 f"tool {tool.name!r} failed: {exc}"))
-            self.server._emit_error(exc, session_id=self.live.id)
+            self.sink.tool_failed(exc, self.sink.session_id)
             return
         problems = tool.result_errors(result)
         if problems:

@@ -27,13 +27,12 @@ MAX_LINES = 500
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("core",),
     ("config", "options", "auth", "jwks", "signals", "tools", "logs", "origins", "tickets",
-     "clock", "fastschema", "streaming"),
+     "clock", "fastschema", "streaming", "stats", "limits"),
     ("hub", "cluster"),
-    ("engine",),
+    ("engine", "dispatch", "kept"),
     ("transports",),
-    ("web", "dashboard", "metrics", "vitals"),
-    # blueprints: a Flask blueprint that registers its tools on the app's ProtoServer
-    ("server", "blueprints", "cli", "wsgi", ""),  # "": the package itself (its lazy public names)
+    ("web", "dashboard", "metrics", "vitals", "blueprints"),
+    ("server", "serving", "cli", "wsgi", ""),  # "": the package itself (its lazy public names)
 )
 #: The client sits beside the core's users: it imports the core only.
 CLIENT = "client"

@@ -1,10 +1,10 @@
-"""engine.Stats' per-second history for the dashboard charts: one sample per completed
+"""stats.Stats' per-second history for the dashboard charts: one sample per completed
 second from the 10 s buckets, gaps filled, the peak connection count of the interval, and
 bounded to HISTORY_SECONDS."""
 
 from __future__ import annotations
 
-from protoflask.engine import HISTORY_SECONDS, Stats
+from protoflask.stats import HISTORY_SECONDS, Stats
 
 
 def test_each_completed_second_becomes_one_sample():

@@ -60,7 +60,7 @@ def own_servers() -> Iterator[Callable[..., ProtoServer]]:
 
     yield make
     for server in made:
-        if server._wsgi is not None:
+        if server._serving.running:
             server.stop()
 
 

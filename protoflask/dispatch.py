@@ -1,0 +1,137 @@
+"""What each event of a session's core becomes: a signal, a tool call started or
+cancelled, a transport closed, a session expired. The engine runs every batch of events
+(from ``receive``, ``tick`` or an operation on the session) through its ``Dispatcher``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from .core import messages
+from .core.errors import CloseCode, OutboundQueueFull, ProtoError
+from .core.session import (
+    AudioReceived, CloseRequested, ErrorSent, Expired, Handshake, HeartbeatTimedOut,
+    RunChanged, SendRefused, SlowConsumer, TextReceived, ToolCallReceived, ToolCancelRequested,
+    ToolListRequested,
+)
+from .hub import Hub, LiveSession
+from .stats import Stats
+from .tools import ToolExecution, ToolRegistry, check_call
+from . import signals
+
+log = logging.getLogger("protoflask")
+
+_RUN_SIGNALS = {"started": signals.run_started, "finished": signals.run_finished,
+                "cancelled": signals.run_cancelled}
+
+
+class Dispatcher:
+    def __init__(self, *, hub: Hub, tools: ToolRegistry, stats: Stats,
+                 emit: Callable[..., None], emit_error: Callable[..., None],
+                 close_transport: Callable[[LiveSession, int, str], None],
+                 expire: Callable[[LiveSession], None], heartbeat_timeout: int) -> None:
+        self.hub = hub
+        self.tools = tools
+        self.stats = stats
+        self._emit = emit
+        self._emit_error = emit_error
+        self._close_transport = close_transport
+        self._expire = expire
+        self._heartbeat_timeout = heartbeat_timeout  # ms, for the log line
+        #: one per event type: what the event becomes
+        self._handlers: dict[type, Callable[[LiveSession, Any], None]] = {
+            TextReceived: self._on_text, ToolCallReceived: self._start_call,
+            ErrorSent: self._on_error_sent, Handshake: self._on_handshake,
+            ToolCancelRequested: self._on_tool_cancel, ToolListRequested: self._on_tool_list,
+            RunChanged: self._on_run_changed, AudioReceived: self._on_audio,
+            CloseRequested: self._on_close_requested,
+            HeartbeatTimedOut: self._on_heartbeat_timeout, SlowConsumer: self._on_slow_consumer,
+            SendRefused: self._on_send_refused, Expired: self._on_expired,
+        }
+
+    def drain(self, live: LiveSession) -> None:
+        """Act on the events the session's core buffered (after a call made on it
+        outside ``receive`` / ``tick``, e.g. an application's run operation)."""
+        self.dispatch(live, live.core.take_events())
+
+    def dispatch(self, live: LiveSession, events: list[Any]) -> None:
+        """Act on ``events``, then on those acting caused, until there are none."""
+        handlers = self._handlers
+        while events:
+            for event in events:
+                handler = handlers.get(type(event))
+                if handler is not None:
+                    handler(live, event)
+            events = live.core.take_events()
+
+    def _on_text(self, live: LiveSession, event: TextReceived) -> None:
+        self._emit(signals.text_message, session_id=live.id, message=event.message)
+
+    def _on_error_sent(self, live: LiveSession, event: ErrorSent) -> None:
+        self.stats.errors_sent += 1
+        self.stats.count(self.stats.errors_by_code, event.error.code)
+        self._emit(signals.error, error=event.error, session_id=live.id)
+
+    def _on_handshake(self, live: LiveSession, event: Handshake) -> None:
+        self._emit(signals.handshake, session_id=live.id, payload=event.payload)
+
+    def _on_tool_cancel(self, live: LiveSession, event: ToolCancelRequested) -> None:
+        self._cancel_call(live, event.call_id)
+
+    def _cancel_call(self, live: LiveSession, call_id: str) -> None:
+        assert live.runner is not None
+        if not live.runner.cancel(call_id):
+            self.hub.cancel_elsewhere(live.id, call_id)  # started on another node
+
+    def _on_tool_list(self, live: LiveSession, event: ToolListRequested) -> None:
+        live.core.send(messages.tool_list(t.to_dict() for t in self.tools))
+
+    def _on_run_changed(self, live: LiveSession, event: RunChanged) -> None:
+        signal = _RUN_SIGNALS[event.kind]
+        self.stats.runs[event.kind if event.kind != "finished" else event.run.status] += 1
+        for call_id in event.cancelled_calls:
+            self._cancel_call(live, call_id)
+        self._emit(signal, session_id=live.id, run=event.run)
+
+    def _on_audio(self, live: LiveSession, event: AudioReceived) -> None:
+        self._emit(signals.audio_chunk, session_id=live.id, message=event.message,
+                   data=event.data)
+
+    def _on_close_requested(self, live: LiveSession, event: CloseRequested) -> None:
+        self._close_transport(live, event.code, event.reason)
+
+    def _on_heartbeat_timeout(self, live: LiveSession, event: HeartbeatTimedOut) -> None:
+        log.info("session %s: no PONG within %d ms; disconnecting", live.id,
+                 self._heartbeat_timeout)
+        self._close_transport(live, CloseCode.HEARTBEAT, "heartbeat timeout")
+
+    def _on_slow_consumer(self, live: LiveSession, event: SlowConsumer) -> None:
+        log.warning("session %s: client is not reading (%d bytes unsent); dropping its "
+                    "connection, the session stays for resume", live.id, event.unsent_bytes)
+        self._close_transport(live, CloseCode.SLOW_CONSUMER, "outbound buffer full")
+
+    def _on_send_refused(self, live: LiveSession, event: SendRefused) -> None:
+        self.stats.outbound_dropped += 1
+        log.warning("session %s: pending queue full; %s on %s dropped", live.id, event.type,
+                    event.channel)
+        self._emit_error(OutboundQueueFull(
+            f"{event.type} on {event.channel} dropped: {len(live.core.pending)} messages "
+            "are waiting for the client's credit or RESUME_CHANNEL"), session_id=live.id)
+
+    def _on_expired(self, live: LiveSession, event: Expired) -> None:
+        self._expire(live)
+
+    def _start_call(self, live: LiveSession, event: ToolCallReceived) -> None:
+        tool = self.tools.get(event.tool)
+        try:
+            check_call(tool, event.tool, event.params)
+        except ProtoError as exc:
+            live.core.fail_call(event.call_id, exc)
+            return
+        assert tool is not None and live.runner is not None
+        execution = ToolExecution(event.call_id, tool.name, event.params, run_id=event.run_id)
+        self.hub.state_changed(live)  # the open call, for a node that may take it over
+        self._emit(signals.tool_call, session_id=live.id, execution=execution)
+        if tool.execute is not None:
+            live.runner.submit(execution, tool)

@@ -1,0 +1,219 @@
+"""The engine on its own: a LocalHub, real core sessions and real tools, a fake transport
+that records, and recording callables where the server would be. No ProtoServer, no
+sockets."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gevent
+import gevent.event
+import pytest
+
+from protoflask import signals
+from protoflask.auth import authority_from_config
+from protoflask.config import ServerConfig
+from protoflask.engine import Engine
+from protoflask.hub import LiveSession, LocalHub, SessionHost, now_ms
+from protoflask.tools import Tool, ToolExecution, ToolRegistry, builtin_tools
+
+SECRET = "test-secret-that-is-long-enough-for-hs256!"
+
+
+class FakeTransport:
+    kind = "websocket"
+
+    def __init__(self) -> None:
+        self.wakes = 0
+        self.closed: list[tuple[int, str]] = []
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+    def close(self, code: int, reason: str) -> None:
+        self.closed.append((code, reason))
+
+
+class BindingHub(LocalHub):
+    """A LocalHub that keeps what the engine bound it to."""
+
+    host: SessionHost | None = None
+
+    def bind(self, host: SessionHost) -> None:
+        self.host = host
+
+
+class Harness:
+    def __init__(self, **config: Any) -> None:
+        self.config = ServerConfig.load({"jwtSecret": SECRET, **config}, environ={})
+        self.hub = BindingHub()
+        self.tools = ToolRegistry()
+        for tool in builtin_tools():
+            self.tools.register(tool)
+        self.signals: list[tuple[Any, dict[str, Any]]] = []
+        self.errors: list[tuple[BaseException, dict[str, Any]]] = []
+        self.invoked: list[tuple[str, str, str]] = []
+        self.engine = Engine(self.config, self.hub, self.tools,
+                             authority_from_config(self.config), emit=self.emit,
+                             emit_error=self.emit_error, invoke_tool=self.invoke)
+        self.seq = 0
+
+    def emit(self, signal: Any, **kwargs: Any) -> None:
+        self.signals.append((signal, kwargs))
+
+    def emit_error(self, exc: BaseException, **kwargs: Any) -> None:
+        self.errors.append((exc, kwargs))
+
+    def invoke(self, tool: Tool, params: Any, session_id: str, call_id: str) -> Any:
+        self.invoked.append((tool.name, session_id, call_id))
+        assert tool.execute is not None
+        return tool.execute(params, session_id, call_id, "the-server")
+
+    def connect(self, user: str = "u1") -> tuple[LiveSession, FakeTransport]:
+        live = self.engine.new_session(user)
+        transport = FakeTransport()
+        self.engine.attach(live, transport)
+        return live, transport
+
+    def send(self, live: LiveSession, mtype: str, payload: Any, channel: str) -> None:
+        self.seq += 1
+        self.engine.receive(live, json.dumps({
+            "id": f"c-{self.seq}", "session": live.id, "seq": str(self.seq),
+            "ts": str(now_ms()), "type": mtype, "channel": channel, "payload": payload}))
+
+    def hello(self, live: LiveSession) -> None:
+        self.send(live, "HELLO", {"proto_version": "1.1.2", "accept_major": [1],
+                                  "accept_events": []}, "SYSTEM")
+
+    def written(self, live: LiveSession) -> list[dict[str, Any]]:
+        return [json.loads(data) for _, data in live.take_writable(now_ms())]
+
+    def fired(self, signal: Any) -> list[dict[str, Any]]:
+        return [kw for s, kw in self.signals if s is signal]
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+def test_the_engine_hands_the_hub_a_session_host(h: Harness) -> None:
+    host = h.hub.host
+    assert host is not None and host.settings is h.engine.settings
+    live = host.adopt(h.engine.new_session("u1").core)
+    assert live.runner is not None and live.core.traffic is h.engine.stats.traffic
+    assert host.local_stats()["totalMessages"] == host.local_stats()["errorsSent"] == 0
+
+
+def test_hello_is_answered_and_signalled(h: Harness) -> None:
+    live, transport = h.connect()
+    assert h.fired(signals.connect) == [{"session_id": live.id}]
+    h.hello(live)
+    assert [m["type"] for m in h.written(live)] == ["HELLO"]
+    (handshake,) = h.fired(signals.handshake)
+    assert handshake["session_id"] == live.id
+    assert handshake["payload"]["proto_version"] == "1.1.2"
+    assert transport.wakes >= 1 and h.engine.stats.total_messages == 1
+
+
+def test_a_tool_call_runs_the_tool_through_the_servers_invoke(h: Harness) -> None:
+    live, _ = h.connect()
+    h.hello(live)
+    h.written(live)
+    h.send(live, "TOOL_CALL", {"call_id": "k1", "tool": "echo", "params": {"message": "hi"}},
+           "USER")
+    (call,) = h.fired(signals.tool_call)
+    assert call["session_id"] == live.id and call["execution"].call_id == "k1"
+    assert h.invoked == [("echo", live.id, "k1")]
+    done = [m for m in h.written(live) if m["type"] == "TOOL_DONE"]
+    assert [m["payload"] for m in done] == [
+        {"call_id": "k1", "status": "OK", "result": {"echoed": "hi"}}]
+    assert h.engine.stats.tools.calls == {("echo", "completed"): 1}
+
+
+def test_a_call_of_an_unknown_tool_fails_without_a_signal(h: Harness) -> None:
+    live, _ = h.connect()
+    h.hello(live)
+    h.written(live)
+    h.send(live, "TOOL_CALL", {"call_id": "k1", "tool": "nope", "params": {}}, "USER")
+    assert h.fired(signals.tool_call) == [] and h.invoked == []
+    (done,) = [m for m in h.written(live) if m["type"] == "TOOL_DONE"]
+    assert done["payload"]["status"] == "ERROR"
+    assert done["payload"]["error"]["code"] == "TOOL_NOT_FOUND"
+
+
+def test_a_tool_that_raises_reaches_emit_error(h: Harness) -> None:
+    boom = RuntimeError("boom")
+
+    def execute(*_: Any) -> None:
+        raise boom
+
+    h.tools.register(Tool("bad", "raises", {"type": "object"}, execute=execute, inline=True))
+    live, _ = h.connect()
+    h.hello(live)
+    h.send(live, "TOOL_CALL", {"call_id": "k1", "tool": "bad", "params": {}}, "USER")
+    assert h.errors == [(boom, {"session_id": live.id})]
+
+
+def test_run_cancel_cancels_the_runs_tool_call(h: Harness) -> None:
+    release = gevent.event.Event()
+    h.tools.register(Tool("slow", "waits", {"type": "object"},
+                          execute=lambda *_: release.wait() and {}))
+    live, _ = h.connect()
+    h.hello(live)
+    h.send(live, "RUN_STARTED", {"run_id": "r1"}, "AGENT")
+    h.send(live, "TOOL_CALL", {"call_id": "k1", "tool": "slow", "params": {},
+                               "run_id": "r1"}, "USER")
+    gevent.sleep(0)
+    assert live.runner is not None and list(live.runner.running) == ["k1"]
+    h.written(live)
+    h.send(live, "RUN_CANCEL", {"run_id": "r1"}, "USER")
+    assert live.runner.running == {}
+    (cancelled,) = h.fired(signals.run_cancelled)
+    assert cancelled["session_id"] == live.id and cancelled["run"].run_id == "r1"
+    done = [m["payload"] for m in h.written(live) if m["type"] == "TOOL_DONE"]
+    assert done == [{"call_id": "k1", "status": "CANCELLED"}]
+    assert h.engine.stats.runs["cancelled"] == 1
+    assert h.engine.stats.tools.calls == {("slow", "cancelled"): 1}
+
+
+def test_an_application_call_reports_to_on_done(h: Harness) -> None:
+    live, _ = h.connect()
+    h.hello(live)
+    ended: list[tuple[ToolExecution, Any]] = []
+    h.engine.call_tool(live, "add", {"a": 1, "b": 2}, "agent-1", None,
+                       on_done=lambda e, err: ended.append((e, err)))
+    ((execution, error),) = ended
+    assert error is None and execution.result == {"result": 3}
+    assert h.fired(signals.tool_call) == []  # that event is for the client's calls
+
+
+def test_a_superseded_transport_is_closed_and_detach_keeps_the_session(h: Harness) -> None:
+    live, first = h.connect()
+    second = FakeTransport()
+    h.engine.attach(live, second)
+    assert first.closed == [(4002, "superseded by a resumed connection")]
+    h.engine.detach(live, first)  # no longer its transport: nothing happens
+    assert live.transport is second
+    h.engine.detach(live, second)
+    assert live.transport is None and h.hub.get(live.id) is live
+    assert h.fired(signals.disconnect) == [{"session_id": live.id}]
+
+
+def test_kept_sessions_beyond_the_cap_are_dropped_oldest_first() -> None:
+    h = Harness(maxKeptSessionsPerUser=1)
+    old, old_transport = h.connect()
+    new, new_transport = h.connect()
+    h.engine.detach(old, old_transport)
+    h.engine.detach(new, new_transport)
+    assert h.hub.get(old.id) is None and old.core.closed
+    assert h.hub.get(new.id) is new
+
+
+def test_close_transports_closes_every_one_and_keeps_the_sessions(h: Harness) -> None:
+    a, ta = h.connect()
+    b, tb = h.connect("u2")
+    h.engine.close_transports(1001, "closed by server")
+    assert ta.closed == tb.closed == [(1001, "closed by server")]
+    assert a.transport is None and b.transport is None and len(h.hub) == 2

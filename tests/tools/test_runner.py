@@ -1,0 +1,149 @@
+"""SessionToolRunner on its own: a recording call sink, real tools, no session, no server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gevent
+import gevent.event
+import pytest
+
+from protoflask.core.errors import MaxRunsExceeded, ToolExecutionError
+from protoflask.tools import CallSink, SessionToolRunner, Tool, ToolExecution, builtin_tools
+
+OBJECT = {"type": "object"}
+
+
+class Recorder:
+    """Everything the runner sends up, in order: ("update"|"done"|"fail"|"failed", ...)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.invoked: list[tuple[str, Any, str, str]] = []
+
+    def sink(self, session_id: str = "s1") -> CallSink:
+        return CallSink(
+            session_id,
+            update=lambda call_id, status: self.calls.append(("update", call_id, status)),
+            done=lambda call_id, status, result=None: self.calls.append(
+                ("done", call_id, status, result)),
+            fail=lambda call_id, error: self.calls.append(("fail", call_id, error)),
+            invoke=self.invoke,
+            tool_failed=lambda exc, sid: self.calls.append(("failed", exc, sid)))
+
+    def invoke(self, tool: Tool, params: Any, session_id: str, call_id: str) -> Any:
+        self.invoked.append((tool.name, params, session_id, call_id))
+        assert tool.execute is not None
+        return tool.execute(params, session_id, call_id, "the-server")
+
+
+def runner(rec: Recorder, limit: int = 2, queue_size: int = 1, timeout_ms: int = 5000,
+           finished: list[ToolExecution] | None = None) -> SessionToolRunner:
+    return SessionToolRunner(rec.sink(), limit, queue_size, timeout_ms,
+                             on_finish=None if finished is None else finished.append)
+
+
+def blocking_tool(name: str, release: gevent.event.Event, **kw: Any) -> Tool:
+    def execute(params: Any, session_id: str, call_id: str, server: Any) -> dict[str, Any]:
+        release.wait()
+        return {"server": server}
+    return Tool(name, "waits", OBJECT, execute=execute, **kw)
+
+
+def test_an_inline_tool_is_invoked_through_the_sink_and_done_at_once() -> None:
+    rec, finished = Recorder(), []
+    echo = builtin_tools()[0]
+    run = runner(rec, finished=finished)
+    run.submit(ToolExecution("c1", "echo", {"message": "hi"}), echo)
+    assert rec.invoked == [("echo", {"message": "hi"}, "s1", "c1")]
+    assert rec.calls == [("done", "c1", "OK", {"echoed": "hi"})]
+    assert [(e.call_id, e.status) for e in finished] == [("c1", "completed")]
+    assert run.executions == {} and run.running == {}
+
+
+def test_calls_beyond_the_limit_queue_then_are_refused() -> None:
+    rec = Recorder()
+    release = gevent.event.Event()
+    tool = blocking_tool("slow", release)
+    run = runner(rec, limit=1, queue_size=1)
+    for call_id in ("c1", "c2", "c3"):
+        run.submit(ToolExecution(call_id, "slow", {}), tool)
+    assert list(run.running) == ["c1"] and [w[0].call_id for w in run.waiting] == ["c2"]
+    assert rec.calls[0] == ("update", "c2", "QUEUED")
+    kind, call_id, error = rec.calls[1]
+    assert (kind, call_id) == ("fail", "c3") and isinstance(error, MaxRunsExceeded)
+    release.set()
+    gevent.sleep(0.01)
+    assert rec.calls[2:] == [("done", "c1", "OK", {"server": "the-server"}),
+                             ("done", "c2", "OK", {"server": "the-server"})]
+    assert run.running == {} and run.waiting == []
+
+
+def test_cancel_kills_the_running_call_and_starts_the_waiting_one() -> None:
+    rec, finished = Recorder(), []
+    release = gevent.event.Event()
+    tool = blocking_tool("slow", release)
+    run = runner(rec, limit=1, queue_size=1, finished=finished)
+    ended: list[tuple[str, Any]] = []
+    run.submit(ToolExecution("c1", "slow", {},
+                             on_done=lambda e, err: ended.append((e.status, err))), tool)
+    run.submit(ToolExecution("c2", "slow", {}), tool)
+    gevent.sleep(0)
+    assert run.cancel("c1") is True
+    assert ("done", "c1", "CANCELLED", None) in rec.calls
+    assert ended == [("cancelled", None)]
+    assert list(run.running) == ["c2"] and run.waiting == []
+    assert run.cancel("unknown") is False  # still answered CANCELLED: never left hanging
+    assert rec.calls[-1] == ("done", "unknown", "CANCELLED", None)
+    run.cancel_all()
+    assert run.running == {} and run.executions == {}
+    assert sorted(e.call_id for e in finished) == ["c1", "c2"]
+
+
+def test_a_tool_that_times_out_fails_with_its_timeout() -> None:
+    rec = Recorder()
+    tool = blocking_tool("slow", gevent.event.Event(), timeout=10)
+    run = runner(rec)
+    run.submit(ToolExecution("c1", "slow", {}), tool)
+    gevent.sleep(0.1)
+    (kind, call_id, error), = rec.calls
+    assert (kind, call_id) == ("fail", "c1")
+    assert isinstance(error, ToolExecutionError) and "timed out after 10 ms" in error.message
+
+
+def test_a_tool_that_raises_fails_the_call_then_reports_the_exception() -> None:
+    rec = Recorder()
+    boom = RuntimeError("boom")
+
+    def execute(*_: Any) -> None:
+        raise boom
+
+    run = runner(rec)
+    run.submit(ToolExecution("c1", "bad", {}), Tool("bad", "raises", OBJECT, execute=execute,
+                                                    inline=True))
+    (kind, call_id, error), failed = rec.calls
+    assert (kind, call_id) == ("fail", "c1") and "tool 'bad' failed: boom" in error.message
+    assert failed == ("failed", boom, "s1")
+
+
+def test_a_result_that_breaks_the_output_schema_fails_the_call() -> None:
+    rec = Recorder()
+    tool = Tool("liar", "wrong result", OBJECT,
+                {"type": "object", "required": ["n"]}, execute=lambda *_: {}, inline=True)
+    runner(rec).submit(ToolExecution("c1", "liar", {}), tool)
+    (kind, call_id, error), = rec.calls
+    assert (kind, call_id) == ("fail", "c1")
+    assert error.message.startswith("result: 'n' is a required property")
+    assert error.detail == [{"path": "", "message": "'n' is a required property"}]
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_on_done_hears_the_result(inline: bool) -> None:
+    rec = Recorder()
+    ended: list[tuple[str, Any]] = []
+    add = Tool("add", "adds", OBJECT, execute=lambda p, *_: {"result": p["a"] + p["b"]},
+               inline=inline)
+    runner(rec).submit(ToolExecution("c1", "add", {"a": 1, "b": 2},
+                                     on_done=lambda e, err: ended.append((e.result, err))), add)
+    gevent.sleep(0.01)
+    assert ended == [({"result": 3}, None)]
