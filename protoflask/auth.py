@@ -2,35 +2,21 @@
 
 from __future__ import annotations
 
-import re
 import time
 from typing import TYPE_CHECKING, Any, Iterable
 
 import jwt
 
 from .core.errors import InvalidToken, MissingToken
-from .jwks import ASYMMETRIC_ALGORITHMS, JWKSCache, PublicKey, candidates, load_pem_keys
+from .jwks import ASYMMETRIC_ALGORITHMS, JWKSCache, PublicKey, candidates, load_public_keys
+from .options import parse_duration
 
 if TYPE_CHECKING:
     from .config import ServerConfig
 
 USER_CLAIMS = ("sub", "userId", "user_id")
-_DURATION = re.compile(r"\s*(\d+)\s*([smhd]?)\s*\Z")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def parse_duration(value: str | int | float) -> int:
-    """'30s', '15m', '24h', '7d', or a number of seconds (number or numeric string)."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, (int, float)):
-        if value <= 0:
-            raise ValueError(f"duration must be positive, got {value!r}")
-        return int(value)
-    match = _DURATION.match(str(value))
-    if not match or int(match.group(1)) <= 0:
-        raise ValueError(f"expected a duration like 30s, 15m, 24h, 7d or seconds, got {value!r}")
-    return int(match.group(1)) * _UNITS[match.group(2)]
 
 
 class TokenAuthority:
@@ -122,12 +108,6 @@ class TokenAuthority:
         return jwt.encode(payload, self._secret, algorithm=algorithm)
 
 
-def load_public_keys(value: str) -> list[PublicKey]:
-    """jwtPublicKey: PEM text, or the path of a PEM file."""
-    if "-----BEGIN" not in value:
-        with open(value, encoding="ascii") as fh:
-            value = fh.read()
-    return load_pem_keys(value)
 
 
 def authority_from_config(config: "ServerConfig") -> TokenAuthority:

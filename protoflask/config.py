@@ -17,8 +17,9 @@ from typing import Any, Mapping
 
 from .core.credits import CreditSettings
 from .core.settings import SessionSettings
+from .jwks import load_public_keys
 from .options import (
-    FLOW_OPTIONS, OPTIONS, ConfigError, Option, coerce_value, value_from_env,
+    FLOW_OPTIONS, OPTIONS, ConfigError, Option, coerce_value, parse_duration, value_from_env,
 )
 
 __all__ = [
@@ -154,8 +155,6 @@ class ServerConfig:
             raise ConfigError("jwtAlgorithms must not contain 'none'")
         if self.jwks_url is not None and not self.jwks_url.startswith(("https://", "http://")):
             raise ConfigError("jwksUrl must be an https:// (or http://) URL")
-        from .auth import load_public_keys, parse_duration  # late: auth needs nothing here
-
         if self.jwt_public_key is not None:
             try:
                 load_public_keys(self.jwt_public_key)

@@ -165,3 +165,11 @@ def candidates(keys: Iterable[PublicKey], alg: str, kid: str | None) -> list[Pub
     exact = [k for k in usable if kid is not None and k.kid == kid]
     loose = [k for k in usable if k.kid is None or kid is None]
     return exact + [k for k in loose if k not in exact]
+
+
+def load_public_keys(value: str) -> list[PublicKey]:
+    """jwtPublicKey: PEM text, or the path of a PEM file."""
+    if "-----BEGIN" not in value:
+        with open(value, encoding="ascii") as fh:
+            value = fh.read()
+    return load_pem_keys(value)

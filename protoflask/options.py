@@ -7,6 +7,7 @@ variable, type, default, bounds, meaning), and how a raw value becomes a checked
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,3 +231,21 @@ def coerce_value(opt: Option, value: Any, name: str) -> Any:
     if opt.choices is not None and value not in opt.choices:
         raise ConfigError(f"{name} must be one of {', '.join(opt.choices)}, got {value!r}")
     return value
+
+
+_DURATION = re.compile(r"\s*(\d+)\s*([smhd]?)\s*\Z")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: str | int | float) -> int:
+    """'30s', '15m', '24h', '7d', or a number of seconds (number or numeric string)."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError(f"duration must be positive, got {value!r}")
+        return int(value)
+    match = _DURATION.match(str(value))
+    if not match or int(match.group(1)) <= 0:
+        raise ValueError(f"expected a duration like 30s, 15m, 24h, 7d or seconds, got {value!r}")
+    return int(match.group(1)) * _UNITS[match.group(2)]
