@@ -99,7 +99,7 @@ def test_dashboard_data_survives_odd_session_state(make_server):
     with WSClient(server.base_url, token) as client:
         client.hello()
         huge = 10 ** 64
-        server.hub.get(client.session_id).core.downstream_seq = huge
+        server.hub.get(client.session_id).core.outbound.downstream_seq = huge
         response = requests.get(server.base_url + "/dashboard/data",
                                 headers={"Authorization": f"Bearer {token}"}, timeout=5)
         assert response.status_code == 200, response.text
