@@ -48,6 +48,20 @@ def main() -> None:
                           "payload": {"message_id": mid}})
         return {"parts": parts, "message_id": mid}
 
+    def model(params: dict, session_id: str, call_id: str, srv: ProtoServer) -> dict:
+        """A fake model's reply of `tokens` tokens (`delay_ms` apart) sent with
+        server.stream_text, in the run `run_id` if given; returns what stream_text sent."""
+        tokens, delay = int(params["tokens"]), params.get("delay_ms", 0) / 1000
+
+        def fake_model():
+            for i in range(tokens):
+                if delay:
+                    gevent.sleep(delay)
+                yield f"t{i} "
+        sent = srv.stream_text(session_id, fake_model(), run_id=params.get("run_id"))
+        return {"message_id": sent.message_id, "parts": sent.parts, "chars": len(sent.text),
+                "stopped": sent.stopped}
+
     def fail(params: dict, session_id: str, call_id: str, srv: ProtoServer) -> dict:
         raise RuntimeError("this tool always fails")
 
@@ -57,6 +71,11 @@ def main() -> None:
         "type": "object", "properties": {"parts": {"type": "integer"},
                                          "kick_at": {"type": "integer"}},
         "required": ["parts"]}, execute=stream_text))
+    server.register_tool(Tool("model", "Streams a fake model's reply with stream_text.", {
+        "type": "object", "properties": {"tokens": {"type": "integer"},
+                                         "delay_ms": {"type": "number"},
+                                         "run_id": {"type": "string"}},
+        "required": ["tokens"]}, execute=model))
     server.register_tool(Tool("fail", "Always fails.", {"type": "object"}, execute=fail))
     server.start()
     print(json.dumps({"url": f"http://127.0.0.1:{server.port}",
