@@ -134,9 +134,12 @@ function openWebSocket(opts, on) {
 }
 async function diagnose(opts) {
   try {
-    const resp = await opts.fetch(new URL("dashboard/data", opts.base).href, {
-      headers: { Authorization: `Bearer ${opts.token}` }
-    });
+    const headers = { Authorization: `Bearer ${opts.token}` };
+    let resp = await opts.fetch(new URL("proto/ticket", opts.base).href, { method: "POST", headers });
+    if (resp.status === 404) {
+      await resp.body?.cancel().catch(() => void 0);
+      resp = await opts.fetch(new URL("dashboard/data", opts.base).href, { headers });
+    }
     if (resp.status === 401 || resp.status === 403) return await refusal(resp);
     await resp.body?.cancel().catch(() => void 0);
     return new ProtoError("UNREACHABLE", "the WebSocket upgrade failed");

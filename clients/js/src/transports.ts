@@ -176,12 +176,16 @@ function openWebSocket(opts: LinkOptions, on: LinkHandlers): Link {
 
 /** After a WebSocket failed to open: the server's HTTP refusal, if it is one. A browser
  * hides the status of a refused upgrade and a plain GET of the WebSocket route is a 400,
- * so the token is checked where the server answers any GET: /dashboard/data. */
+ * so the token is checked where the server checks one for any client: POST /proto/ticket
+ * (an older server without it: /dashboard/data). */
 async function diagnose(opts: LinkOptions): Promise<ProtoError> {
   try {
-    const resp = await opts.fetch(new URL("dashboard/data", opts.base).href, {
-      headers: { Authorization: `Bearer ${opts.token}` },
-    });
+    const headers = { Authorization: `Bearer ${opts.token}` };
+    let resp = await opts.fetch(new URL("proto/ticket", opts.base).href, { method: "POST", headers });
+    if (resp.status === 404) {
+      await resp.body?.cancel().catch(() => undefined);
+      resp = await opts.fetch(new URL("dashboard/data", opts.base).href, { headers });
+    }
     if (resp.status === 401 || resp.status === 403) return await refusal(resp);
     await resp.body?.cancel().catch(() => undefined);
     return new ProtoError("UNREACHABLE", "the WebSocket upgrade failed");
