@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 access_log = logging.getLogger("protoflask.access")
+log = logging.getLogger("protoflask.web")
 
 GZIP_MIN_BYTES = 100
 #: The endpoints an Origin outside allowedOrigins is refused on (403 ORIGIN_NOT_ALLOWED).
@@ -240,6 +241,8 @@ def _serve_apart(engine: "Engine", admission: Any, sock: Any, environ: dict[str,
     def run() -> None:
         try:
             ws.serve(engine, admission, own, handshake, compression)
+        except Exception:  # what Flask logged as the request's 500 before
+            log.exception("WebSocket connection failed")
         finally:
             own.close()
 
