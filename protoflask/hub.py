@@ -272,6 +272,10 @@ class LiveSession:
 
     def tool_done(self, call_id: str, status: str, result: Any = None,
                   error: ProtoError | None = None) -> bool:
+        if self.link is None:  # the common case, without the operation object
+            done = self.core.tool_done(call_id, status, result, error)
+            self.notify()
+            return done
         return self.apply(ToolDone(call_id, status, result, error))
 
     def fail_call(self, call_id: str, exc: ProtoError) -> bool:

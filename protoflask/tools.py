@@ -181,7 +181,7 @@ class ToolRegistry:
         return len(self._tools)
 
 
-@dataclass
+@dataclass(slots=True)
 class ToolExecution:
     """One call's record (docs/PROTOCOL.md §12), handed to ``toolCall`` listeners."""
 
