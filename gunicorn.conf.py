@@ -5,6 +5,7 @@ import logging
 import os
 import resource
 import sys
+import time
 
 import gevent
 from gunicorn.glogging import Logger
@@ -133,5 +134,23 @@ def post_worker_init(worker):
             gevent.sleep(0.1)
         server.drain(max(0.0, worker.cfg.graceful_timeout - CLOSE_MARGIN))
         server.serving_stopped()
+        # WebSockets run apart from gunicorn's pool of requests (protoflask/web.py), which
+        # does not wait for them: let their close handshakes finish here
+        deadline = time.monotonic() + CLOSE_MARGIN
+        while server.engine.stats.active_connections and time.monotonic() < deadline:
+            gevent.sleep(0.01)
 
-    gevent.spawn(watch_for_quit)
+    global _quit_watcher
+    _quit_watcher = gevent.spawn(watch_for_quit)
+
+
+#: the worker's drain (post_worker_init); None in the master
+_quit_watcher = None
+
+
+def worker_exit(arbiter, worker):
+    """In the worker once gunicorn's loop has ended, which it does as soon as no HTTP
+    request is left: wait for protoflask's drain and the WebSockets' close handshakes.
+    (gunicorn also calls this in the master, where there is nothing to wait for.)"""
+    if _quit_watcher is not None:
+        _quit_watcher.join(worker.cfg.graceful_timeout)

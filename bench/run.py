@@ -85,7 +85,10 @@ def server_specs(max_connections: int) -> dict[str, ServerSpec]:
                    gunicorn_app="wsgi:app", gunicorn_conf=ROOT / "gunicorn.conf.py", chdir=ROOT,
                    env={"JWT_SECRET": SECRET, "ENABLE_LOGGING": "false",
                         "ENABLE_COMPRESSION": "false", "ECHO_MESSAGES": "false", "RATE_LIMIT": "0",
-                        "MAX_CONNECTIONS": limit, "WEB_CONCURRENCY": "1"}),
+                        # every bench connection is the same user: without this the
+                        # per-user cap (maxConnections // 10) refuses idle sessions
+                        "MAX_CONNECTIONS": limit, "MAX_CONNECTIONS_PER_USER": limit,
+                        "WEB_CONCURRENCY": "1"}),
         ServerSpec("flask-sock", "Flask + flask-sock echo (gunicorn gevent -w 1)", "echo",
                    gunicorn_app="flask_sock_echo:app",
                    gunicorn_conf=SERVERS_DIR / "gunicorn_bench.conf.py", chdir=SERVERS_DIR,

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from .config import ServerConfig
 
 USER_CLAIMS = ("sub", "userId", "user_id")
-
-
+#: HMAC tokens remembered once verified (each POST of the HTTP transports carries its
+#: token again: verifying it costs ~10% of a 50-message body); cleared when full
+VERIFIED_CACHE_SIZE = 1024
 
 
 class TokenAuthority:
@@ -39,6 +40,10 @@ class TokenAuthority:
         self._jwks = jwks
         self.audience, self.issuer = audience, issuer
         self.expires_in = parse_duration(expires_in)
+        #: HMAC-signed token -> (user id, exp or None): the same string always verifies
+        #: the same way with the same secret, so only its expiry is checked again. Tokens
+        #: checked with public keys are not kept (a key may leave the JWKS).
+        self._verified: dict[str, tuple[str, float | None]] = {}
 
     @property
     def can_issue(self) -> bool:
@@ -48,6 +53,12 @@ class TokenAuthority:
         """The token's user id, or MissingToken / InvalidToken."""
         if not token:
             raise MissingToken()
+        known = self._verified.get(token)
+        if known is not None:
+            if known[1] is None or time.time() < known[1]:  # PyJWT: expired once exp <= now
+                return known[0]
+            del self._verified[token]
+            raise InvalidToken("token expired")
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as exc:
@@ -57,10 +68,19 @@ class TokenAuthority:
             raise InvalidToken("invalid token: bad header")
         claims = self._decode(token, alg, kid)
         for claim in USER_CLAIMS:
-            user = claims.get(claim)
-            if isinstance(user, (str, int)) and not isinstance(user, bool) and str(user):
-                return str(user)
+            value = claims.get(claim)
+            if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
+                if alg in self._hmac:
+                    self._remember(token, str(value), claims.get("exp"))
+                return str(value)
         raise InvalidToken("token has no user claim (sub, userId or user_id)")
+
+    def _remember(self, token: str, user: str, exp: Any) -> None:
+        if exp is not None and not isinstance(exp, (int, float)):
+            return  # PyJWT accepted it (a numeric string?): leave it to PyJWT every time
+        if len(self._verified) >= VERIFIED_CACHE_SIZE:
+            self._verified.clear()
+        self._verified[token] = (user, exp)
 
     def _decode(self, token: str, alg: str, kid: str | None) -> dict[str, Any]:
         keys: list[Any]

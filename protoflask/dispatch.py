@@ -80,8 +80,7 @@ class Dispatcher:
         self._cancel_call(live, event.call_id)
 
     def _cancel_call(self, live: LiveSession, call_id: str) -> None:
-        assert live.runner is not None
-        if not live.runner.cancel(call_id):
+        if not live.tool_runner().cancel(call_id):
             self.hub.cancel_elsewhere(live.id, call_id)  # started on another node
 
     def _on_tool_list(self, live: LiveSession, event: ToolListRequested) -> None:
@@ -129,9 +128,9 @@ class Dispatcher:
         except ProtoError as exc:
             live.core.fail_call(event.call_id, exc)
             return
-        assert tool is not None and live.runner is not None
+        assert tool is not None
         execution = ToolExecution(event.call_id, tool.name, event.params, run_id=event.run_id)
         self.hub.state_changed(live)  # the open call, for a node that may take it over
         self._emit(signals.tool_call, session_id=live.id, execution=execution)
         if tool.execute is not None:
-            live.runner.submit(execution, tool)
+            live.tool_runner().submit(execution, tool)

@@ -86,6 +86,7 @@ class Engine:
             close_transport=self.close_transport, expire=self._expire,
             heartbeat_timeout=config.heartbeat_timeout)
         self._dispatch = self.dispatcher.dispatch
+        self._runner_factory = self._new_runner  # one bound method for every session
         hub.bind(SessionHost(settings=self.settings, adopt=self.adopt,
                              close_transport=self.close_transport,
                              local_stats=self.local_stats, receive_body=self.receive_body))
@@ -176,14 +177,16 @@ class Engine:
     def adopt(self, core: ProtocolSession) -> LiveSession:
         """A live session around a protocol session (new, or moved here from another node)."""
         core.traffic = self.stats.traffic  # this node counts what it carries
-        live = LiveSession(core, self._dispatch)
-        sink = CallSink(core.id, update=live.tool_update, done=live.tool_done,
+        return LiveSession(core, self._dispatch, self._runner_factory)
+
+    def _new_runner(self, live: LiveSession) -> SessionToolRunner:
+        """A session's tool runner, built on its first tool call (idle sessions have none)."""
+        sink = CallSink(live.id, update=live.tool_update, done=live.tool_done,
                         fail=live.fail_call, invoke=self._invoke_tool,
                         tool_failed=self._tool_failed)
-        live.runner = SessionToolRunner(sink, self.config.max_concurrent_runs,
-                                        self.config.tool_queue_size, self.config.tool_timeout,
-                                        on_finish=self.stats.tools.finished)
-        return live
+        return SessionToolRunner(sink, self.config.max_concurrent_runs,
+                                 self.config.tool_queue_size, self.config.tool_timeout,
+                                 on_finish=self.stats.tools.finished)
 
     def _tool_failed(self, exc: BaseException, session_id: str) -> None:
         self._emit_error(exc, session_id=session_id)
@@ -360,11 +363,11 @@ class Engine:
         end."""
         tool = self.tools.get(name)
         check_call(tool, name, args)
-        assert tool is not None and live.runner is not None
+        assert tool is not None
         if tool.execute is None:
             raise ValueError(f"tool {name!r} has no execute function to call")
         live.core.open_call(call_id, run_id)
-        live.runner.submit(ToolExecution(call_id, tool.name, args, run_id=run_id,
+        live.tool_runner().submit(ToolExecution(call_id, tool.name, args, run_id=run_id,
                                          on_done=on_done), tool)
         live.notify()
 

@@ -189,15 +189,33 @@ class SessionLink(Protocol):
 
 
 class LiveSession:
-    """A ProtocolSession plus its transport and tool runner; every send wakes the writer."""
+    """A ProtocolSession plus its transport and tool runner; every send wakes the writer.
+
+    Slotted, and the tool runner is built on first use (``tool_runner``): ten thousand
+    idle sessions are what a worker holds (docs/PERFORMANCE.md)."""
+
+    __slots__ = ("core", "transport", "runner", "on_events", "link", "_make_runner")
 
     def __init__(self, core: ProtocolSession,
-                 on_events: Callable[["LiveSession", list[Any]], None] | None = None) -> None:
+                 on_events: Callable[["LiveSession", list[Any]], None] | None = None,
+                 make_runner: "Callable[[LiveSession], SessionToolRunner] | None" = None
+                 ) -> None:
         self.core = core
         self.transport: Transport | None = None
+        #: None until a tool call needs it (None reads as nothing running or queued)
         self.runner: "SessionToolRunner | None" = None
         self.on_events = on_events  # the engine's dispatcher for events sends cause
         self.link: SessionLink | None = None  # set by a cluster hub while it follows it
+        self._make_runner = make_runner  # shared by every session of an engine
+
+    def tool_runner(self) -> "SessionToolRunner":
+        """The session's tool runner, built the first time it is needed."""
+        runner = self.runner
+        if runner is None:
+            if self._make_runner is None:
+                raise RuntimeError(f"session {self.id} has no tool runner")
+            runner = self.runner = self._make_runner(self)
+        return runner
 
     @property
     def id(self) -> str:
@@ -254,6 +272,10 @@ class LiveSession:
 
     def tool_done(self, call_id: str, status: str, result: Any = None,
                   error: ProtoError | None = None) -> bool:
+        if self.link is None:  # the common case, without the operation object
+            done = self.core.tool_done(call_id, status, result, error)
+            self.notify()
+            return done
         return self.apply(ToolDone(call_id, status, result, error))
 
     def fail_call(self, call_id: str, exc: ProtoError) -> bool:

@@ -181,7 +181,7 @@ class ToolRegistry:
         return len(self._tools)
 
 
-@dataclass
+@dataclass(slots=True)
 class ToolExecution:
     """One call's record (docs/PROTOCOL.md §12), handed to ``toolCall`` listeners."""
 
@@ -236,6 +236,9 @@ class SessionToolRunner:
 
     Every call it accepts ends in exactly one TOOL_DONE, sent through the sink.
     """
+
+    __slots__ = ("sink", "on_finish", "limit", "queue_size", "default_timeout_ms", "running",
+                 "waiting", "executions")
 
     def __init__(self, sink: CallSink, limit: int, queue_size: int, default_timeout_ms: int,
                  on_finish: Callable[[ToolExecution], None] | None = None) -> None:

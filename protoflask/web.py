@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import gevent
 from flask import Blueprint, Response, g, request
 from flask.sansio.app import App
 from werkzeug.exceptions import HTTPException
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 access_log = logging.getLogger("protoflask.access")
+log = logging.getLogger("protoflask.web")
 
 GZIP_MIN_BYTES = 100
 #: The endpoints an Origin outside allowedOrigins is refused on (403 ORIGIN_NOT_ALLOWED).
@@ -175,7 +177,7 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
         except ProtoError as exc:
             return error_response(exc)
         g.protoflask_live = True  # logged as open/closed, not as a request
-        ws.serve(engine, admission, sock, request.environ, config.enable_compression)
+        _serve_apart(engine, admission, sock, request.environ, config.enable_compression)
         return _TakenOverResponse()
 
     @bp.post("/proto/ticket")
@@ -218,6 +220,33 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
         return response
 
     return bp
+
+
+#: What of the upgrade request's environ the WebSocket handshake reads.
+_HANDSHAKE_KEYS = ("PATH_INFO", "QUERY_STRING")
+
+
+def _serve_apart(engine: "Engine", admission: Any, sock: Any, environ: dict[str, Any],
+                 compression: bool) -> None:
+    """Serve an admitted WebSocket in a greenlet of its own, on a duplicate of the
+    socket, and let the request end: the WSGI server's request, Flask's context and the
+    request greenlet's deep stack are not held for the life of the connection (about a
+    third of an idle session's memory: docs/PERFORMANCE.md). The WSGI server closes its
+    own descriptor when the request ends; the connection lives on the duplicate. The
+    greenlet starts once the request has ended, so the upgrade is answered only then."""
+    own = sock.dup()
+    handshake = {k: v for k, v in environ.items()
+                 if k.startswith("HTTP_") or k in _HANDSHAKE_KEYS}
+
+    def run() -> None:
+        try:
+            ws.serve(engine, admission, own, handshake, compression)
+        except Exception:  # what Flask logged as the request's 500 before
+            log.exception("WebSocket connection failed")
+        finally:
+            own.close()
+
+    gevent.spawn(run)
 
 
 def _live(response: Response) -> Response:

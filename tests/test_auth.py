@@ -65,6 +65,29 @@ def test_token_without_user_claim_is_invalid(authority: TokenAuthority, claims: 
     assert info.value.code == "INVALID_TOKEN"
 
 
+def test_a_remembered_token_still_expires(authority: TokenAuthority,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verified HMAC token is remembered (the HTTP transports send it with every POST)
+    but its exp is checked on every use, as PyJWT would (expired once exp <= now)."""
+    exp = int(time.time()) + 60
+    token = sign({"sub": "alice", "exp": exp})
+    assert authority.verify(token) == "alice"
+    assert authority.verify(token) == "alice"  # from the cache
+    monkeypatch.setattr(time, "time", lambda: exp - 0.001)
+    assert authority.verify(token) == "alice"
+    monkeypatch.setattr(time, "time", lambda: float(exp))
+    with pytest.raises(InvalidToken, match="expired"):
+        authority.verify(token)
+
+
+def test_a_tampered_copy_of_a_remembered_token_is_refused(authority: TokenAuthority) -> None:
+    token = sign({"sub": "alice"})
+    assert authority.verify(token) == "alice"
+    head, body, sig = token.split(".")
+    with pytest.raises(InvalidToken):
+        authority.verify(f"{head}.{body}.{sig[:-2]}AA")
+
+
 def test_expired_token_is_invalid(authority: TokenAuthority) -> None:
     token = sign({"sub": "alice", "exp": int(time.time()) - 5})
     with pytest.raises(InvalidToken) as info:

@@ -56,6 +56,9 @@ class _Account:
 
 
 class CreditLedger:
+    __slots__ = ("settings", "_up", "_down", "grant", "_byte_threshold", "_down_messages",
+                 "_down_bytes", "downstream_enabled")
+
     def __init__(self, settings: CreditSettings) -> None:
         self.settings = settings
         self._up: dict[str, _Account] = {}

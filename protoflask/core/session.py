@@ -124,7 +124,7 @@ class ProtocolSession(UpstreamHandlers):
         self.traffic = traffic if traffic is not None else TrafficCounters()
         self._events: list[Event] = []
         self.outbound = OutboundQueue(session_id, settings, self.credits, self.traffic,
-                                      self._events, lambda: self.connected)
+                                      self._events, self._is_connected)
         self.texts: dict[str, Text] = {}
         self.registry = CallRegistry(settings.max_concurrent_runs)
         #: the last number used in an id this session made (message and run ids); it
@@ -145,6 +145,11 @@ class ProtocolSession(UpstreamHandlers):
 
     @property
     def connected(self) -> bool:
+        return self._state in _ATTACHED
+
+    def _is_connected(self) -> bool:
+        """``connected`` for the outbound queue (a bound method costs a session less than
+        a lambda and its closure cell)."""
         return self._state in _ATTACHED
 
     @property
