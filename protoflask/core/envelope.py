@@ -390,6 +390,8 @@ def validate_payload(msg: Message) -> Message:
     accept = _ACCEPT_PAYLOAD.get(msg.type)
     if accept is not None:
         payload = accept(msg.payload)
+        if payload is msg.payload:  # accepted as it is: the decoded dict is the message's own
+            return msg
         if payload is not None:
             return Message(msg.id, msg.session, msg.seq, msg.ts, msg.type, msg.channel, payload)
     return _load_payload(msg)
@@ -438,8 +440,11 @@ def _accept_envelope(obj: dict[str, Any]) -> Message | None:
     return None
 
 
+# An accepting check returns the payload itself when the schema would load it unchanged
+# (``validate_payload`` then keeps the message), or a new dict with the defaults added.
+
 def _accept_nonce(p: dict[str, Any]) -> dict[str, Any] | None:
-    return dict(p) if type(p.get("nonce")) is str else None
+    return p if type(p.get("nonce")) is str else None
 
 
 def _id_ok(value: Any) -> bool:
@@ -447,16 +452,15 @@ def _id_ok(value: Any) -> bool:
 
 
 def _accept_start(p: dict[str, Any]) -> dict[str, Any] | None:
-    return dict(p) if _id_ok(p.get("message_id")) and type(p.get("content_type")) is str \
-        else None
+    return p if _id_ok(p.get("message_id")) and type(p.get("content_type")) is str else None
 
 
 def _accept_part(p: dict[str, Any]) -> dict[str, Any] | None:
-    return dict(p) if _id_ok(p.get("message_id")) and type(p.get("content")) is str else None
+    return p if _id_ok(p.get("message_id")) and type(p.get("content")) is str else None
 
 
 def _accept_end(p: dict[str, Any]) -> dict[str, Any] | None:
-    return dict(p) if _id_ok(p.get("message_id")) else None
+    return p if _id_ok(p.get("message_id")) else None
 
 
 def _accept_tool_call(p: dict[str, Any]) -> dict[str, Any] | None:

@@ -286,9 +286,10 @@ class WebSocketConnection:
             protocol = self.protocol
             while True:
                 frames: list[bytes] = []
+                live = self.live
                 if protocol.state is State.OPEN and not self._closing \
-                        and self.live.transport is self:
-                    ready = self.live.take_writable(now_ms())
+                        and live.transport is self and live.has_writable():
+                    ready = live.take_writable(now_ms())
                     if protocol.extensions:  # permessage-deflate: through the protocol
                         for _, data in ready:
                             protocol.send_text(data)
@@ -299,7 +300,6 @@ class WebSocketConnection:
                 chunks = frames + protocol.data_to_send()
                 if not chunks:
                     return
-                live = self.live
                 live.set_in_flight(sum(map(len, chunks)))
                 self._send(chunks)
                 live.set_in_flight(0)
