@@ -347,6 +347,8 @@ def validate_envelope(obj: Any, *, max_depth: int = MAX_JSON_DEPTH) -> Message:
     msg = _accept_envelope(obj)
     if msg is None:
         msg = _load_envelope(obj)
+    if max_depth >= 2 and not any(map(_CONTAINERS.__contains__, map(type, msg.payload.values()))):
+        return msg  # a flat payload (most are) nests two levels: no walk needed
     if _nested_deeper_than(msg.payload, max_depth - 1):
         raise InvalidMessage(f"JSON nested deeper than {max_depth} levels",
                              related_id=msg.id)
@@ -419,9 +421,11 @@ def _load_payload(msg: Message) -> Message:
 # payloads a busy session sends most (PING, PONG, text, TOOL_CALL) the checks below accept
 # exactly what the schemas accept and build the same result, in a fraction of the time;
 # anything they do not accept goes through the schema, which then reports the error.
-# tests/core/test_fastpath.py holds the two to the same answers.
+# tests/core/test_fastpath.py holds the two to the same answers. A check returns the payload
+# itself when the schema would load it unchanged (the message is then kept as it is).
 
 _CHANNEL_SET = frozenset(CHANNELS)
+_CONTAINERS = frozenset((dict, list))
 
 
 def _accept_envelope(obj: dict[str, Any]) -> Message | None:
@@ -439,9 +443,6 @@ def _accept_envelope(obj: dict[str, Any]) -> Message | None:
             return Message(mid, session, number, int(ts), mtype, channel, payload)
     return None
 
-
-# An accepting check returns the payload itself when the schema would load it unchanged
-# (``validate_payload`` then keeps the message), or a new dict with the defaults added.
 
 def _accept_nonce(p: dict[str, Any]) -> dict[str, Any] | None:
     return p if type(p.get("nonce")) is str else None
