@@ -283,8 +283,10 @@ class Engine:
 
     def receive(self, live: LiveSession, raw: bytes | str) -> None:
         started = now_ms()
-        live.core.receive(raw, started)
-        self.dispatcher.drain(live)
+        core = live.core
+        core.receive(raw, started)
+        if core.has_events():  # most messages cause none (a PING, a text part)
+            self.dispatcher.drain(live)
         live.notify()
         finished = now_ms()
         self.stats.record(finished, finished - started)

@@ -133,6 +133,9 @@ class Journal:
         self._sha: str | None = None  # loaded once; again after Redis restarts empty
         self._batch: dict[str, tuple["LiveSession", list[bytes]]] = {}
         self._committed = Event()
+        # one give-up timer per batch (started by its first waiting writer), rather than a
+        # Timeout per writer: the writers of a batch all wait on the same commit
+        self._give_up: Any = None
         self._work = Event()
         self._running = False  # between start() and stop(): a flusher greenlet writes
         self._flusher: gevent.Greenlet | None = None
@@ -184,7 +187,10 @@ class Journal:
             self.restarts += 1
             log.error("the journal's flusher had died; started again")
             self._flusher = gevent.spawn(self._flush_forever)
-        committed.wait(WAIT_LIMIT)
+        if self._give_up is None and committed is self._committed:  # (not flushed since)
+            self._give_up = gevent.get_hub().loop.timer(WAIT_LIMIT)
+            self._give_up.start(committed.set)
+        committed.wait()
 
     def forget(self, session_id: str) -> None:
         """The session is gone: drop what the journal remembers of it."""
@@ -216,6 +222,9 @@ class Journal:
         a failure is logged (once, until a flush succeeds again) and handed to the hub."""
         batch, self._batch = self._batch, {}
         committed, self._committed = self._committed, Event()
+        give_up, self._give_up = self._give_up, None
+        if give_up is not None:
+            give_up.close()
         if not batch:
             committed.set()
             return

@@ -347,6 +347,8 @@ def validate_envelope(obj: Any, *, max_depth: int = MAX_JSON_DEPTH) -> Message:
     msg = _accept_envelope(obj)
     if msg is None:
         msg = _load_envelope(obj)
+    if max_depth >= 2 and not any(map(_CONTAINERS.__contains__, map(type, msg.payload.values()))):
+        return msg  # a flat payload (most are) nests two levels: no walk needed
     if _nested_deeper_than(msg.payload, max_depth - 1):
         raise InvalidMessage(f"JSON nested deeper than {max_depth} levels",
                              related_id=msg.id)
@@ -390,6 +392,8 @@ def validate_payload(msg: Message) -> Message:
     accept = _ACCEPT_PAYLOAD.get(msg.type)
     if accept is not None:
         payload = accept(msg.payload)
+        if payload is msg.payload:  # accepted as it is: the decoded dict is the message's own
+            return msg
         if payload is not None:
             return Message(msg.id, msg.session, msg.seq, msg.ts, msg.type, msg.channel, payload)
     return _load_payload(msg)
@@ -417,9 +421,11 @@ def _load_payload(msg: Message) -> Message:
 # payloads a busy session sends most (PING, PONG, text, TOOL_CALL) the checks below accept
 # exactly what the schemas accept and build the same result, in a fraction of the time;
 # anything they do not accept goes through the schema, which then reports the error.
-# tests/core/test_fastpath.py holds the two to the same answers.
+# tests/core/test_fastpath.py holds the two to the same answers. A check returns the payload
+# itself when the schema would load it unchanged (the message is then kept as it is).
 
 _CHANNEL_SET = frozenset(CHANNELS)
+_CONTAINERS = frozenset((dict, list))
 
 
 def _accept_envelope(obj: dict[str, Any]) -> Message | None:
@@ -439,7 +445,7 @@ def _accept_envelope(obj: dict[str, Any]) -> Message | None:
 
 
 def _accept_nonce(p: dict[str, Any]) -> dict[str, Any] | None:
-    return dict(p) if type(p.get("nonce")) is str else None
+    return p if type(p.get("nonce")) is str else None
 
 
 def _id_ok(value: Any) -> bool:
@@ -447,16 +453,15 @@ def _id_ok(value: Any) -> bool:
 
 
 def _accept_start(p: dict[str, Any]) -> dict[str, Any] | None:
-    return dict(p) if _id_ok(p.get("message_id")) and type(p.get("content_type")) is str \
-        else None
+    return p if _id_ok(p.get("message_id")) and type(p.get("content_type")) is str else None
 
 
 def _accept_part(p: dict[str, Any]) -> dict[str, Any] | None:
-    return dict(p) if _id_ok(p.get("message_id")) and type(p.get("content")) is str else None
+    return p if _id_ok(p.get("message_id")) and type(p.get("content")) is str else None
 
 
 def _accept_end(p: dict[str, Any]) -> dict[str, Any] | None:
-    return dict(p) if _id_ok(p.get("message_id")) else None
+    return p if _id_ok(p.get("message_id")) else None
 
 
 def _accept_tool_call(p: dict[str, Any]) -> dict[str, Any] | None:

@@ -54,7 +54,10 @@ class OutboundQueue:
         self._pending_sizes: list[int] = []
         # estimated encoded size of what ``pending`` holds, per channel
         self._pending_channel_bytes: dict[str, int] = {}
+        self._pending_bytes = 0  # their sum, read for every message
         self.in_flight = 0  # bytes the transport is writing right now
+        # the queue is full at this many (estimated) bytes, or at max_pending_messages
+        self._full_bytes = max(settings.outbound_buffer_size, 4 * settings.max_message_size)
         # below this nothing in check_pressure can trigger (half the pause threshold)
         self._low_water = min(settings.outbound_buffer_size * settings.back_pressure_threshold / 2,
                               settings.outbound_buffer_size)
@@ -83,7 +86,7 @@ class OutboundQueue:
         """Queue a message the session accepted; False when the queue is full."""
         s = self.settings
         if len(self.pending) >= s.max_pending_messages or \
-                self.pending_bytes >= max(s.outbound_buffer_size, 4 * s.max_message_size):
+                self._pending_bytes >= self._full_bytes:
             if out.type not in CONTROL_TYPES:
                 self._events.append(SendRefused(out.type, out.channel))
                 return False
@@ -106,17 +109,18 @@ class OutboundQueue:
         self._pending_sizes.append(size)
         by_channel = self._pending_channel_bytes
         by_channel[out.channel] = by_channel.get(out.channel, 0) + size
+        self._pending_bytes += size
 
     @property
     def pending_bytes(self) -> int:
         """Estimated encoded size of everything in ``pending`` (at most five channels)."""
-        return sum(self._pending_channel_bytes.values())
+        return self._pending_bytes
 
     @property
     def unsent_bytes(self) -> int:
         """What the session holds for its client: queued, replays still to write, and
         being written."""
-        return self.pending_bytes + self._resend_bytes + self.in_flight
+        return self._pending_bytes + self._resend_bytes + self.in_flight
 
     def under_load(self) -> bool:
         return bool(self.paused_by_server) or \
@@ -143,7 +147,7 @@ class OutboundQueue:
         own credit or pause) pass the whole buffer while a write is blocked: only another
         caller than the writer can see that."""
         s = self.settings
-        unsent = self.unsent_bytes
+        unsent = self._pending_bytes + self._resend_bytes + self.in_flight
         if unsent < self._low_water and not self.paused_by_server:
             return  # the common case: nearly nothing buffered
         high = s.outbound_buffer_size * s.back_pressure_threshold
@@ -196,6 +200,8 @@ class OutboundQueue:
         blocked: set[str] = set()
         sid, ts = self.session_id, str(now)
         sent = self.traffic.sent
+        store = self.replay.add
+        by_channel = self._pending_channel_bytes
         for ob, size in zip(pending, sizes, strict=True):
             channel = ob.channel
             control = ob.type in CONTROL_TYPES
@@ -213,10 +219,10 @@ class OutboundQueue:
                     self._hold(ob, size)
                     continue
                 credits.spend(channel, len(data))
-            self._pending_channel_bytes[channel] -= size
+            by_channel[channel] -= size
+            self._pending_bytes -= size
             self.downstream_seq = seq
-            self.replay.add(seq, data, now)
-            out.append((seq, data))
+            out.append((seq, store(seq, data, now)))
             try:
                 sent[ob.type] += 1
             except KeyError:  # an application's own type

@@ -54,7 +54,9 @@ class ReplayWindow:
     def last_seq(self) -> int | None:
         return self._entries[-1][0] if self._entries else None
 
-    def add(self, seq: int, data: bytes, now: int) -> None:
+    def add(self, seq: int, data: bytes, now: int) -> bytes:
+        """Keep a message; returns the compact copy kept (write that one: the original's
+        buffer can then go at once)."""
         data = memoryview(data).tobytes()
         entries = self._entries
         entries.append((seq, now, data, self._added))
@@ -67,6 +69,7 @@ class ReplayWindow:
                 self._drop_first()
         if entries[0][1] < now - self.time_ms:
             self.prune(now)
+        return data
 
     def prune(self, now: int) -> None:
         """Drop entries older than the window's time."""

@@ -25,6 +25,11 @@ from websockets.datastructures import Headers
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+try:
+    from websockets.speedups import apply_mask
+except ImportError:  # pragma: no cover - websockets built without its C extension
+    from websockets.utils import apply_mask
+
 from ..core.errors import MessageTooLarge
 from ..clock import now_ms
 from .sockets import shutdown
@@ -68,6 +73,8 @@ class WebSocketConnection:
     """One client's WebSocket, attached to one session at a time."""
 
     kind = "websocket"
+    #: split the common data frames here rather than in the protocol (no extension only)
+    split_frames = True
 
     def __init__(self, engine: "Engine", sock: socket.socket, compression: bool) -> None:
         self.engine = engine
@@ -81,6 +88,7 @@ class WebSocketConnection:
         self._flush_scheduled = False
         self._closing = False
         self._reader: gevent.Greenlet | None = None
+        self._owed = 0  # bytes of a frame the protocol is reading still to come
         self.opened = False  # attached to its session: ``serve`` ends it with the engine
 
     # -- opening ---------------------------------------------------------------------
@@ -121,20 +129,91 @@ class WebSocketConnection:
 
     def _read_loop(self) -> None:
         protocol = self.protocol
+        sock = self.sock
+        # Without an extension the reader splits frames itself (below); a deflating
+        # connection leaves every byte to the protocol.
+        own_frames = self.split_frames and not protocol.extensions
+        pending = b""  # an incomplete small data frame, kept until the rest comes
         while protocol.state is not State.CLOSED:
-            data = self.sock.recv(RECV_SIZE)
-            if data:
-                protocol.receive_data(data)
-            else:
+            data = sock.recv(RECV_SIZE)
+            if not data:
+                if pending:  # an incomplete frame: the protocol reports the EOF in it
+                    protocol.receive_data(pending)
                 protocol.receive_eof()
-            for frame in protocol.events_received():
-                assert isinstance(frame, Frame)  # the handshake is done: only frames now
-                self._on_frame(frame)
+                self._protocol_events()
+            elif own_frames:
+                pending = self._read_frames(pending + data if pending else data)
+            else:
+                protocol.receive_data(data)
+                self._protocol_events()
             if isinstance(protocol.parser_exc, PayloadTooBig):
                 self._report_too_large()
             self.flush()
             if not data or protocol.state is State.CLOSED:
                 return
+
+    def _read_frames(self, data: bytes) -> bytes:
+        """Handle the frames of ``data``; return the start of an incomplete one.
+
+        The common frame (a final, unfragmented, masked text or binary frame of at most
+        RECV_SIZE bytes, on an open connection) is unmasked and handed on here, which
+        costs a fraction of the protocol's generator-based parser. Every other frame
+        (control frames, fragments, oversized or malformed ones, anything once closing)
+        goes to the protocol whole, so the protocol always stands at a frame boundary
+        and answers those exactly as it answers when it reads every byte itself; a frame
+        too large to keep here is passed on as it comes (``_owed``: the bytes of it
+        still to pass)."""
+        protocol = self.protocol
+        i, n = 0, len(data)
+        if self._owed:
+            i = min(self._owed, n)
+            self._owed -= i
+            protocol.receive_data(data[:i])
+            self._protocol_events()
+        max_size = protocol.max_message_size
+        while i < n:
+            if protocol.state is not State.OPEN:
+                protocol.receive_data(data[i:])
+                self._protocol_events()
+                return b""
+            if n - i < 2:
+                break
+            head1, head2 = data[i], data[i + 1]
+            length, start = head2 & 0x7F, i + 2
+            if length == 126:
+                if n - start < 2:
+                    break
+                length, start = int.from_bytes(data[start:start + 2], "big"), start + 2
+            elif length == 127:
+                if n - start < 8:
+                    break
+                length, start = int.from_bytes(data[start:start + 8], "big"), start + 8
+            masked = head2 & 0x80
+            if masked:
+                start += 4
+            end = start + length
+            if (head1 == 0x81 or head1 == 0x82) and masked and length <= RECV_SIZE \
+                    and protocol.current_size is None \
+                    and (max_size is None or length <= max_size):
+                if end > n:
+                    break  # the rest of it comes with the next read
+                self._on_message(Opcode.TEXT if head1 == 0x81 else Opcode.BINARY,
+                                 apply_mask(data[start:end], data[start - 4:start]))
+            else:
+                if max_size is not None and length > max_size:
+                    end = n  # the protocol refuses it from its header (1009)
+                elif end > n:
+                    self._owed = end - n
+                    end = n
+                protocol.receive_data(data[i:end])
+                self._protocol_events()
+            i = end
+        return data[i:] if i else data
+
+    def _protocol_events(self) -> None:
+        for frame in self.protocol.events_received():
+            assert isinstance(frame, Frame)  # the handshake is done: only frames now
+            self._on_frame(frame)
 
     # -- receiving -------------------------------------------------------------------
 
@@ -207,9 +286,10 @@ class WebSocketConnection:
             protocol = self.protocol
             while True:
                 frames: list[bytes] = []
+                live = self.live
                 if protocol.state is State.OPEN and not self._closing \
-                        and self.live.transport is self:
-                    ready = self.live.take_writable(now_ms())
+                        and live.transport is self and live.has_writable():
+                    ready = live.take_writable(now_ms())
                     if protocol.extensions:  # permessage-deflate: through the protocol
                         for _, data in ready:
                             protocol.send_text(data)
@@ -220,7 +300,6 @@ class WebSocketConnection:
                 chunks = frames + protocol.data_to_send()
                 if not chunks:
                     return
-                live = self.live
                 live.set_in_flight(sum(map(len, chunks)))
                 self._send(chunks)
                 live.set_in_flight(0)

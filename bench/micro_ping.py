@@ -1,0 +1,143 @@
+"""In-process PING -> PONG cost, without sockets or a load generator (repeatable to a
+few percent where bench/run.py moves by +-30%).
+
+    python bench/micro_ping.py [--n 20000] [--repeat 5] [--redis URL]
+
+One WebSocketConnection of the real engine (in memory, or on Redis with ``--redis``) is
+fed masked PING frames one per ``recv`` (what a closed-loop client at 100 connections
+mostly produces) by a fake socket that swallows what is sent; beside it, the bare
+sans-I/O echo loop of bench/servers/gevent_sansio_echo.py on the same frames. Prints the
+CPU microseconds per message of each (best of ``--repeat``) and their ratio. Not the
+syscalls, the hub or the GC of a long-running worker: bench/run.py measures those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import orjson  # noqa: E402
+from websockets.frames import Frame, Opcode  # noqa: E402
+from websockets.protocol import State  # noqa: E402
+from websockets.server import ServerProtocol  # noqa: E402
+
+
+class FakeSocket:
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+        self.i = 0
+        self.sent = 0
+
+    def recv(self, _n: int) -> bytes:
+        i = self.i
+        if i >= len(self.chunks):
+            return b""
+        self.i = i + 1
+        return self.chunks[i]
+
+    def send(self, data: Any) -> int:
+        self.sent += 1
+        return len(data)
+
+    def shutdown(self, _how: int) -> None:
+        pass
+
+
+def frame(obj: dict[str, Any]) -> bytes:
+    return Frame(Opcode.TEXT, orjson.dumps(obj)).serialize(mask=True, extensions=[])
+
+
+def pings(session: str, first_seq: int, n: int) -> list[bytes]:
+    now = str(int(time.time() * 1000))
+    return [frame({"id": f"c-{seq}", "session": session, "seq": str(seq), "ts": now,
+                   "type": "PING", "channel": "SYSTEM",
+                   "payload": {"nonce": f"n-{seq:012d}-abcdefghijklmnop"}})
+            for seq in range(first_seq, first_seq + n)]
+
+
+def echo_once(chunks: list[bytes]) -> float:
+    sock = FakeSocket(chunks)
+    proto = ServerProtocol(state=State.OPEN, max_size=None)
+    t0 = time.process_time()
+    while proto.state is not State.CLOSED:
+        data = sock.recv(65536)
+        if data:
+            proto.receive_data(data)
+        else:
+            proto.receive_eof()
+        for event in proto.events_received():
+            if event.opcode is Opcode.TEXT:
+                proto.send_text(event.data)
+        out = proto.data_to_send()
+        if out:
+            sock.send(b"".join(out))
+        if not data:
+            break
+    return time.process_time() - t0
+
+
+def make_server(redis: str | None) -> Any:
+    from protoflask import ProtoServer
+
+    config: dict[str, Any] = {
+        "jwtSecret": "micro-bench-secret-that-is-long-enough!", "enableLogging": False,
+        "enableCompression": False, "echoMessages": False, "maxConnections": 11000,
+        "rateLimit": 1e9}  # the bucket still runs; it never empties here
+    if redis:
+        config["redisUrl"] = redis
+        config["redisPrefix"] = f"protoflask-micro-{os.getpid()}"
+    return ProtoServer(config)
+
+
+def protoflask_once(server: Any, n: int) -> float:
+    import gevent
+
+    from protoflask.transports.websocket import WebSocketConnection
+
+    engine = server.engine
+    engine.ensure_running()
+    live = engine.new_session("micro")
+    hello = frame({"id": "c-1", "session": live.id, "seq": "1", "ts": "1", "type": "HELLO",
+                   "channel": "SYSTEM", "payload": {"proto_version": "1.1.2",
+                                                    "accept_major": [1]}})
+    sock = FakeSocket([hello] + pings(live.id, 2, n))
+    conn = WebSocketConnection(engine, sock, compression=False)  # type: ignore[arg-type]
+    conn._reader = gevent.getcurrent()
+    conn.live = live
+    engine.open_transport(live, conn, None)
+    conn.flush()
+    sock.i = 0
+    first = sock.recv(0)  # the HELLO, outside the timing
+    sock.chunks[0] = first
+    sock.i = 0
+    t0 = time.process_time()
+    conn._read_loop()
+    spent = time.process_time() - t0
+    engine.end_transport(live, conn)
+    assert sock.sent >= n, sock.sent
+    return spent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=20000)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--redis", default=None, help="a Redis URL: the cluster hub")
+    args = ap.parse_args()
+    server = make_server(args.redis)
+    chunks = pings("s", 2, args.n)
+    echo = min(echo_once(chunks) for _ in range(args.repeat)) / args.n * 1e6
+    proto = min(protoflask_once(server, args.n) for _ in range(args.repeat)) / args.n * 1e6
+    print(f"bare sans-I/O echo: {echo:.2f} us/msg")
+    print(f"protoflask{' on Redis' if args.redis else ''}: {proto:.2f} us/msg "
+          f"({proto / echo:.2f}x the echo)")
+
+
+if __name__ == "__main__":
+    main()
