@@ -17,7 +17,6 @@ from typing import Any, Mapping
 
 from .core.credits import CreditSettings
 from .core.settings import SessionSettings
-from .jwks import load_public_keys
 from .options import (
     FLOW_OPTIONS, OPTIONS, ConfigError, Option, coerce_value, parse_duration, value_from_env,
 )
@@ -156,6 +155,10 @@ class ServerConfig:
         if self.jwks_url is not None and not self.jwks_url.startswith(("https://", "http://")):
             raise ConfigError("jwksUrl must be an https:// (or http://) URL")
         if self.jwt_public_key is not None:
+            # late: jwt imports ssl, and `protoflask serve` builds its flags from this
+            # module before gevent patches ssl
+            from .jwks import load_public_keys
+
             try:
                 load_public_keys(self.jwt_public_key)
             except (OSError, ValueError) as exc:

@@ -25,7 +25,7 @@ def test_cli_serve_dev_prints_a_token_that_works_and_stops_on_sigterm(tmp_path):
     env["PROTOFLASK_DEV_TOKEN_FILE"] = str(tmp_path / "dev-token.json")  # not ~/.cache
     proc = subprocess.Popen([sys.executable, "-m", "protoflask.cli", "serve", "--dev",
                              "--host", "127.0.0.1", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
     try:
         port = read_port(proc, "listening on http://")
@@ -39,6 +39,8 @@ def test_cli_serve_dev_prints_a_token_that_works_and_stops_on_sigterm(tmp_path):
             assert client.hello()["payload"]["session"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout(15)) == 0
+        # gevent patched before anything imported ssl (jwt does): no MonkeyPatchWarning
+        assert "MonkeyPatchWarning" not in proc.stderr.read()
     finally:
         proc.kill()
         proc.wait()
