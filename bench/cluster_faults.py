@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import socket
 import statistics
@@ -39,6 +38,8 @@ import requests
 from websockets.sync.client import connect
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.support import PrivateRedis  # noqa: E402  (the tests' private redis-server)
 SECRET = "bench-secret-that-is-long-enough-for-hs256!"
 
 
@@ -54,33 +55,6 @@ def wait(predicate: Any, within: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise SystemExit(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-class PrivateRedis:
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server") or "redis-server"
-        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                                      "--save", "", "--appendonly", "no"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait(self.answers, 10, "redis-server")
-
-    def answers(self) -> bool:
-        try:
-            return bool(redis.Redis.from_url(self.url, socket_connect_timeout=0.2).ping())
-        except redis.RedisError:
-            return False
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
 
 
 class Node:
@@ -112,7 +86,6 @@ class Node:
 
 
 def token(user: str) -> str:
-    sys.path.insert(0, str(ROOT))
     from protoflask.auth import TokenAuthority
 
     return TokenAuthority(SECRET, ("HS256",), "1h").issue(user)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import orjson
+import redis
 import requests
 from websockets.sync.client import connect as ws_connect
 
@@ -637,3 +639,38 @@ class StreamClient(_StreamingClient):
 
 CLIENTS["sse"] = SSEClient
 CLIENTS["stream"] = StreamClient
+
+
+class PrivateRedis:
+    """A redis-server of its own on a free port, for a test or bench that kills, flushes or
+    restarts it (never the shared one)."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("needs redis-server on PATH (.ci/run installs it)")
+        self.binary = binary
+        listener = free_listener()
+        self.port = listener.getsockname()[1]
+        listener.close()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(self._answers, what="the private redis-server")
+
+    def _answers(self) -> bool:
+        try:
+            return bool(redis.Redis.from_url(self.url, socket_connect_timeout=0.2).ping())
+        except redis.RedisError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None

@@ -4,16 +4,13 @@ redis-server the test may kill, flush or restart (never the shared one)."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from typing import Any, Callable, Iterator
 
 import pytest
-import redis
 
 from protoflask import ProtoServer
 
-from ..support import free_listener, wait_for
+from ..support import PrivateRedis
 
 
 @pytest.fixture
@@ -23,40 +20,6 @@ def make_node(make_server: Callable[..., ProtoServer], redis_url: str,
     def make(**config: Any) -> ProtoServer:
         return make_server(redisUrl=redis_url, redisPrefix=prefix, **config)
     return make
-
-
-class PrivateRedis:
-    """A redis-server of this test's own, on a free port, that the test can kill."""
-
-    def __init__(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("the outage test needs redis-server on PATH (.ci/run installs it)")
-        self.binary = binary
-        listener = free_listener()
-        self.port = listener.getsockname()[1]
-        listener.close()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(self._answers, what="the private redis-server")
-
-    def _answers(self) -> bool:
-        try:
-            return bool(redis.Redis.from_url(self.url, socket_connect_timeout=0.2).ping())
-        except redis.RedisError:
-            return False
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import requests
 from protoflask import ProtoServer
 from protoflask.core.session import Run
 
-from .conftest import PrivateRedis
+from ..support import PrivateRedis
 from .notes import note
 from ..support import WSClient, timeout, wait_for
 

@@ -12,7 +12,7 @@ import requests
 from protoflask import ProtoServer
 from protoflask.core.errors import ClusterUnavailable
 
-from .conftest import PrivateRedis
+from ..support import PrivateRedis
 from .notes import note
 from ..support import WSClient, timeout, wait_for
 
