@@ -147,6 +147,18 @@ async function diagnose(opts) {
     return new ProtoError("UNREACHABLE", `cannot reach ${opts.base.href}: ${exc}`);
   }
 }
+function postedLink(poster, finish) {
+  return {
+    confirmsByPost: true,
+    settled: () => poster.idle(),
+    send(raw, seq) {
+      poster.push(raw, seq);
+    },
+    close(code = 1e3, reason = "bye") {
+      finish({ code, reason });
+    }
+  };
+}
 var Poster = class {
   constructor(opts, path, session, on, fail) {
     this.opts = opts;
@@ -281,16 +293,7 @@ function openSse(opts, on) {
     );
     finish(closeEvent ?? { code: 1006, reason: "the event stream ended" });
   })().catch((exc) => finish(closeEvent ?? { code: 1006, reason: `the event stream failed: ${exc}` }));
-  return {
-    confirmsByPost: true,
-    settled: () => poster.idle(),
-    send(raw, seq) {
-      poster.push(raw, seq);
-    },
-    close(code = 1e3, reason = "bye") {
-      finish({ code, reason });
-    }
-  };
+  return postedLink(poster, finish);
 }
 function openStream(opts, on) {
   return opts.duplex ? openDuplexStream(opts, on) : openPostStream(opts, on);
@@ -325,16 +328,7 @@ function openPostStream(opts, on) {
     await readLines(resp.body, (line) => line.trim() && on.raw(line), () => on.activity());
     finish({ code: 1006, reason: "the stream ended" });
   })().catch((exc) => finish({ code: 1006, reason: `the stream failed: ${exc}` }));
-  return {
-    confirmsByPost: true,
-    settled: () => poster.idle(),
-    send(raw, seq) {
-      poster.push(raw, seq);
-    },
-    close(code = 1e3, reason = "bye") {
-      finish({ code, reason });
-    }
-  };
+  return postedLink(poster, finish);
 }
 function openDuplexStream(opts, on) {
   let ended = false;

@@ -197,6 +197,20 @@ async function diagnose(opts: LinkOptions): Promise<ProtoError> {
 // -- POST upstream (SSE, and the stream's follow-ups) ----------------------------------
 
 /** One POST at a time, in seq order, so the server sees the upstream in order. */
+/** The Link of a transport whose upstream is POSTs (SSE, the stream in a browser). */
+function postedLink(poster: Poster, finish: (info: CloseInfo) => void): Link {
+  return {
+    confirmsByPost: true,
+    settled: () => poster.idle(),
+    send(raw, seq) {
+      poster.push(raw, seq);
+    },
+    close(code = 1000, reason = "bye") {
+      finish({ code, reason });
+    },
+  };
+}
+
 class Poster {
   private queue: Array<[string, number]> = [];
   private busy = false;
@@ -347,16 +361,7 @@ function openSse(opts: LinkOptions, on: LinkHandlers): Link {
     finish(closeEvent ?? { code: 1006, reason: "the event stream ended" });
   })().catch((exc) => finish(closeEvent ?? { code: 1006, reason: `the event stream failed: ${exc}` }));
 
-  return {
-    confirmsByPost: true,
-    settled: () => poster.idle(),
-    send(raw, seq) {
-      poster.push(raw, seq);
-    },
-    close(code = 1000, reason = "bye") {
-      finish({ code, reason });
-    },
-  };
+  return postedLink(poster, finish);
 }
 
 // -- NDJSON stream ----------------------------------------------------------------------------
@@ -398,16 +403,7 @@ function openPostStream(opts: LinkOptions, on: LinkHandlers): Link {
     finish({ code: 1006, reason: "the stream ended" });
   })().catch((exc) => finish({ code: 1006, reason: `the stream failed: ${exc}` }));
 
-  return {
-    confirmsByPost: true,
-    settled: () => poster.idle(),
-    send(raw, seq) {
-      poster.push(raw, seq);
-    },
-    close(code = 1000, reason = "bye") {
-      finish({ code, reason });
-    },
-  };
+  return postedLink(poster, finish);
 }
 
 /**
