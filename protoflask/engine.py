@@ -266,8 +266,7 @@ class Engine:
         self.kept.connected(live)
         self.hub.changed(live)
         self._emit(signals.connect, session_id=live.id)
-        self.dispatcher.drain(live)
-        live.notify()
+        self.settle(live)
 
     def detach(self, live: LiveSession, transport: Transport) -> None:
         """The transport is gone; the session is kept for resume (replayWindowTime)."""
@@ -294,8 +293,7 @@ class Engine:
     def receive_decoded(self, live: LiveSession, obj: Any, nbytes: int) -> None:
         started = now_ms()
         live.core.receive_decoded(obj, nbytes, started)
-        self.dispatcher.drain(live)
-        live.notify()
+        self.settle(live)
         finished = now_ms()
         self.stats.record(finished, finished - started)
 
@@ -307,8 +305,7 @@ class Engine:
         (an ERROR message) and counted like any received message."""
         started = now_ms()
         live.core.reject(exc)
-        self.dispatcher.drain(live)
-        live.notify()
+        self.settle(live)
         finished = now_ms()
         self.stats.record(finished, finished - started)
 
@@ -436,8 +433,7 @@ class Engine:
         self.kept.prune(now)
         for live in self.hub.sessions():
             live.core.tick(now)
-            self.dispatcher.drain(live)
-            live.notify()
+            self.settle(live)
 
     def stop_timers(self) -> None:
         if self._ticker is not None:

@@ -114,7 +114,7 @@ def decode_state(raw: bytes | str) -> dict[str, Any]:
 
 class Journal:
     def __init__(self, redis_client: "redis.Redis", keys: Keys, node_id: str, window_size: int,
-                 ttl_ms: int, on_failure: Callable[[BaseException, set[str]], None],
+                 ttl_ms: int, on_failure: Callable[[BaseException], None],
                  on_fenced: Callable[[list[str], list[str]], None]) -> None:
         self.redis = redis_client
         self.keys = keys
@@ -126,7 +126,8 @@ class Journal:
         self.ttl_ms = ttl_ms
         # the hub marks itself degraded and copies every window over again later
         self.on_failure = on_failure
-        self.paused = False  # degraded: append() only remembers nothing, resync covers it
+        # degraded: append() writes nothing; the hub's recovery copies every window again
+        self.paused = False
         #: why the last flush failed ("Type: message"), None once one succeeds again
         self.failing: str | None = None
         self.restarts = 0  # times a dead flusher greenlet had to be started again
@@ -235,7 +236,7 @@ class Journal:
                 self._sha = None
                 self._write(batch)
         except Exception as exc:  # noqa: BLE001 - Redis's or ours: the writers carry on
-            self._failed(exc, batch)
+            self._failed(exc)
         else:
             if self.failing is not None and not self.paused:
                 log.warning("the journal writes again")
@@ -243,8 +244,7 @@ class Journal:
         finally:
             committed.set()
 
-    def _failed(self, exc: Exception, batch: dict[str, tuple["LiveSession", list[bytes]]]
-                ) -> None:
+    def _failed(self, exc: Exception) -> None:
         """Forget the script (a restarted Redis has lost it), remember why, log the first
         failure of a series, and let the hub degrade and copy every window over again."""
         self._sha = None
@@ -255,7 +255,7 @@ class Journal:
                 log.error("journal: a write failed; the node is degraded until every "
                           "window is copied over again", exc_info=exc)
         self.failing = f"{type(exc).__name__}: {exc}"
-        self.on_failure(exc, set(batch))
+        self.on_failure(exc)
 
     def state_of(self, live: "LiveSession") -> bytes:
         """The session's state for Redis; empty (left out, logged once) if nothing can

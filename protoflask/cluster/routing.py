@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 import orjson
 
 from ..core import handoff, messages
-from ..core.errors import ClusterUnavailable, ProtoError, SessionNotFound
-from ..core.errors import CloseCode
+from ..clock import now_ms
+from ..core.errors import ClusterUnavailable, CloseCode, ProtoError, SessionNotFound
 from ..hub import (
     LiveSession,
     LocalHub,
@@ -36,7 +36,6 @@ from ..hub import (
     SessionHost,
     decode_operation,
     encode_operation,
-    now_ms,
 )
 from .calls import RemoteCalls
 from .journal import Journal, decode_state
@@ -143,7 +142,7 @@ class RoutingHub(LocalHub):
         self.degrade(f"Redis at {self.url} lost this node's data ({what}; restarted?); "
                      "copying every session over again")
 
-    def journal_failed(self, exc: BaseException, session_ids: set[str]) -> None:
+    def journal_failed(self, exc: BaseException) -> None:
         """A journal write failed (it logged why): degraded until the next beat copies
         every window over again, whatever the failure was."""
         if isinstance(exc, UNAVAILABLE):
@@ -400,14 +399,13 @@ class RoutingHub(LocalHub):
         holding it (its Redis record stays for whoever resumes it)."""
         live.take_writable(now_ms())
         self.journal.flush()
-        waiting = handoff.pending_outbound(live.core)
-        live.core.pending.clear()
+        waiting = live.core.outbound.take_pending()
         self.unhold(live.id)
         calls_on = self.calls.let_go(live)
         try:
             written = self.store.let_go(
                 live.id, live.user_id, self.journal.state_of(live), calls_on,
-                (orjson.dumps({"name": Send.name, "args": [ob]}) for ob in waiting))
+                (orjson.dumps(encode_operation(Send(ob))) for ob in waiting))
             if not written:
                 log.warning("session %s was taken over by another node before this one let "
                             "it go; its state here is dropped", live.id)

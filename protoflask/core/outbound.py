@@ -269,6 +269,15 @@ class OutboundQueue:
 
     # -- moving to another node (core.handoff) --------------------------------------------
 
+    def take_pending(self) -> list[Outbound]:
+        """Remove and return every message queued but not yet stamped (a session that
+        moves to another node hands them over), keeping the byte counts true."""
+        pending = self.pending
+        self.pending, self._pending_sizes = [], []
+        self._pending_channel_bytes.clear()
+        self._pending_bytes = 0
+        return pending
+
     def export_pending(self) -> list[dict[str, Any]]:
         """Messages queued but not yet stamped, as JSON-ready data."""
         return [ob.to_dict() for ob in self.pending]

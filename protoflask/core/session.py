@@ -242,13 +242,11 @@ class ProtocolSession(UpstreamHandlers):
             msg = parse_envelope(raw, max_size=self.settings.max_message_size,
                                  max_depth=self.settings.max_json_depth)
         except MessageTooLarge as exc:
-            self.traffic.received[INVALID] += 1
-            self._fail(exc)
+            self.reject(exc)
             self._events.append(CloseRequested(CloseCode.TOO_LARGE, "message too large"))
             return
         except ProtoError as exc:
-            self.traffic.received[INVALID] += 1
-            self._fail(exc)
+            self.reject(exc)
             return
         self.receive_message(msg, byte_length(raw), now)
 
@@ -259,8 +257,7 @@ class ProtocolSession(UpstreamHandlers):
         try:
             msg = validate_envelope(obj, max_depth=self.settings.max_json_depth)
         except ProtoError as exc:
-            self.traffic.received[INVALID] += 1
-            self._fail(exc)
+            self.reject(exc)
             return
         self.receive_message(msg, nbytes, now)
 

@@ -91,3 +91,16 @@ def test_pending_messages_export_as_plain_data() -> None:
     s.send(messages.create("NOTE", {"n": 1}, channel="AGENT"))
     assert s.outbound.export_pending() == [
         {"type": "NOTE", "channel": "AGENT", "payload": {"n": 1}}]
+
+
+def test_taking_the_pending_messages_keeps_the_byte_counts_true() -> None:
+    s = make_session()
+    s.outbound.paused_by_client.add("AGENT")
+    for n in range(3):
+        s.send(messages.create("NOTE", {"n": n}, channel="AGENT"))
+    assert s.pending_bytes > 0
+    taken = s.outbound.take_pending()
+    assert [ob.payload["n"] for ob in taken] == [0, 1, 2]
+    assert s.pending == [] and s.pending_bytes == 0 and s.unsent_bytes == 0
+    s.send(messages.create("NOTE", {"n": 3}, channel="AGENT"))  # counting starts afresh
+    assert len(s.pending) == 1 and s.pending_bytes > 0
