@@ -1,7 +1,6 @@
 """gunicorn settings: ``gunicorn -k gevent wsgi:app`` picks this file up by itself."""
 
 import importlib.util
-import logging
 import os
 import resource
 import sys
@@ -50,15 +49,6 @@ _logs = _load_logs()
 _redact, _redacted_query = _logs.redact, _logs.redacted_query
 
 
-class _RedactTokens(logging.Filter):
-    def filter(self, record):
-        message = record.getMessage()
-        clean = _redact(message)
-        if clean != message:
-            record.msg, record.args = clean, ()
-        return True
-
-
 class RedactingLogger(Logger):
     """gunicorn's logger, with tokens kept out of its lines: the access log's request line
     and query (``%(r)s``, ``%(q)s``, ``%(U)s``...) and headers (``%({authorization}i)s``),
@@ -67,8 +57,8 @@ class RedactingLogger(Logger):
     def setup(self, cfg):
         super().setup(cfg)
         for logger in (self.error_log, self.access_log):
-            if not any(isinstance(f, _RedactTokens) for f in logger.filters):
-                logger.addFilter(_RedactTokens())
+            if not any(isinstance(f, _logs.RedactTokens) for f in logger.filters):
+                logger.addFilter(_logs.RedactTokens())
 
     def atoms(self, resp, req, environ, request_time):
         atoms = super().atoms(resp, req, environ, request_time)

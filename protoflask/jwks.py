@@ -164,7 +164,7 @@ def candidates(keys: Iterable[PublicKey], alg: str, kid: str | None) -> list[Pub
     usable = [k for k in keys if alg in k.algorithms]
     exact = [k for k in usable if kid is not None and k.kid == kid]
     loose = [k for k in usable if k.kid is None or kid is None]
-    return exact + [k for k in loose if k not in exact]
+    return exact + loose  # disjoint: a loose key has no kid, or the token names none
 
 
 def load_public_keys(value: str) -> list[PublicKey]:

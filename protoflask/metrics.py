@@ -11,7 +11,7 @@ counters (``CounterSource``), never the server.
 
 from __future__ import annotations
 
-import time
+from .clock import now_ms
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from prometheus_client import CollectorRegistry
@@ -118,7 +118,7 @@ class ProtoCollector(Collector):
         yield GaugeMetricFamily(p + "tools_running", "Tool executions running now.",
                                 value=g["toolsRunning"])
 
-        snapshot = stats.snapshot(int(time.time() * 1000))
+        snapshot = stats.snapshot(now_ms())
         yield GaugeMetricFamily(p + "uptime_seconds", "Seconds since the server started.",
                                 value=snapshot["uptime"] / 1000.0)
         yield GaugeMetricFamily(

@@ -142,10 +142,10 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def token(args: argparse.Namespace) -> int:
-    from ..auth import TokenAuthority, parse_duration
+    from ..auth import TokenAuthority
 
     if args.private_key:
-        return _signed_token(args, parse_duration)
+        return _signed_token(args)
     secret = args.secret or os.environ.get("JWT_SECRET")
     if not secret:
         raise UsageError("set JWT_SECRET or pass --secret (or --private-key for an "
@@ -157,13 +157,14 @@ def token(args: argparse.Namespace) -> int:
     return 0
 
 
-def _signed_token(args: argparse.Namespace, parse_duration: Any) -> int:
+def _signed_token(args: argparse.Namespace) -> int:
     """A token signed with a private key, as an identity provider would issue it (for a
     server configured with the public half: JWT_PUBLIC_KEY or JWKS_URL)."""
     import jwt
     from cryptography.hazmat.primitives import serialization
 
     from ..jwks import algorithms_for
+    from ..options import parse_duration
 
     try:
         with open(args.private_key, "rb") as fh:

@@ -86,7 +86,7 @@ def pong(nonce: str) -> Outbound:
 
 #: Largest ``detail`` an ERROR carries, in bytes of JSON. A larger one (the validation
 #: errors of a huge payload) is replaced by ``{"truncated": true, "excerpt": <the first
-#: MAX_DETAIL_BYTES characters of its JSON>}``.
+#: MAX_DETAIL_BYTES bytes of its UTF-8 JSON, a character cut in half dropped>}``.
 MAX_DETAIL_BYTES = 2048
 #: Longest ERROR ``message``, in characters (longer ones are cut and end with "...").
 MAX_ERROR_MESSAGE = 1024

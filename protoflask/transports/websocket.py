@@ -107,9 +107,9 @@ class WebSocketConnection:
         return response.status_code == 101
 
     def serve(self, live: "LiveSession", last_seq: int | None) -> None:
-        """Attach to the session and pump until the connection ends, in the request's
-        greenlet (a fresh greenlet would make switches a little cheaper but cost each
-        idle connection a second greenlet: docs/PERFORMANCE.md)."""
+        """Attach to the session and pump until the connection ends, in the greenlet
+        ``web._serve_apart`` spawns for it, apart from the upgrade request (the request's
+        frames are not held for the connection's life: docs/PERFORMANCE.md)."""
         self._reader = gevent.getcurrent()
         self._run(live, last_seq)
 
@@ -338,7 +338,8 @@ class WebSocketConnection:
 def serve(engine: "Engine", admission: "Admission", sock: socket.socket,
           environ: dict[str, Any], compression: bool) -> None:
     """An admitted WebSocket request: answer the upgrade, then serve the session on the
-    socket until the connection ends (in the request's greenlet). The connection slot
+    socket until the connection ends (in a greenlet of its own, apart from the upgrade
+    request: ``web._serve_apart``). The connection slot
     ``admit`` counted is given back however it ends."""
     conn = WebSocketConnection(engine, sock, compression)
     try:

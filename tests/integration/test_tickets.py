@@ -89,7 +89,7 @@ def test_a_ticket_expires():
 def test_query_tokens_keep_working(make_server):
     server = make_server()
     with WSClient(server.base_url, server.issue_token("alice")) as client:
-        client.hello()
+        assert client.hello()["payload"]["session"]
 
 
 def test_a_ticket_from_one_node_opens_a_connection_on_another(make_server, redis_url, prefix):
