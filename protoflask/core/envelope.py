@@ -1,63 +1,26 @@
 """Envelope parsing and encoding: bytes/str -> Message, Message -> bytes.
 
-The envelope (docs/PROTOCOL.md §2) and every client payload (§4) are validated
-with marshmallow schemas built once at import. Extra envelope fields are
-ignored and extra payload fields are kept, so newer clients stay compatible.
+The envelope (docs/PROTOCOL.md §2) and every client payload (§4) are validated by the
+marshmallow schemas of schemas.py, which define what is valid and word every error; the
+fast checks at the end of this module accept the common messages the schemas accept, for
+a fraction of the cost.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import orjson
-from marshmallow import EXCLUDE, INCLUDE, Schema, ValidationError, fields, validate
+from marshmallow import ValidationError
 
 from .errors import InvalidMessage, MessageTooLarge, MissingRunId, UnsupportedType
-
-CHANNELS = ("SYSTEM", "USER", "AGENT", "AUDIO_IN", "AUDIO_OUT")
-
-#: Types that never need or spend credit and are allowed on any channel (docs/PROTOCOL.md §5).
-CONTROL_TYPES = frozenset({
-    "HELLO", "PING", "PONG", "ACK", "FLOW_UPDATE", "PAUSE_CHANNEL", "RESUME_CHANNEL",
-    "REPLAY_REQUEST", "ERROR",
-})
-
-#: Every type name a client may send.
-CLIENT_TYPES = frozenset({
-    "HELLO", "PING", "PONG", "MESSAGE_START", "MESSAGE_PART", "MESSAGE_END", "TOOL_CALL",
-    "TOOL_CANCEL", "TOOL_LIST", "RUN_STARTED", "RUN_FINISHED", "RUN_CANCEL", "ACK",
-    "FLOW_UPDATE", "PAUSE_CHANNEL", "RESUME_CHANNEL", "REPLAY_REQUEST", "AUDIO_CHUNK",
-})
-
-#: Every type name the server sends.
-SERVER_TYPES = frozenset({
-    "HELLO", "PING", "PONG", "MESSAGE_START", "MESSAGE_PART", "MESSAGE_END", "TOOL_UPDATE",
-    "TOOL_DONE", "TOOL_LIST", "RUN_STARTED", "RUN_FINISHED", "FLOW_UPDATE", "PAUSE_CHANNEL",
-    "RESUME_CHANNEL", "ERROR", "AUDIO_CHUNK",
-})
-
-#: Longest decimal string accepted for a ts. Python refuses to convert strings of
-#: more than 4300 digits (a ValueError no schema expects), and no clock needs more than 20.
-MAX_DIGITS = 64
-#: Largest seq anywhere (the envelope's, every payload seq field, the last_seq query):
-#: 2^53-1, exact in a JavaScript number and storable as an int64 by every layer (orjson,
-#: Redis, the dashboard). INVALID_MESSAGE beyond.
-MAX_SEQ = 2 ** 53 - 1
-SEQ_DIGITS = len(str(MAX_SEQ))  # 16
-#: Validation reports at most this many errors per list (then stops looking): a payload
-#: with 250k bad elements costs five checks and a small ERROR, not 250k of each.
-MAX_VALIDATION_ERRORS = 5
-#: Deepest JSON nesting accepted in an envelope (the envelope object is level 1, its
-#: payload level 2). orjson itself refuses more than 1024 levels on reading and encodes
-#: at most 254, so anything a client nests is cut well before either (maxJsonDepth).
-MAX_JSON_DEPTH = 64
-
-_POSITIVE_INT = re.compile(r"[1-9][0-9]{0,%d}\Z" % (SEQ_DIGITS - 1), re.ASCII)
-_NON_NEGATIVE_INT = re.compile(r"(0|[1-9][0-9]{0,%d})\Z" % (SEQ_DIGITS - 1), re.ASCII)
-_SEQ_ERROR = f"must be a decimal string of a number of at most {MAX_SEQ} (2^53-1)"
-_DECIMAL = re.compile(r"[0-9]{1,%d}\Z" % MAX_DIGITS, re.ASCII)
+from .schemas import ENVELOPE_SCHEMA, PAYLOAD_SCHEMAS
+from .wire import DECIMAL, POSITIVE_INT, VERSION
+# the type sets and bounds are this module's interface too (explicit re-exports)
+from .wire import CHANNELS as CHANNELS, CLIENT_TYPES as CLIENT_TYPES
+from .wire import CONTROL_TYPES as CONTROL_TYPES, SERVER_TYPES as SERVER_TYPES
+from .wire import MAX_JSON_DEPTH as MAX_JSON_DEPTH, MAX_SEQ as MAX_SEQ, SEQ_DIGITS as SEQ_DIGITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,216 +62,6 @@ def decode_json(raw: bytes | bytearray | memoryview | str) -> Any:
         return orjson.loads(raw)
     except (orjson.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
         raise InvalidMessage(f"not valid JSON: {exc}") from None
-
-
-# -- field types ---------------------------------------------------------------------------
-
-
-class SeqField(fields.Field[int]):
-    """A seq number in a payload: a decimal string or an int (docs/PROTOCOL.md §2) -> int."""
-
-    def __init__(self, *, allow_zero: bool = True, **kwargs: Any) -> None:
-        self.allow_zero = allow_zero
-        super().__init__(**kwargs)
-
-    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> int:
-        if isinstance(value, bool):
-            raise ValidationError("must be a decimal string or an integer")
-        if isinstance(value, int):
-            number = value
-        elif isinstance(value, str) and _NON_NEGATIVE_INT.match(value):
-            number = int(value)
-        else:
-            raise ValidationError(f"{_SEQ_ERROR}, or an integer")
-        if number < 0 or (number == 0 and not self.allow_zero):
-            raise ValidationError("must be a positive number")
-        if number > MAX_SEQ:
-            raise ValidationError(f"must be at most {MAX_SEQ} (2^53-1)")
-        return number
-
-
-class StrictInt(fields.Integer):
-    """An integer that refuses booleans and strings."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(strict=True, **kwargs)
-
-    def _validated(self, value: Any) -> int:
-        if isinstance(value, bool):
-            raise self.make_error("invalid")
-        return super()._validated(value)
-
-
-class BoundedList(fields.List[Any]):
-    """A list whose validation stops after MAX_VALIDATION_ERRORS bad elements (marshmallow's
-    List checks and reports every one)."""
-
-    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> list[Any]:
-        if not isinstance(value, list):
-            raise self.make_error("invalid")
-        result: list[Any] = []
-        errors: dict[Any, Any] = {}
-        for idx, each in enumerate(value):
-            try:
-                result.append(self.inner.deserialize(each, **kwargs))
-            except ValidationError as error:
-                errors[idx] = error.messages
-                if len(errors) >= MAX_VALIDATION_ERRORS and idx + 1 < len(value):
-                    errors["more"] = (f"validation stopped after {MAX_VALIDATION_ERRORS} "
-                                      f"errors; the list has {len(value)} elements")
-                    break
-        if errors:
-            raise ValidationError(errors, valid_data=result)
-        return result
-
-
-def _seq_string(value: str) -> None:
-    if not _POSITIVE_INT.match(value) or int(value) > MAX_SEQ:
-        raise ValidationError(f"must be a positive decimal string of a number of at most "
-                              f"{MAX_SEQ} (2^53-1)")
-
-
-def _required_str(**kwargs: Any) -> fields.String:
-    return fields.String(required=True, validate=validate.Length(min=1), **kwargs)
-
-
-def _channel(**kwargs: Any) -> fields.String:
-    return fields.String(validate=validate.OneOf(CHANNELS), **kwargs)
-
-
-class _Payload(Schema):
-    class Meta:
-        unknown = INCLUDE
-
-
-# -- envelope --------------------------------------------------------------------------------
-
-
-class EnvelopeSchema(Schema):
-    class Meta:
-        unknown = EXCLUDE
-
-    id = _required_str()
-    session = fields.String(required=True)
-    seq = fields.String(required=True, validate=_seq_string)
-    ts = fields.String(required=True, validate=validate.Regexp(
-        _DECIMAL, error=f"must be a decimal string of at most {MAX_DIGITS} digits"))
-    type = fields.String(required=True)
-    channel = fields.String(required=True, validate=validate.OneOf(CHANNELS))
-    payload = fields.Dict(required=True)
-
-
-# -- payloads (client to server, docs/PROTOCOL.md §4) ---------------------------------
-
-
-_VERSION = re.compile(r"\d+\.\d+\.\d+\Z")
-
-
-class HelloPayload(_Payload):
-    proto_version = fields.String(required=True, validate=validate.Regexp(
-        _VERSION, error="must look like major.minor.patch"))
-    accept_major = BoundedList(StrictInt(), required=True)
-    accept_events = BoundedList(fields.String(), load_default=list)
-    capabilities = fields.Dict(load_default=dict)
-
-
-class NoncePayload(_Payload):
-    nonce = fields.String(required=True)
-
-
-class MessageStartPayload(_Payload):
-    message_id = _required_str()
-    content_type = fields.String(required=True)
-
-
-class MessagePartPayload(_Payload):
-    message_id = _required_str()
-    content = fields.String(required=True)
-
-
-class MessageEndPayload(_Payload):
-    message_id = _required_str()
-
-
-class ToolCallPayload(_Payload):
-    call_id = _required_str()
-    tool = _required_str()
-    params = fields.Dict(required=True)
-    run_id = fields.String(load_default=None, allow_none=True)
-
-
-class CallIdPayload(_Payload):
-    call_id = _required_str()
-
-
-class EmptyPayload(_Payload):
-    pass
-
-
-class RunStartedPayload(_Payload):
-    run_id = fields.String(load_default=None, allow_none=True, validate=validate.Length(min=1))
-    thread_id = fields.String(load_default=None, allow_none=True)
-    metadata = fields.Raw(load_default=None, allow_none=True)
-
-
-class RunFinishedPayload(_Payload):
-    run_id = _required_str()
-    summary = fields.Raw(load_default=None, allow_none=True)
-
-
-class RunCancelPayload(_Payload):
-    run_id = _required_str()
-
-
-class AckPayload(_Payload):
-    seq = SeqField(required=True)
-
-
-class FlowUpdatePayload(_Payload):
-    channel = _channel(required=True)
-    add_messages = StrictInt(load_default=0, validate=validate.Range(min=0))
-    add_bytes = StrictInt(load_default=0, validate=validate.Range(min=0))
-
-
-class ChannelPayload(_Payload):
-    channel = _channel(required=True)
-
-
-class ReplayRequestPayload(_Payload):
-    from_seq = SeqField(required=True, allow_zero=False)
-    to_seq = SeqField(load_default=None, allow_none=True, allow_zero=False)
-
-
-class AudioChunkPayload(_Payload):
-    message_id = _required_str()
-    mime = fields.String(required=True)
-    data = fields.String(required=True)
-    final = fields.Boolean(load_default=False)
-
-
-PAYLOAD_SCHEMAS: dict[str, Schema] = {
-    "HELLO": HelloPayload(),
-    "PING": NoncePayload(),
-    "PONG": NoncePayload(),
-    "MESSAGE_START": MessageStartPayload(),
-    "MESSAGE_PART": MessagePartPayload(),
-    "MESSAGE_END": MessageEndPayload(),
-    "TOOL_CALL": ToolCallPayload(),
-    "TOOL_CANCEL": CallIdPayload(),
-    "TOOL_LIST": EmptyPayload(),
-    "RUN_STARTED": RunStartedPayload(),
-    "RUN_FINISHED": RunFinishedPayload(),
-    "RUN_CANCEL": RunCancelPayload(),
-    "ACK": AckPayload(),
-    "FLOW_UPDATE": FlowUpdatePayload(),
-    "PAUSE_CHANNEL": ChannelPayload(),
-    "RESUME_CHANNEL": ChannelPayload(),
-    "REPLAY_REQUEST": ReplayRequestPayload(),
-    "AUDIO_CHUNK": AudioChunkPayload(),
-}
-assert set(PAYLOAD_SCHEMAS) == CLIENT_TYPES
-
-_ENVELOPE = EnvelopeSchema()
 
 
 def parse(raw: bytes | bytearray | memoryview | str, *, max_size: int | None = None,
@@ -372,7 +125,7 @@ def _nested_deeper_than(value: dict[str, Any], limit: int) -> bool:
 def _load_envelope(obj: dict[str, Any]) -> Message:
     """The envelope through its marshmallow schema: the definition, and every error."""
     try:
-        env = _ENVELOPE.load(obj)
+        env = ENVELOPE_SCHEMA.load(obj)
     except ValidationError as exc:
         raw_id = obj.get("id")
         raise InvalidMessage("invalid envelope", detail=exc.messages,
@@ -437,7 +190,7 @@ def _accept_envelope(obj: dict[str, Any]) -> Message | None:
     if (type(mid) is str and mid and type(session) is str and type(seq) is str
             and type(ts) is str and type(mtype) is str and type(channel) is str
             and type(payload) is dict and channel in _CHANNEL_SET
-            and _POSITIVE_INT.match(seq) and _DECIMAL.match(ts)):
+            and POSITIVE_INT.match(seq) and DECIMAL.match(ts)):
         number = int(seq)
         if number <= MAX_SEQ:
             return Message(mid, session, number, int(ts), mtype, channel, payload)
@@ -479,7 +232,7 @@ def _accept_hello(p: dict[str, Any]) -> dict[str, Any] | None:
     version, major = p.get("proto_version"), p.get("accept_major")
     events = p.get("accept_events", [])
     caps = p.get("capabilities", {})
-    if (type(version) is str and _VERSION.match(version) and type(major) is list
+    if (type(version) is str and VERSION.match(version) and type(major) is list
             and all(type(v) is int for v in major) and type(events) is list
             and all(type(e) is str for e in events) and type(caps) is dict):
         out = dict(p)
