@@ -194,7 +194,8 @@ class LiveSession:
     Slotted, and the tool runner is built on first use (``tool_runner``): ten thousand
     idle sessions are what a worker holds (docs/PERFORMANCE.md)."""
 
-    __slots__ = ("core", "transport", "runner", "on_events", "link", "_make_runner")
+    __slots__ = ("core", "transport", "runner", "on_events", "link", "_make_runner",
+                 "has_writable")
 
     def __init__(self, core: ProtocolSession,
                  on_events: Callable[["LiveSession", list[Any]], None] | None = None,
@@ -207,6 +208,9 @@ class LiveSession:
         self.on_events = on_events  # the engine's dispatcher for events sends cause
         self.link: SessionLink | None = None  # set by a cluster hub while it follows it
         self._make_runner = make_runner  # shared by every session of an engine
+        #: whether the core has messages for the wire (its queue's own method: the
+        #: transports ask for every message)
+        self.has_writable: Callable[[], bool] = core.has_writable
 
     def tool_runner(self) -> "SessionToolRunner":
         """The session's tool runner, built the first time it is needed."""
@@ -232,17 +236,18 @@ class LiveSession:
             return []
         return ready
 
-    def has_writable(self) -> bool:
-        return self.core.has_writable()
-
     def set_in_flight(self, nbytes: int) -> None:
         """The transport is writing ``nbytes`` (0 once written): back-pressure reads it."""
         self.core.set_in_flight(nbytes)
 
+    def written(self) -> None:
+        """The transport wrote what it took without waiting (never in flight)."""
+        self.core.outbound.written()
+
     def notify(self) -> None:
         """Move queued messages toward the client: wake the transport, or while
         disconnected stamp them into the replay window for a later resume."""
-        if self.core.has_writable():
+        if self.has_writable():
             transport = self.transport
             if transport is not None:
                 transport.wake()

@@ -133,6 +133,12 @@ class OutboundQueue:
         self.in_flight = nbytes
         self.check_pressure(writer=True)
 
+    def written(self) -> None:
+        """The transport wrote what it took at once, never in flight: the resume a write
+        ending would decide (below) is decided now."""
+        if self.paused_by_server:
+            self.check_pressure(writer=True)
+
     def check_pressure(self, writer: bool = False, may_resume: bool = True) -> None:
         """Back-pressure (docs/PROTOCOL.md §5 Flow control), with hysteresis: USER is paused
         when the unsent bytes (queued plus being written) pass the high mark,
@@ -173,7 +179,7 @@ class OutboundQueue:
     # -- to the wire ----------------------------------------------------------------------
 
     def has_writable(self) -> bool:
-        return bool(self._resend or self.pending)
+        return bool(self.pending or self._resend.ranges)
 
     def take_writable(self, now: int) -> list[tuple[int, bytes]]:
         """Messages ready for the wire, in seq order: replays first, then pending
@@ -182,10 +188,10 @@ class OutboundQueue:
         A replay comes a batch of about REPLAY_BATCH_BYTES at a time, read from the
         window; until it is all taken nothing newer is, so the wire stays in seq order.
         Call again while ``has_writable()``."""
-        if self._resend:
+        if self._resend.ranges:
             out = self._resend.take(self.replay, REPLAY_BATCH_BYTES)
             self.traffic.replayed_messages += len(out)
-            if self._resend:
+            if self._resend.ranges:
                 self._resend_bytes = self._resend.nbytes(self.replay)
                 return out
             self._resend_bytes = 0

@@ -132,37 +132,37 @@ class ResendQueue:
     as they are written, a bounded batch at a time). An entry evicted meanwhile (ACKed,
     aged out) is skipped."""
 
-    __slots__ = ("_ranges",)
+    __slots__ = ("ranges",)
 
     def __init__(self) -> None:
-        self._ranges: list[tuple[int, int]] = []  # sorted, disjoint, inclusive
+        self.ranges: list[tuple[int, int]] = []  # sorted, disjoint, inclusive
 
     def __bool__(self) -> bool:
-        return bool(self._ranges)
+        return bool(self.ranges)
 
     def clear(self) -> None:
-        self._ranges.clear()
+        self.ranges.clear()
 
     def add(self, lo: int, hi: int) -> None:
         if lo > hi:
             return
         merged: list[tuple[int, int]] = []
-        for a, b in sorted([*self._ranges, (lo, hi)]):
+        for a, b in sorted([*self.ranges, (lo, hi)]):
             if merged and a <= merged[-1][1] + 1:
                 merged[-1] = (merged[-1][0], max(merged[-1][1], b))
             else:
                 merged.append((a, b))
-        self._ranges = merged
+        self.ranges = merged
 
     def nbytes(self, window: ReplayWindow) -> int:
         """Bytes the queue still has to write (entries still in the window)."""
-        return sum(window.bytes_between(a, b) for a, b in self._ranges)
+        return sum(window.bytes_between(a, b) for a, b in self.ranges)
 
     def take(self, window: ReplayWindow, limit: int) -> list[tuple[int, bytes]]:
         """The next entries in seq order, up to ``limit`` bytes (at least one entry)."""
         out: list[tuple[int, bytes]] = []
         total = 0
-        ranges = self._ranges
+        ranges = self.ranges
         while ranges:
             lo, hi = ranges[0]
             i, n = window.index(lo), len(window)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import enum
 import secrets
-from typing import Any
+from typing import Any, Callable
 
 from .messages import (
     Outbound, error as error_message, ping as ping_message, run_finished, run_started, split_text,
@@ -125,6 +125,12 @@ class ProtocolSession(UpstreamHandlers):
         self._events: list[Event] = []
         self.outbound = OutboundQueue(session_id, settings, self.credits, self.traffic,
                                       self._events, self._is_connected)
+        # The queue's own methods, not wrappers around them: the transports call these
+        # for every message (docs/PERFORMANCE.md). take_writable: messages ready for the
+        # wire, in seq order (see OutboundQueue.take_writable).
+        self.has_writable: Callable[[], bool] = self.outbound.has_writable
+        self.take_writable: Callable[[int], list[tuple[int, bytes]]] = \
+            self.outbound.take_writable
         self.texts: dict[str, Text] = {}
         self.registry = CallRegistry(settings.max_concurrent_runs)
         #: the last number used in an id this session made (message and run ids); it
@@ -375,13 +381,6 @@ class ProtocolSession(UpstreamHandlers):
     def set_in_flight(self, nbytes: int) -> None:
         """The transport reports how many bytes it is writing (0 once written)."""
         self.outbound.set_in_flight(nbytes)
-
-    def has_writable(self) -> bool:
-        return self.outbound.has_writable()
-
-    def take_writable(self, now: int) -> list[tuple[int, bytes]]:
-        """Messages ready for the wire, in seq order (see OutboundQueue.take_writable)."""
-        return self.outbound.take_writable(now)
 
     def _queue_replay(self, from_seq: int, to_seq: int | None, now: int, source: str,
                       related_id: str | None = None) -> None:

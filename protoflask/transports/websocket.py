@@ -79,6 +79,9 @@ class WebSocketConnection:
     def __init__(self, engine: "Engine", sock: socket.socket, compression: bool) -> None:
         self.engine = engine
         self.sock = sock
+        #: one send() on the socket's own non-blocking descriptor: what the kernel takes
+        #: at once, or BlockingIOError (a gevent socket would wait for room instead)
+        self._send_now = getattr(sock, "_sock", sock).send
         self.compression = compression
         self.protocol = ServerProtocol(state=State.OPEN, max_size=engine.config.max_message_size)
         self.live: "LiveSession | None" = None
@@ -278,33 +281,65 @@ class WebSocketConnection:
 
     def flush(self) -> None:
         """Write everything pending. One writer at a time: a flush that finds another in
-        progress returns at once, and the active one loops until nothing is left."""
-        if self._writing or self.live is None:
+        progress returns at once, and the active one loops until nothing is left.
+
+        The common write (the kernel takes it all at once) is one send() with no greenlet
+        switch and is never in flight; only a write the kernel does not take whole is
+        reported in flight (back-pressure and the slow-consumer check read it) while the
+        rest waits for room."""
+        live = self.live
+        if self._writing or live is None:
             return
         self._writing = True
+        protocol = self.protocol
         try:
-            protocol = self.protocol
             while True:
-                frames: list[bytes] = []
-                live = self.live
                 if protocol.state is State.OPEN and not self._closing \
                         and live.transport is self and live.has_writable():
-                    ready = live.take_writable(now_ms())
-                    if protocol.extensions:  # permessage-deflate: through the protocol
-                        for _, data in ready:
-                            protocol.send_text(data)
-                    else:
-                        frames = [text_frame(data) for _, data in ready]
-                # frames first: a close queued meanwhile (by another greenlet, while
-                # take_writable waited on a cluster journal) must follow what was taken
-                chunks = frames + protocol.data_to_send()
-                if not chunks:
+                    frames = self._frames(live.take_writable(now_ms()))
+                    # frames first: a close queued meanwhile (by another greenlet, while
+                    # take_writable waited on a cluster journal) must follow what was taken
+                    if protocol.writes:
+                        frames += protocol.data_to_send()
+                elif protocol.writes:
+                    frames = protocol.data_to_send()
+                else:
                     return
-                live.set_in_flight(sum(map(len, chunks)))
-                self._send(chunks)
-                live.set_in_flight(0)
+                if not frames:
+                    return
+                data = b"".join(frames)
+                if data:
+                    try:
+                        sent = self._send_now(data)
+                    except BlockingIOError:
+                        sent = 0
+                    if sent < len(data):
+                        self._send_blocking(live, data, sent)
+                    else:
+                        live.written()
+                if frames[-1] == b"":  # websockets' signal to half-close
+                    self._shutdown(socket.SHUT_WR)
         finally:
             self._writing = False
+
+    def _frames(self, ready: list[tuple[int, bytes]]) -> list[bytes]:
+        """The frames of messages taken for the wire."""
+        protocol = self.protocol
+        if protocol.extensions:  # permessage-deflate: through the protocol
+            for _, data in ready:
+                protocol.send_text(data)
+            return protocol.data_to_send()
+        return [text_frame(data) for _, data in ready]
+
+    def _send_blocking(self, live: "LiveSession", data: bytes, sent: int) -> None:
+        """The rest of a write the kernel did not take whole: in flight until written."""
+        view = memoryview(data)[sent:]
+        live.set_in_flight(len(view))
+        try:
+            while view:
+                view = view[self.sock.send(view):]
+        finally:
+            live.set_in_flight(0)
 
     def close(self, code: int, reason: str) -> None:
         """Flush, send the close frame, and give the client CLOSE_TIMEOUT to answer."""
