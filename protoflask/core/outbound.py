@@ -203,28 +203,28 @@ class OutboundQueue:
         self.pending, self._pending_sizes = [], []
         credits = self.credits
         paused = self.paused_by_client
-        blocked: set[str] = set()
+        blocked: set[str] | None = None  # channels held back in this pass (rarely any)
         sid, ts = self.session_id, str(now)
         sent = self.traffic.sent
         store = self.replay.add
         by_channel = self._pending_channel_bytes
-        for ob, size in zip(pending, sizes, strict=True):
+        for i, ob in enumerate(pending):
             channel = ob.channel
             control = ob.type in CONTROL_TYPES
-            if not control and (channel in blocked or channel in paused):
-                blocked.add(channel)
-                self._hold(ob, size)
+            if not control and (channel in paused or (blocked and channel in blocked)):
+                blocked = self._hold(blocked, channel, ob, sizes[i])
                 continue
             seq = self.downstream_seq + 1
-            data = encode({"id": ob.id or f"{sid}:{seq}", "session": sid, "seq": str(seq),
+            number = str(seq)
+            data = encode({"id": ob.id or f"{sid}:{number}", "session": sid, "seq": number,
                            "ts": ts, "type": ob.type, "channel": channel,
                            "payload": ob.payload})
             if not control:
                 if not credits.can_send(channel, len(data)):
-                    blocked.add(channel)
-                    self._hold(ob, size)
+                    blocked = self._hold(blocked, channel, ob, sizes[i])
                     continue
                 credits.spend(channel, len(data))
+            size = sizes[i]
             by_channel[channel] -= size
             self._pending_bytes -= size
             self.downstream_seq = seq
@@ -237,10 +237,16 @@ class OutboundQueue:
         self.check_pressure(may_resume=False)
         return out
 
-    def _hold(self, ob: Outbound, size: int) -> None:
-        """Put a message back, behind those held before it (order within a channel)."""
+    def _hold(self, blocked: set[str] | None, channel: str, ob: Outbound,
+              size: int) -> set[str]:
+        """Put a message back, behind those held before it (order within a channel); the
+        channel is held back for the rest of the pass. Returns the held channels."""
         self.pending.append(ob)
         self._pending_sizes.append(size)
+        if blocked is None:
+            return {channel}
+        blocked.add(channel)
+        return blocked
 
     # -- replays --------------------------------------------------------------------------
 
