@@ -87,14 +87,17 @@ def parse(raw: bytes | bytearray | memoryview | str, *, max_size: int | None = N
 
 
 def parse_envelope(raw: bytes | bytearray | memoryview | str, *,
-                   max_size: int | None = None, max_depth: int = MAX_JSON_DEPTH) -> Message:
-    """Validate the envelope only; the payload stays the raw dict.
+                   max_size: int | None = None, max_depth: int = MAX_JSON_DEPTH,
+                   size: int | None = None) -> Message:
+    """Validate the envelope only; the payload stays the raw dict. ``size``: the caller's
+    ``byte_length(raw)``, if it has it.
 
     Raises MessageTooLarge or InvalidMessage (marshmallow's errors in ``detail``,
     ``related_id`` set whenever the envelope had a usable ``id``).
     """
     if max_size is not None:
-        size = byte_length(raw)
+        if size is None:
+            size = byte_length(raw)
         if size > max_size:
             raise MessageTooLarge(f"message of {size} bytes exceeds {max_size}")
     return validate_envelope(decode_json(raw), max_depth=max_depth)
@@ -102,6 +105,8 @@ def parse_envelope(raw: bytes | bytearray | memoryview | str, *,
 
 def byte_length(raw: bytes | bytearray | memoryview | str) -> int:
     """The size of a frame in bytes; text counts as its UTF-8 encoding (docs/PROTOCOL.md §2, §5)."""
+    if type(raw) is bytes:  # the common case first: a WebSocket frame, a body line
+        return len(raw)
     if isinstance(raw, str):
         return len(raw.encode("utf-8", "surrogatepass"))
     if isinstance(raw, memoryview):

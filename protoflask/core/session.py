@@ -242,11 +242,14 @@ class ProtocolSession(UpstreamHandlers):
 
     def receive(self, raw: bytes | str, now: int) -> None:
         """One client frame / line / body element."""
-        if self._rate_limited(now):
+        verdict = self.rate.check(now)
+        if verdict is not Verdict.ALLOW:
+            self._rate_limited(verdict)
             return
+        size = byte_length(raw)
         try:
             msg = parse_envelope(raw, max_size=self.settings.max_message_size,
-                                 max_depth=self.settings.max_json_depth)
+                                 max_depth=self.settings.max_json_depth, size=size)
         except MessageTooLarge as exc:
             self.reject(exc)
             self._events.append(CloseRequested(CloseCode.TOO_LARGE, "message too large"))
@@ -254,11 +257,13 @@ class ProtocolSession(UpstreamHandlers):
         except ProtoError as exc:
             self.reject(exc)
             return
-        self.receive_message(msg, byte_length(raw), now)
+        self.receive_message(msg, size, now)
 
     def receive_decoded(self, obj: Any, nbytes: int, now: int) -> None:
         """An element already decoded from a JSON array body."""
-        if self._rate_limited(now):
+        verdict = self.rate.check(now)
+        if verdict is not Verdict.ALLOW:
+            self._rate_limited(verdict)
             return
         try:
             msg = validate_envelope(obj, max_depth=self.settings.max_json_depth)
@@ -267,12 +272,9 @@ class ProtocolSession(UpstreamHandlers):
             return
         self.receive_message(msg, nbytes, now)
 
-    def _rate_limited(self, now: int) -> bool:
-        """Take a token for one upstream message; without one the message is dropped
-        unread (so its seq is not recorded and it may be resent as it was)."""
-        verdict = self.rate.check(now)
-        if verdict is Verdict.ALLOW:
-            return False
+    def _rate_limited(self, verdict: Verdict) -> None:
+        """A message found no rate-limit token (``verdict``): it is dropped unread (so its
+        seq is not recorded and it may be resent as it was)."""
         if not self._flooding:
             self._fail(RateLimited(
                 f"more than {self.settings.rate_limit:g} messages per second (burst "
@@ -282,7 +284,6 @@ class ProtocolSession(UpstreamHandlers):
                 self._flooding = True
                 self._events.append(CloseRequested(CloseCode.POLICY_VIOLATION,
                                                    "rate limit exceeded"))
-        return True
 
     def reject(self, exc: ProtoError) -> None:
         """Report a problem found outside the core (by a transport) as an ERROR; the

@@ -242,11 +242,12 @@ class WebSocketConnection:
         if opcode is Opcode.BINARY:
             self.engine.receive_binary(self.live, data)
             return
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            self.protocol.fail(1007, f"invalid UTF-8 at position {exc.start}")
-            return
+        if not data.isascii():  # ASCII is UTF-8, and costs no decoding to tell
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                self.protocol.fail(1007, f"invalid UTF-8 at position {exc.start}")
+                return
         self.engine.receive(self.live, data)
 
     def _report_too_large(self) -> None:
