@@ -7,4 +7,4 @@ import time
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    return time.time_ns() // 1_000_000  # read several times per message: the cheapest way

@@ -24,6 +24,9 @@ class Verdict(Enum):
     CLOSE = "close"
 
 
+_ALLOW = Verdict.ALLOW  # read for every message: cheaper as a constant than off the class
+
+
 class RateLimiter:
     __slots__ = ("rate", "burst", "_tokens", "_strikes", "_at")
 
@@ -37,17 +40,21 @@ class RateLimiter:
     def check(self, now: int) -> Verdict:
         """Take a token for one message received at ``now`` (ms)."""
         if self.rate <= 0:
-            return Verdict.ALLOW
+            return _ALLOW
         # a clock that steps back refills nothing this once, and does not stall refills
-        elapsed = max(0, now - self._at)
-        self._at = now
-        refill = elapsed * self.rate / 1000.0
-        if refill:
-            self._tokens = min(float(self.burst), self._tokens + refill)
-            self._strikes = max(0.0, self._strikes - refill)
+        elapsed = now - self._at
+        if elapsed > 0:
+            self._at = now
+            refill = elapsed * self.rate / 1000.0
+            tokens = self._tokens + refill
+            self._tokens = tokens if tokens < self.burst else float(self.burst)
+            strikes = self._strikes - refill
+            self._strikes = strikes if strikes > 0.0 else 0.0
+        elif elapsed < 0:
+            self._at = now
         if self._tokens >= 1.0:
             self._tokens -= 1.0
-            return Verdict.ALLOW
+            return _ALLOW
         self._strikes += 1.0
         return Verdict.CLOSE if self._strikes > self.burst else Verdict.DROP
 

@@ -76,12 +76,18 @@ class SessionState(enum.Enum):
     DETACHED = "detached"  # handshake completed, no transport: kept for a resume
     CLOSED = "closed"  # expired or closed for good: no more sends
 
+    # Members are singletons: hash them by identity, in C (Enum's own __hash__ is Python
+    # code, and the state is looked up in a set for every message).
+    __hash__ = object.__hash__
+
 
 class Transition(enum.Enum):
     ATTACH = "attach"
     DETACH = "detach"
     HELLO = "hello"
     CLOSE = "close"
+
+    __hash__ = object.__hash__  # as SessionState's
 
 
 _S = SessionState
@@ -99,6 +105,8 @@ TRANSITIONS: dict[SessionState, dict[Transition, SessionState]] = {
     row[0]: dict(zip(_COLUMNS, row[1:], strict=True)) for row in _TABLE}
 _ATTACHED = frozenset({_S.GREETING, _S.OPEN})
 _GREETED = frozenset({_S.OPEN, _S.DETACHED})
+_CLOSED = _S.CLOSED
+_ALLOW = Verdict.ALLOW  # enum members as constants: cheaper to read than off their class
 
 
 class ProtocolSession(UpstreamHandlers):
@@ -243,7 +251,7 @@ class ProtocolSession(UpstreamHandlers):
     def receive(self, raw: bytes | str, now: int) -> None:
         """One client frame / line / body element."""
         verdict = self.rate.check(now)
-        if verdict is not Verdict.ALLOW:
+        if verdict is not _ALLOW:
             self._rate_limited(verdict)
             return
         size = byte_length(raw)
@@ -262,7 +270,7 @@ class ProtocolSession(UpstreamHandlers):
     def receive_decoded(self, obj: Any, nbytes: int, now: int) -> None:
         """An element already decoded from a JSON array body."""
         verdict = self.rate.check(now)
-        if verdict is not Verdict.ALLOW:
+        if verdict is not _ALLOW:
             self._rate_limited(verdict)
             return
         try:
@@ -360,7 +368,7 @@ class ProtocolSession(UpstreamHandlers):
 
     def send(self, out: Outbound) -> bool:
         """Queue a server message. False when filtered out, closed, or the queue is full."""
-        if self._state is SessionState.CLOSED:
+        if self._state is _CLOSED:
             return False
         if self.accept_events is not None and out.type not in self.accept_events:
             return False

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("protoflask.websocket")
 
 CLOSE_TIMEOUT = 2.0  # seconds to wait for the client's close frame
+# Enum members as module constants: reading one off its class costs ten times as much,
+# and the read loop compares several per message.
+_OPEN, _CLOSED = State.OPEN, State.CLOSED
+_TEXT, _BINARY = Opcode.TEXT, Opcode.BINARY
 RECV_SIZE = 65536
 
 
@@ -137,7 +141,7 @@ class WebSocketConnection:
         # connection leaves every byte to the protocol.
         own_frames = self.split_frames and not protocol.extensions
         pending = b""  # an incomplete small data frame, kept until the rest comes
-        while protocol.state is not State.CLOSED:
+        while protocol.state is not _CLOSED:
             data = sock.recv(RECV_SIZE)
             if not data:
                 if pending:  # an incomplete frame: the protocol reports the EOF in it
@@ -152,7 +156,7 @@ class WebSocketConnection:
             if isinstance(protocol.parser_exc, PayloadTooBig):
                 self._report_too_large()
             self.flush()
-            if not data or protocol.state is State.CLOSED:
+            if not data or protocol.state is _CLOSED:
                 return
 
     def _read_frames(self, data: bytes) -> bytes:
@@ -175,7 +179,7 @@ class WebSocketConnection:
             self._protocol_events()
         max_size = protocol.max_message_size
         while i < n:
-            if protocol.state is not State.OPEN:
+            if protocol.state is not _OPEN:
                 protocol.receive_data(data[i:])
                 self._protocol_events()
                 return b""
@@ -200,7 +204,7 @@ class WebSocketConnection:
                     and (max_size is None or length <= max_size):
                 if end > n:
                     break  # the rest of it comes with the next read
-                self._on_message(Opcode.TEXT if head1 == 0x81 else Opcode.BINARY,
+                self._on_message(_TEXT if head1 == 0x81 else _BINARY,
                                  apply_mask(data[start:end], data[start - 4:start]))
             else:
                 if max_size is not None and length > max_size:
@@ -239,7 +243,7 @@ class WebSocketConnection:
         assert self.live is not None
         if self._closing:
             return
-        if opcode is Opcode.BINARY:
+        if opcode is _BINARY:
             self.engine.receive_binary(self.live, data)
             return
         if not data.isascii():  # ASCII is UTF-8, and costs no decoding to tell
@@ -295,7 +299,7 @@ class WebSocketConnection:
         protocol = self.protocol
         try:
             while True:
-                if protocol.state is State.OPEN and not self._closing \
+                if protocol.state is _OPEN and not self._closing \
                         and live.transport is self and live.has_writable():
                     frames = self._frames(live.take_writable(now_ms()))
                     # frames first: a close queued meanwhile (by another greenlet, while
