@@ -58,12 +58,13 @@ class ReplayWindow:
         """Keep a message; returns the compact copy kept (write that one: the original's
         buffer can then go at once)."""
         data = memoryview(data).tobytes()
+        n = len(data)
         entries = self._entries
         entries.append((seq, now, data, self._added))
-        self._added += len(data)
-        self._bytes += len(data)
-        if len(entries) > self.size:
-            self._drop_first()
+        self._added += n
+        self._bytes += n
+        if len(entries) > self.size:  # the usual eviction, one per message once full
+            self._bytes -= len(entries.popleft()[2])
         if self.max_bytes is not None:
             while self._bytes > self.max_bytes and len(entries) > 1:
                 self._drop_first()

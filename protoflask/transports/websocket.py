@@ -141,7 +141,9 @@ class WebSocketConnection:
         # connection leaves every byte to the protocol.
         own_frames = self.split_frames and not protocol.extensions
         pending = b""  # an incomplete small data frame, kept until the rest comes
-        while protocol.state is not _CLOSED:
+        if protocol.state is _CLOSED:
+            return
+        while True:  # until the connection is closed (checked after each read)
             data = sock.recv(RECV_SIZE)
             if not data:
                 if pending:  # an incomplete frame: the protocol reports the EOF in it
@@ -299,8 +301,8 @@ class WebSocketConnection:
         protocol = self.protocol
         try:
             while True:
-                if protocol.state is _OPEN and not self._closing \
-                        and live.transport is self and live.has_writable():
+                if live.has_writable() and protocol.state is _OPEN and not self._closing \
+                        and live.transport is self:
                     frames = self._frames(live.take_writable(now_ms()))
                     # frames first: a close queued meanwhile (by another greenlet, while
                     # take_writable waited on a cluster journal) must follow what was taken
