@@ -17,7 +17,7 @@ from marshmallow import ValidationError
 from .errors import InvalidMessage, MessageTooLarge, MissingRunId, UnsupportedType
 from .schemas import ENVELOPE_SCHEMA, PAYLOAD_SCHEMAS
 from .slots import FRESH, slot_setters
-from .wire import DECIMAL, POSITIVE_INT, VERSION
+from .wire import MAX_DIGITS, VERSION
 # the type sets and bounds are this module's interface too (explicit re-exports)
 from .wire import CHANNELS as CHANNELS, CLIENT_TYPES as CLIENT_TYPES
 from .wire import CONTROL_TYPES as CONTROL_TYPES, SERVER_TYPES as SERVER_TYPES
@@ -211,7 +211,9 @@ def _accept_envelope(obj: dict[str, Any]) -> Message | None:
     if (type(mid) is str and mid and type(session) is str and type(seq) is str
             and type(ts) is str and type(mtype) is str and type(channel) is str
             and type(payload) is dict and channel in _CHANNEL_SET
-            and POSITIVE_INT.match(seq) and DECIMAL.match(ts)):
+            # POSITIVE_INT and DECIMAL, in string methods (half a regex match's cost)
+            and seq.isdigit() and seq.isascii() and len(seq) <= SEQ_DIGITS and seq[0] != "0"
+            and ts.isdigit() and ts.isascii() and len(ts) <= MAX_DIGITS):
         number = int(seq)
         if number <= MAX_SEQ:
             return Message(mid, session, number, int(ts), mtype, channel, payload)

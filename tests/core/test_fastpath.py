@@ -24,8 +24,10 @@ def either(valid):
 
 ids = st.text(min_size=1, max_size=6)
 seq_strings = st.from_regex(r"[1-9][0-9]{0,5}", fullmatch=True) | st.sampled_from(
-    ["0", "01", "1.5", "-1", " 1", "1\n", "١"])
-ts_strings = st.from_regex(r"[0-9]{1,5}", fullmatch=True) | st.sampled_from(["", "x", "1e3"])
+    ["0", "01", "1.5", "-1", " 1", "1\n", "١", "²", "1²", "9007199254740991",
+     "9007199254740992", "10000000000000000", "12345678901234567"])
+ts_strings = st.from_regex(r"[0-9]{1,5}", fullmatch=True) | st.sampled_from(
+    ["", "x", "1e3", "²", "1" * 64, "1" * 65, "0" * 64])
 channels = st.sampled_from(list(envelope.CHANNELS) + ["user", "OTHER"])
 
 
