@@ -106,29 +106,31 @@ class UpstreamHandlers:
     def receive_message(self, msg: Message, nbytes: int, now: int) -> None:
         """A message whose envelope is valid (rules 2 to 8)."""
         self.last_activity = now
+        mtype = msg.type
         received = self.traffic.received  # inline: this runs for every message
         try:
-            received[msg.type] += 1
+            received[mtype] += 1
         except KeyError:  # a type no client may send: one bounded label for all of them
             received[UNKNOWN_TYPE] += 1
-        seen_before = self.up_seqs.highest
-        if not self.up_seqs.first_time(msg.seq):
+        seen = self.up_seqs
+        seen_before = seen.highest
+        if not seen.first_time(msg.seq):
             return  # a retransmission: already seen
         charged = False
         try:
-            if msg.type not in CLIENT_TYPES:
-                raise UnsupportedType(f"unsupported message type {msg.type!r}")
-            if not self.handshake_completed and msg.type not in PRE_HANDSHAKE_TYPES:
+            if mtype not in CLIENT_TYPES:
+                raise UnsupportedType(f"unsupported message type {mtype!r}")
+            if mtype not in PRE_HANDSHAKE_TYPES and not self.handshake_completed:
                 raise HandshakeRequired()
             msg = validate_payload(msg)
-            if msg.type not in CONTROL_TYPES:
+            if mtype not in CONTROL_TYPES:
                 # refused before it is charged: a message the client must send again
                 # must not cost it credit (nor earn it a top-up)
                 if msg.channel in self.outbound.paused_by_server:
                     raise ChannelPaused(f"channel {msg.channel} is paused", related_id=msg.id)
                 self.credits.charge(msg.channel, nbytes)
                 charged = True
-            _HANDLERS[msg.type](self, msg, seen_before, now)
+            _HANDLERS[mtype](self, msg, seen_before, now)
         except InsufficientCredits as exc:
             exc.related_id = exc.related_id or msg.id
             self._fail(exc)

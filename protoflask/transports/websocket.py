@@ -60,6 +60,9 @@ def handshake_request(environ: dict[str, Any]) -> Request:
     return Request(path, headers)
 
 
+_SMALL_TEXT_HEADS = [bytes((0x81, n)) for n in range(126)]
+
+
 def text_frame(data: bytes) -> bytes:
     """A server's text frame: final, unmasked, no extension (RFC 6455 section 5.2).
 
@@ -67,7 +70,7 @@ def text_frame(data: bytes) -> bytes:
     on the hot path of an uncompressed connection every message is one of these."""
     n = len(data)
     if n < 126:
-        return b"\x81" + bytes((n,)) + data
+        return _SMALL_TEXT_HEADS[n] + data
     if n < 65536:
         return b"\x81\x7e" + n.to_bytes(2, "big") + data
     return b"\x81\x7f" + n.to_bytes(8, "big") + data
@@ -336,7 +339,10 @@ class WebSocketConnection:
             for _, data in ready:
                 protocol.send_text(data)
             return protocol.data_to_send()
-        return [text_frame(data) for _, data in ready]
+        frames = []  # a loop, not a comprehension: no frame of its own (Python 3.11)
+        for _, data in ready:
+            frames.append(text_frame(data))
+        return frames
 
     def _send_blocking(self, live: "LiveSession", data: bytes, sent: int) -> None:
         """The rest of a write the kernel did not take whole: in flight until written."""
