@@ -100,7 +100,9 @@ class OutboundQueue:
         self._enqueue(out)
         if out.type not in CONTROL_TYPES:
             self._pause_armed = True
-        self.check_pressure()
+        if self._pending_bytes + self._resend_bytes + self.in_flight >= self._low_water \
+                or self.paused_by_server:  # check_pressure's own first test, saving a call
+            self.check_pressure()
         return True
 
     def _enqueue(self, out: Outbound) -> None:
@@ -234,7 +236,9 @@ class OutboundQueue:
             except KeyError:  # an application's own type
                 sent[ob.type] = 1
         # what was just taken is not in flight yet: no resume decision here (see above)
-        self.check_pressure(may_resume=False)
+        if self._pending_bytes + self._resend_bytes + self.in_flight >= self._low_water \
+                or self.paused_by_server:  # check_pressure's own first test, saving a call
+            self.check_pressure(may_resume=False)
         return out
 
     def _hold(self, blocked: set[str] | None, channel: str, ob: Outbound,

@@ -254,7 +254,7 @@ class ProtocolSession(UpstreamHandlers):
         if verdict is not _ALLOW:
             self._rate_limited(verdict)
             return
-        size = byte_length(raw)
+        size = len(raw) if type(raw) is bytes else byte_length(raw)
         try:
             msg = parse_envelope(raw, max_size=self.settings.max_message_size,
                                  max_depth=self.settings.max_json_depth, size=size)

@@ -341,7 +341,8 @@ class WebSocketConnection:
             return protocol.data_to_send()
         frames = []  # a loop, not a comprehension: no frame of its own (Python 3.11)
         for _, data in ready:
-            frames.append(text_frame(data))
+            n = len(data)
+            frames.append(_SMALL_TEXT_HEADS[n] + data if n < 126 else text_frame(data))
         return frames
 
     def _send_blocking(self, live: "LiveSession", data: bytes, sent: int) -> None:
