@@ -738,7 +738,7 @@ def render(results: dict[str, Any], specs: dict[str, ServerSpec], markdown: bool
                          + f"TODO: {http.get('reason')}\n")
     if results.get("targets"):
         rows = [[t["target"], t["value"], t["goal"], t["verdict"]] for t in results["targets"]]
-        parts.append(table("Issue 5 targets (ratios within this run)",
+        parts.append(table("Targets of issues 5 and 16 (ratios within this run)",
                            ["target", "measured", "goal", "verdict"], rows, markdown))
     if results.get("profile"):
         prof = results["profile"]
@@ -781,6 +781,7 @@ def compute_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                             "value": f"{r:.2f}x ({a['p99_ms']:.2f} / {b['p99_ms']:.2f} ms)",
                             "goal": "<= 2x", "verdict": "PASS" if r <= 2 else "FAIL",
                             "ratio": round(r, 2), "connections": n})
+    targets += issue16_targets(results)
     tool = results.get("tool", {}).get("protoflask")
     if tool and tool.get("p50_ms") is not None:
         targets.append({"target": f"tool call p50 @{tool['connections']}",
@@ -795,6 +796,67 @@ def compute_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         targets.append({"target": f"idle sessions held @{n}", "value": f"{r.get('held')}",
                         "goal": f"{n}", "verdict": "PASS" if r.get("held") == int(n) else "FAIL"})
     return targets
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def issue16_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 16 ("faster per core"): each a ratio inside this run."""
+    out: list[dict[str, Any]] = []
+    ping = results.get("ping", {})
+
+    def cell(name: str) -> tuple[int, dict[str, Any]] | None:
+        levels = ping.get(name, {})
+        if not levels:
+            return None
+        n = max(int(k) for k in levels)
+        return n, levels[str(n)]
+
+    pf, echo = cell("protoflask"), cell("gevent-sansio")
+    redis, fs = cell("protoflask-redis"), cell("flask-sock")
+    if pf and echo and pf[0] == echo[0] and pf[1].get("server_us_per_op") \
+            and echo[1].get("server_us_per_op"):
+        a, b = pf[1]["server_us_per_op"], echo[1]["server_us_per_op"]
+        out.append({"target": f"[16] PING->PONG CPU/reply @{pf[0]}, x sans-I/O echo",
+                    "value": f"{a / b:.2f}x ({a:.1f} / {b:.1f} µs)", "goal": "<= 1.5x",
+                    "verdict": _verdict(a / b <= 1.5), "ratio": round(a / b, 3)})
+    if pf and redis and pf[0] == redis[0] and pf[1].get("server_us_per_op") \
+            and redis[1].get("server_us_per_op"):
+        a, b = redis[1]["server_us_per_op"], pf[1]["server_us_per_op"]
+        out.append({"target": f"[16] on Redis (1 worker) CPU/reply @{pf[0]}, x in memory",
+                    "value": f"{a / b:.2f}x ({a:.1f} / {b:.1f} µs)", "goal": "<= 1.3x",
+                    "verdict": _verdict(a / b <= 1.3), "ratio": round(a / b, 3)})
+    if pf and fs and pf[0] == fs[0] and pf[1].get("p99_ms") and fs[1].get("p99_ms"):
+        a, b = pf[1]["p99_ms"], fs[1]["p99_ms"]
+        out.append({"target": f"[16] PING->PONG p99 @{pf[0]}, x flask-sock echo",
+                    "value": f"{a / b:.2f}x ({a:.2f} / {b:.2f} ms)", "goal": "<= 1x",
+                    "verdict": _verdict(a <= b), "ratio": round(a / b, 3)})
+    idle = results.get("idle", {}).get("protoflask", {})
+    for n, r in sorted(idle.items(), key=lambda kv: int(kv[0])):
+        if r.get("kb_per_session") is not None:
+            out.append({"target": f"[16] KB per idle session @{n}",
+                        "value": f"{r['kb_per_session']:.1f} KB (held {r.get('held')})",
+                        "goal": "<= 20 KB",
+                        "verdict": _verdict(r["kb_per_session"] <= 20
+                                            and r.get("held") == int(n))})
+    tool = results.get("tool", {}).get("protoflask")
+    if tool and tool.get("p50_ms") is not None:
+        out.append({"target": f"[16] tool call p50 @{tool['connections']}",
+                    "value": f"{tool['p50_ms']:.2f} ms", "goal": "< 0.5 ms",
+                    "verdict": _verdict(tool["p50_ms"] < 0.5)})
+    http = results.get("http_transports") or {}
+    rows = {r["transport"]: r for r in http.get("results", [])}
+    ws = rows.get("websocket", {}).get("messages_per_s")
+    for transport in ("sse", "stream"):
+        rate = rows.get(transport, {}).get("messages_per_s")
+        if ws and rate:
+            out.append({"target": f"[16] {transport} PONGs/s, % of WebSocket's",
+                        "value": f"{100 * rate / ws:.0f}% ({rate:,.0f} / {ws:,.0f})",
+                        "goal": ">= 80%", "verdict": _verdict(rate >= 0.8 * ws),
+                        "ratio": round(rate / ws, 3)})
+    return out
 
 
 # -- HTTP transports (SSE, HTTP stream) -------------------------------------------------------
@@ -917,7 +979,9 @@ def _terminated(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
-        print(render(json.loads(Path(args.render).read_text()), server_specs(1), args.markdown))
+        saved = json.loads(Path(args.render).read_text())
+        saved["targets"] = compute_targets(saved)  # today's targets on the saved figures
+        print(render(saved, server_specs(1), args.markdown))
         return 0
     signal.signal(signal.SIGTERM, _terminated)
     fd_limit = raise_fd_limit(2 * args.max_connections + 1000)
