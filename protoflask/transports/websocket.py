@@ -17,6 +17,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 import gevent
+from gevent import getcurrent
 from websockets.exceptions import PayloadTooBig
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.frames import Frame, Opcode
@@ -277,7 +278,7 @@ class WebSocketConnection:
     def wake(self) -> None:
         """Called by whoever queued a message. The reader flushes after each read
         anyway; from any other greenlet a flush is scheduled, so no sender blocks."""
-        if gevent.getcurrent() is self._reader or self._flush_scheduled:
+        if getcurrent() is self._reader or self._flush_scheduled:
             return
         self._flush_scheduled = True
         gevent.spawn(self._scheduled_flush)
