@@ -129,7 +129,15 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--redis", default=None, help="a Redis URL: the cluster hub")
+    ap.add_argument("--only", choices=("echo", "protoflask"), default=None,
+                    help="run one side only (bench/instructions.py counts each under valgrind)")
     args = ap.parse_args()
+    if args.only == "protoflask":
+        protoflask_once(make_server(args.redis), args.n)
+        return
+    if args.only == "echo":
+        echo_once(pings("s", 2, args.n))
+        return
     server = make_server(args.redis)
     chunks = pings("s", 2, args.n)
     echo = min(echo_once(chunks) for _ in range(args.repeat)) / args.n * 1e6
