@@ -131,7 +131,6 @@ class Dispatcher:
         assert tool is not None
         execution = ToolExecution(event.call_id, tool.name, event.params, run_id=event.run_id)
         self.hub.state_changed(live)  # the open call, for a node that may take it over
-        if signals.tool_call.receivers:  # as _emit checks, without building its arguments
-            self._emit(signals.tool_call, session_id=live.id, execution=execution)
+        self._emit(signals.tool_call, session_id=live.id, execution=execution)
         if tool.execute is not None:
             live.tool_runner().submit(execution, tool)
