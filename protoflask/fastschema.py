@@ -45,7 +45,8 @@ def compile_simple(schema: Any) -> Check | None:
         return lambda v: True
     if not isinstance(schema, dict) or not set(schema) <= _KEYWORDS:
         return None
-    checks: list[Check] = []
+    type_check: Check | None = None
+    only_objects = False
     if "type" in schema:
         names = schema["type"]
         names = [names] if isinstance(names, str) else names
@@ -53,10 +54,8 @@ def compile_simple(schema: Any) -> Check | None:
                 not all(isinstance(n, str) and n in _TYPES for n in names):
             return None
         type_checks = [_TYPES[n] for n in names]
-        if len(type_checks) == 1:
-            checks.append(type_checks[0])
-        else:
-            checks.append(_any_of(tuple(type_checks)))
+        only_objects = set(names) == {"object"}
+        type_check = type_checks[0] if len(type_checks) == 1 else _any_of(tuple(type_checks))
     props = schema.get("properties", {})
     required = schema.get("required", [])
     extra = schema.get("additionalProperties", True)
@@ -69,29 +68,41 @@ def compile_simple(schema: Any) -> Check | None:
         if check is None:
             return None
         prop_checks[name] = check
-    if prop_checks or required or not extra:
-        allowed = frozenset(prop_checks)
-        needed = tuple(required)
+    if not (prop_checks or required or not extra):
+        return type_check if type_check is not None else (lambda v: True)
+    object_check = _object_check(prop_checks, tuple(required), extra, only_objects)
+    if type_check is None or only_objects:  # only_objects: object_check refuses the rest
+        return object_check
+    return _all_of(type_check, object_check)
 
-        def object_check(v: Any) -> bool:
-            if type(v) is not dict:
-                return True  # these keywords only constrain objects
-            for key in needed:
-                if key not in v:
-                    return False
-            for key, value in v.items():
-                check = prop_checks.get(key)
-                if check is not None:
-                    if not check(value):
-                        return False
-                elif not extra and key not in allowed:
-                    return False
-            return True
 
-        checks.append(object_check)
-    if len(checks) == 1:
-        return checks[0]
-    return lambda v: all(c(v) for c in checks)
+def _object_check(prop_checks: dict[str, Check], needed: tuple[str, ...], extra: bool,
+                  only_objects: bool) -> Check:
+    """``properties``, ``required`` and ``additionalProperties`` in one loop; a value
+    that is not an object passes (these keywords only constrain objects) unless
+    ``only_objects`` (the schema's ``type`` is "object", checked here too)."""
+    get = prop_checks.get
+
+    def object_check(v: Any) -> bool:
+        if type(v) is not dict:
+            return not only_objects
+        for key in needed:
+            if key not in v:
+                return False
+        for key, value in v.items():
+            check = get(key)
+            if check is not None:
+                if not check(value):
+                    return False
+            elif not extra:  # a key with no check is not among the properties
+                return False
+        return True
+
+    return object_check
+
+
+def _all_of(first: Check, second: Check) -> Check:
+    return lambda value: first(value) and second(value)
 
 
 def _any_of(checks: tuple[Callable[[Any], bool], ...]) -> Callable[[Any], bool]:

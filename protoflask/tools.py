@@ -346,7 +346,11 @@ class SessionToolRunner:
                 f"tool {tool.name!r} failed: {exc}"))
             self.sink.tool_failed(exc, self.sink.session_id)
             return
-        problems = tool.result_errors(result)
+        accepts = tool._output_ok  # the fast yes without a list (result_errors' first step)
+        if accepts is not None and accepts(result):
+            problems = None
+        else:
+            problems = tool.result_errors(result)
         if problems:
             self.finish(execution, "error", ToolExecutionError(
                 schema_failure("result", f"outputSchema of {tool.name!r}", problems),
@@ -359,6 +363,9 @@ def check_call(tool: Tool | None, name: str, params: Any) -> None:
     """Raise the contract's error for a call that cannot start."""
     if tool is None:
         raise ToolNotFound(f"no tool named {name!r}")
+    accepts = tool._input_ok  # the fast yes without a list (param_errors' first step)
+    if accepts is not None and accepts(params):
+        return
     problems = tool.param_errors(params)
     if problems:
         raise InvalidMessage(

@@ -58,3 +58,27 @@ def test_builtin_schemas_are_in_the_subset():
 def test_integers_follow_json_schema():
     check = compile_simple({"type": "integer"})
     assert check(3) and check(3.0) and not check(3.5) and not check(True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(schemas(), schemas(), st.sampled_from(["a", "b", "c"]), values, values)
+def test_nested_object_schemas_agree_with_jsonschema(outer, inner, name, value, wrapped):
+    """A property whose schema is itself an object schema (the subset is recursive)."""
+    outer.setdefault("properties", {})[name] = inner
+    if isinstance(value, dict):
+        value = {**value, name: wrapped}
+    check = compile_simple(outer)
+    validator = validators.validator_for(outer)(outer)
+    if check is None:
+        assert "minLength" in outer or "minLength" in inner
+        return
+    assert check(value) == validator.is_valid(value), (outer, value)
+
+
+def test_object_type_refuses_other_values_with_properties():
+    check = compile_simple({"type": "object", "properties": {"a": {"type": "string"}},
+                            "required": ["a"], "additionalProperties": False})
+    assert check({"a": "x"}) and not check({"a": 1}) and not check({"a": "x", "b": 1})
+    assert not check([]) and not check("a") and not check(None) and not check({})
+    loose = compile_simple({"properties": {"a": {"type": "string"}}, "required": ["a"]})
+    assert loose([]) and loose("a") and not loose({}) and loose({"a": "x", "b": 1})

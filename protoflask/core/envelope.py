@@ -248,9 +248,9 @@ def _accept_tool_call(p: dict[str, Any]) -> dict[str, Any] | None:
     run_id = p.get("run_id")
     if (_id_ok(p.get("call_id")) and _id_ok(p.get("tool")) and type(p.get("params")) is dict
             and (run_id is None or type(run_id) is str)):
-        out = dict(p)
-        out.setdefault("run_id", None)
-        return out
+        if "run_id" not in p:  # the schema's load_default, written into the decoded dict
+            p["run_id"] = None  # (the message's own): no copy, no second Message
+        return p
     return None
 
 

@@ -231,8 +231,7 @@ class UpstreamHandlers:
         if run_id is not None and run_id not in self.registry.runs:
             self.fail_call(call_id, RunNotFound(f"run {run_id!r} is not active in this session"))
             return
-        self._events.append(ToolCallReceived(call_id, p["tool"], p["params"], run_id,
-                                             msg.to_wire()))
+        self._events.append(ToolCallReceived(call_id, p["tool"], p["params"], run_id, msg))
 
     def _on_tool_cancel(self, msg: Message, seen_before: int,
                         now: int) -> None:

@@ -6,6 +6,8 @@ dropped or added, so both sides disagree if either is wrong somewhere.
 
 from __future__ import annotations
 
+import copy
+
 from hypothesis import given, settings, strategies as st
 
 from protoflask.core import envelope
@@ -86,7 +88,9 @@ def test_envelope_fast_path_agrees_with_schema(obj):
 def test_payload_fast_path_agrees_with_schema(case):
     mtype, payload = case
     msg = Message("i", "", 1, 1, mtype, "USER", payload)
-    fast = envelope._ACCEPT_PAYLOAD[mtype](payload)
+    # its own copy: the fast path may complete the decoded dict in place (TOOL_CALL's
+    # run_id), and the schema must see what the client sent
+    fast = envelope._ACCEPT_PAYLOAD[mtype](copy.deepcopy(payload))
     try:
         slow = envelope._load_payload(msg).payload
     except Exception as exc:  # noqa: BLE001
@@ -101,3 +105,16 @@ def test_valid_envelopes_take_the_fast_path():
     obj = {"id": "a", "session": "", "seq": "12", "ts": "0", "type": "PING",
            "channel": "SYSTEM", "payload": {"nonce": "n"}}
     assert envelope._accept_envelope(obj) == envelope._load_envelope(obj)
+
+
+def test_tool_call_run_id_default_is_written_in_place():
+    """A valid TOOL_CALL payload without run_id gets the schema's None in the decoded
+    dict itself, so the message is kept as it is (no copy)."""
+    payload = {"call_id": "c", "tool": "echo", "params": {"message": "m"}}
+    msg = Message("i", "", 1, 1, "TOOL_CALL", "USER", payload)
+    assert envelope.validate_payload(msg) is msg
+    assert payload == envelope._load_payload(
+        Message("i", "", 1, 1, "TOOL_CALL", "USER",
+                {"call_id": "c", "tool": "echo", "params": {"message": "m"}})).payload
+    refused = {"call_id": "c", "tool": "echo", "params": []}
+    assert envelope._accept_tool_call(refused) is None and "run_id" not in refused

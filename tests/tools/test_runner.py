@@ -147,3 +147,22 @@ def test_on_done_hears_the_result(inline: bool) -> None:
                                      on_done=lambda e, err: ended.append((e.result, err))), add)
     gevent.sleep(0.01)
     assert ended == [({"result": 3}, None)]
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"n": {"type": "number"}}, "required": ["n"]},
+    {"type": "object", "properties": {"n": {"type": "number", "minimum": 0}},
+     "required": ["n"]},  # outside the fast subset: jsonschema alone decides
+])
+def test_check_call_takes_the_fast_yes_and_words_the_refusal(schema: dict[str, Any]) -> None:
+    from protoflask.core.errors import InvalidMessage, ToolNotFound
+    from protoflask.tools import check_call
+
+    tool = Tool("t", "takes n", schema, execute=lambda *_: {})
+    check_call(tool, "t", {"n": 1})  # no exception
+    with pytest.raises(InvalidMessage) as refused:
+        check_call(tool, "t", {"n": "one"})
+    assert refused.value.message.startswith("params.n: 'one' is not of type 'number'")
+    assert refused.value.detail == [{"path": "n", "message": "'one' is not of type 'number'"}]
+    with pytest.raises(ToolNotFound):
+        check_call(None, "nope", {})
