@@ -282,12 +282,9 @@ class Engine:
 
     def receive(self, live: LiveSession, raw: bytes | str) -> None:
         started = now_ms()
-        core = live.core
-        core.receive(raw, started)
-        if core.has_events():  # most messages cause none (a PING, a text part)
-            self.dispatcher.drain(live)
-        live.notify()
-        finished = now_ms()
+        live.core.receive(raw, started)
+        live.notify()  # wakes the writer, and hands the events the message caused (if any)
+        finished = now_ms()  # to the dispatcher
         self.stats.record(finished, finished - started)
 
     def receive_decoded(self, live: LiveSession, obj: Any, nbytes: int) -> None:

@@ -63,13 +63,17 @@ _set_id, _set_session, _set_seq, _set_ts, _set_type, _set_channel, _set_payload 
     slot_setters(Message, "id", "session", "seq", "ts", "type", "channel", "payload")
 
 
+#: orjson's options for the wire (the outbound queue calls orjson with them directly)
+ENCODING = orjson.OPT_NON_STR_KEYS
+
+
 def encode(wire: Mapping[str, Any]) -> bytes:
     """A wire dict as compact JSON bytes.
 
     Non-string dict keys become strings (JSON has no others): marshmallow reports list
     errors keyed by index, and those land in ERROR ``detail``.
     """
-    return orjson.dumps(wire, option=orjson.OPT_NON_STR_KEYS)
+    return orjson.dumps(wire, option=ENCODING)
 
 
 def decode_json(raw: bytes | bytearray | memoryview | str) -> Any:
