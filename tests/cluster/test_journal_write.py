@@ -17,7 +17,7 @@ from redis.exceptions import NoScriptError
 
 from protoflask.cluster.journal import APPEND_SCRIPT, Journal
 from protoflask.cluster.keys import Keys, pack_entry
-from protoflask.cluster.redis_client import GeventConnection, connect, pack
+from protoflask.cluster.redis_client import GeventConnection, connect, int_array, pack
 
 NODE = "node-a"
 
@@ -109,3 +109,21 @@ def test_a_lost_connection_goes_the_long_way_and_reconnects(redis_url: str,
     assert j._conn is conn and conn._sock is not None
     assert r.lrange(j.keys.replay("s"), 0, -1) == [
         pack_entry(s, 1000 + s, b'{"m":%d}' % s) for s in range(2, 7)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-10**6, 10**6), max_size=30), st.data())
+def test_an_int_array_is_read_whole_from_any_cut(values: list[int], data: Any) -> None:
+    raw = b"*%d\r\n" % len(values) + b"".join(b":%d\r\n" % v for v in values)
+    cut = data.draw(st.integers(0, len(raw) - 1))
+    assert int_array(raw[:cut]) is None
+    assert int_array(raw) == values
+
+
+def test_an_error_reply_is_its_text_and_another_shape_is_a_lost_connection() -> None:
+    assert int_array(b"-NOSCRIPT No matching script.\r\n") == "NOSCRIPT No matching script."
+    assert int_array(b"-ERR x") is None
+    for raw in (b"+OK\r\n", b"$3\r\nabc\r\n", b"*1\r\n$1\r\na\r\n", b"*-1\r\n",
+                b"*1\r\n:1\r\n:2\r\n", b"_\r\n", b":5\r\n", b"*1\r\n:x\r\n"):
+        with pytest.raises(redis.ConnectionError):
+            int_array(raw)
