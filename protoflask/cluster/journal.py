@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import gevent
@@ -31,7 +32,7 @@ from redis.exceptions import NoScriptError
 
 from ..core.handoff import export_state
 from .keys import Keys, pack_entry
-from .redis_client import UNAVAILABLE
+from .redis_client import UNAVAILABLE, GeventConnection, pack, text
 
 if TYPE_CHECKING:
     import redis
@@ -141,6 +142,12 @@ class Journal:
         self._running = False  # between start() and stop(): a flusher greenlet writes
         self._flusher: gevent.Greenlet | None = None
         self._unencodable: set[str] = set()  # sessions whose state was left out (logged)
+        # the flusher's own connection for the short way (redis_client.execute_packed),
+        # with the process that took it and whether a write is on it now (a second
+        # flush meanwhile, from another greenlet, goes redis-py's way)
+        self._conn: GeventConnection | None = None
+        self._conn_pid = 0
+        self._conn_busy = False
 
     def start(self) -> None:
         self._running = True
@@ -153,6 +160,9 @@ class Journal:
         if self._flusher is not None:
             self._flusher.kill(block=False)
             self._flusher = None
+        conn, self._conn = self._conn, None
+        if conn is not None and not self._conn_busy:
+            self.redis.connection_pool.release(conn)
 
     @property
     def alive(self) -> bool:
@@ -274,15 +284,48 @@ class Journal:
     def _write(self, batch: dict[str, tuple["LiveSession", list[bytes]]]) -> None:
         # EVALSHA, not redis-py's Script objects: those ask SCRIPT EXISTS on each call.
         if self._sha is None:
-            self._sha = self.redis.script_load(APPEND_SCRIPT)
-        keys: list[str] = []
+            self._sha = text(self.redis.script_load(APPEND_SCRIPT))
+        replay, session = self.keys.replay, self.keys.session
+        keys: list[bytes] = []
         blobs: list[bytes] = []
         for sid, (live, entries) in batch.items():
-            keys += (self.keys.replay(sid), self.keys.session(sid))
+            keys += (replay(sid).encode(), session(sid).encode())
             blobs.append(b"\n".join((self.state_of(live), *entries)))
-        fenced = self.redis.evalsha(self._sha, len(keys), *keys, self.window_size, self.ttl_ms,
-                                    self.node_id, *blobs)
+        fenced = self._evalsha([
+            b"EVALSHA", self._sha.encode(), b"%d" % len(keys), *keys, b"%d" % self.window_size,
+            b"%d" % self.ttl_ms, self.node_id.encode(), *blobs])
         if fenced:
             sids = list(batch)
             self.on_fenced([sids[i - 1] for i in fenced if i > 0],
                            [sids[-i - 1] for i in fenced if i < 0])
+
+    def _evalsha(self, args: list[bytes]) -> Any:
+        """Run the packed EVALSHA on the flusher's own connection, or, when that
+        connection is lost (Redis restarted, say) or busy, the long way through redis-py,
+        which reconnects and retries. An error reply (NOSCRIPT...) raises either way."""
+        conn = self._own_connection()
+        if conn is not None:
+            self._conn_busy = True
+            try:
+                return conn.execute_packed(pack(args))
+            except UNAVAILABLE:
+                pass
+            finally:
+                self._conn_busy = False
+        return self.redis.evalsha(text(args[1]), int(args[2]), *args[3:])
+
+    def _own_connection(self) -> GeventConnection | None:
+        if self._conn_busy:
+            return None
+        if self._conn is not None and self._conn_pid == os.getpid():
+            return self._conn
+        self._conn = None  # (a connection of the process this one forked from is not ours)
+        try:
+            conn = self.redis.connection_pool.get_connection()
+        except UNAVAILABLE:
+            return None
+        if not isinstance(conn, GeventConnection):
+            self.redis.connection_pool.release(conn)
+            return None
+        self._conn, self._conn_pid = conn, os.getpid()
+        return conn

@@ -61,10 +61,10 @@ class SeenSeqs:
     def missing(self) -> list[int]:
         """Seqs below the highest, within the window, not seen yet (ascending)."""
         out = []
-        bits, k = self._missing, 0
-        while bits:
-            if bits & 1:
-                out.append(self.highest - k)
-            bits >>= 1
-            k += 1
-        return sorted(out)
+        bits = self._missing
+        while bits:  # one turn per missing seq (highest first), not per bit of the window
+            low = bits & -bits
+            out.append(self.highest - low.bit_length() + 1)
+            bits ^= low
+        out.reverse()
+        return out

@@ -95,3 +95,18 @@ def test_a_session_in_order_keeps_no_memory():
     seen = SeenSeqs()
     feed(seen, range(1, 100))
     assert seen._missing == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_missing_lists_exactly_the_unseen_seqs_of_the_window(seed):
+    # missing() walks only the set bits: held to the plain definition
+    rng = random.Random(seed)
+    seen = SeenSeqs()
+    fed: set[int] = set()
+    for seq in (rng.randint(1, 3 * WINDOW) for _ in range(rng.randint(1, 2 * WINDOW))):
+        seen.first_time(seq)
+        fed.add(seq)
+        if rng.random() < 0.05:
+            top = seen.highest
+            assert seen.missing() == [s for s in range(max(1, top - WINDOW), top)
+                                      if s not in fed]
