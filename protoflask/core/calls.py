@@ -88,6 +88,8 @@ class CallRegistry:
 
     def export(self) -> tuple[list[list[Any]], dict[str, list[str | None]]]:
         """(runs, calls) as JSON-ready data: what a run needs to go on elsewhere."""
+        if not self.runs and not self.calls:  # the common case: the cluster asks per batch
+            return [], {}
         runs = [[r.run_id, r.start_time, r.thread_id, r.metadata] for r in self.runs.values()]
         calls = {cid: [c.run_id, c.message_id] for cid, c in self.calls.items()}
         return runs, calls

@@ -187,12 +187,19 @@ class CreditLedger:
 
     def export(self) -> dict[str, Any]:
         """The ledger as JSON-ready data."""
+        # loops, not comprehensions (no frame each): a cluster exports this per batch
+        up: dict[str, list[int | None]] = {}
+        for ch, a in self._up.items():
+            up[ch] = [a.messages, a.bytes]
+        down: dict[str, list[int | None]] = {}
+        for ch, a in self._down.items():
+            down[ch] = [a.messages, a.bytes]
         return {
             "grant": self.grant,
             "downstream": self.downstream_enabled,
             "down_default": [self._down_messages, self._down_bytes],
-            "up": {ch: [a.messages, a.bytes] for ch, a in self._up.items()},
-            "down": {ch: [a.messages, a.bytes] for ch, a in self._down.items()},
+            "up": up,
+            "down": down,
         }
 
     def restore(self, saved: dict[str, Any]) -> None:

@@ -24,19 +24,23 @@ STATE_VERSION = 1
 
 def export_state(session: ProtocolSession) -> dict[str, Any]:
     """The session's durable state as JSON-ready data."""
+    # a cluster exports this for every session in every journal batch: the parts read
+    # directly rather than through the session's views of them
     runs, calls = session.registry.export()
+    outbound = session.outbound
+    paused = outbound.paused_by_client
     return {
         "v": STATE_VERSION,
         "id": session.id,
         "user": session.user_id,
         "handshake": session.handshake_completed,
         "last_activity": session.last_activity,
-        "upstream_seq": session.upstream_seq,
+        "upstream_seq": session.up_seqs.highest,
         "upstream_missing": session.up_seqs.missing(),
-        "downstream_seq": session.downstream_seq,
+        "downstream_seq": outbound.downstream_seq,
         "last_ack": session.last_ack,
         "accept_events": sorted(session.accept_events) if session.accept_events else None,
-        "paused_by_client": sorted(session.paused_by_client),
+        "paused_by_client": sorted(paused) if paused else [],
         "counter": session.id_counter,
         "credits": session.credits.export(),
         "runs": runs,
