@@ -1,7 +1,7 @@
 """In-process cost of the HTTP transports' message path, without sockets or a WSGI server
 (repeatable to a few percent where bench/run.py moves by +-10 points).
 
-    python bench/micro_http.py [--bodies 400] [--batch 50] [--repeat 5]
+    python bench/micro_http.py [--bodies 400] [--batch 50] [--repeat 5] [--build N]
 
 The real Flask app of a ProtoServer is called as a WSGI application: one SSE downstream
 (``GET /proto/sse``) and one NDJSON stream (``POST /proto/stream``) are opened, and then
@@ -70,7 +70,7 @@ def call(app: Any, env: dict[str, Any]) -> bytes:
             close()
 
 
-def http_once(server: Any, transport: str, bodies: int, batch: int) -> float:
+def http_once(server: Any, transport: str, bodies: int, batch: int, built: int) -> float:
     app = server.app
     token = server.issue_token("micro")
     path = "/proto/sse" if transport == "sse" else "/proto/stream"
@@ -90,10 +90,11 @@ def http_once(server: Any, transport: str, bodies: int, batch: int) -> float:
     assert first or got
     seq = 2
     payloads = []
-    for _ in range(bodies):
+    for _ in range(max(bodies, built)):
         payloads.append(b"".join(orjson.dumps(ping(sid, s)) + b"\n"
                                  for s in range(seq, seq + batch)))
         seq += batch
+    del payloads[bodies:]
     pongs = 0
     t0 = time.process_time()
     for body in payloads:
@@ -106,7 +107,7 @@ def http_once(server: Any, transport: str, bodies: int, batch: int) -> float:
     return spent
 
 
-def ws_once(server: Any, bodies: int, batch: int) -> float:
+def ws_once(server: Any, bodies: int, batch: int, built: int) -> float:
     import gevent
 
     from protoflask.transports.websocket import WebSocketConnection
@@ -117,9 +118,10 @@ def ws_once(server: Any, bodies: int, batch: int) -> float:
     hello = frame(envelope(live.id, 1, "HELLO", HELLO))
     seq = 2
     chunks = [hello]
-    for _ in range(bodies):
+    for _ in range(max(bodies, built)):
         chunks.append(b"".join(frame(ping(live.id, s)) for s in range(seq, seq + batch)))
         seq += batch
+    del chunks[bodies + 1:]
     sock = FakeSocket(chunks)
     conn = WebSocketConnection(engine, sock, compression=False)  # type: ignore[arg-type]
     conn._reader = gevent.getcurrent()
@@ -142,15 +144,20 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--only", default="ws,sse,stream")
+    ap.add_argument("--build", type=int, default=0,
+                    help="build this many bodies (at least --bodies) and send --bodies of "
+                         "them: two runs with different --bodies and the same --build differ "
+                         "only in what is sent (valgrind --tool=callgrind instruction counts)")
     args = ap.parse_args()
     server = make_server(None)
     n = args.bodies * args.batch
     results = {}
     for name in args.only.split(","):
         if name == "ws":
-            best = min(ws_once(server, args.bodies, args.batch) for _ in range(args.repeat))
+            best = min(ws_once(server, args.bodies, args.batch, args.build) for _ in range(args.repeat))
         else:
-            best = min(http_once(server, name, args.bodies, args.batch)
+            best = min(http_once(server, name, args.bodies, args.batch,
+                                 args.build)
                        for _ in range(args.repeat))
         results[name] = best / n * 1e6
     for name, us in results.items():
