@@ -292,8 +292,11 @@ class Engine:
 
     def receive_decoded(self, live: LiveSession, obj: Any, nbytes: int) -> None:
         started = now_ms()
-        live.core.receive_decoded(obj, nbytes, started)
-        self.settle(live)
+        core = live.core
+        core.receive_decoded(obj, nbytes, started)
+        if core.has_events():  # as in ``receive``: most messages cause none
+            self.dispatcher.drain(live)
+        live.notify()
         finished = now_ms()
         self.stats.record(finished, finished - started)
 
@@ -320,11 +323,12 @@ class Engine:
         except InvalidMessage:
             self.receive(live, body)
             raise
+        receive, receive_decoded = self.receive, self.receive_decoded
         for part in parts:
             if is_raw(part):
-                self.receive(live, part[0])
+                receive(live, part[0])
             else:
-                self.receive_decoded(live, *part)
+                receive_decoded(live, *part)
         return len(parts)
 
     def too_large(self, live: LiveSession, exc: MessageTooLarge, *,
