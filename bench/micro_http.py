@@ -154,7 +154,8 @@ def main() -> None:
     results = {}
     for name in args.only.split(","):
         if name == "ws":
-            best = min(ws_once(server, args.bodies, args.batch, args.build) for _ in range(args.repeat))
+            best = min(ws_once(server, args.bodies, args.batch, args.build)
+                       for _ in range(args.repeat))
         else:
             best = min(http_once(server, name, args.bodies, args.batch,
                                  args.build)

@@ -290,16 +290,6 @@ class Engine:
         finished = now_ms()
         self.stats.record(finished, finished - started)
 
-    def receive_decoded(self, live: LiveSession, obj: Any, nbytes: int) -> None:
-        started = now_ms()
-        core = live.core
-        core.receive_decoded(obj, nbytes, started)
-        if core.has_events():  # as in ``receive``: most messages cause none
-            self.dispatcher.drain(live)
-        live.notify()
-        finished = now_ms()
-        self.stats.record(finished, finished - started)
-
     def receive_binary(self, live: LiveSession, data: bytes) -> None:
         self._emit(signals.binary, session_id=live.id, data=data)
 
@@ -323,12 +313,21 @@ class Engine:
         except InvalidMessage:
             self.receive(live, body)
             raise
-        receive, receive_decoded = self.receive, self.receive_decoded
+        # a decoded part: ``receive``'s steps for a message already parsed, with what
+        # they look up bound once per body
+        core, drain, notify, record = live.core, self.dispatcher.drain, live.notify, \
+            self.stats.record
         for part in parts:
             if is_raw(part):
-                receive(live, part[0])
-            else:
-                receive_decoded(live, *part)
+                self.receive(live, part[0])
+                continue
+            started = now_ms()
+            core.receive_decoded(part[0], part[1], started)
+            if core.has_events():
+                drain(live)
+            notify()
+            finished = now_ms()
+            record(finished, finished - started)
         return len(parts)
 
     def too_large(self, live: LiveSession, exc: MessageTooLarge, *,

@@ -118,7 +118,7 @@ def _reference_split(body: bytes) -> list:
     if all(obj is _NOT for obj in decoded):
         raise InvalidMessage("not JSON")
     return [(line, len(line)) if obj is _NOT else (obj, len(line))
-            for line, obj in zip(lines, decoded)]
+            for line, obj in zip(lines, decoded, strict=True)]
 
 
 def _answer(fn, body: bytes):
