@@ -129,6 +129,12 @@ class HTTPDownstream:
     def frame(self, seq: int, data: bytes) -> bytes:
         raise NotImplementedError
 
+    def frames(self, ready: list[tuple[int, bytes]]) -> bytes:
+        """Every message of ``ready`` framed, as one chunk; a subclass may do it in one
+        go, byte for byte what ``frame`` gives message by message."""
+        frame = self.frame
+        return b"".join([frame(seq, data) for seq, data in ready])
+
     def keepalive_frame(self) -> bytes:
         return b""
 
@@ -171,7 +177,7 @@ class HTTPDownstream:
         self._final = []
         if self.live.transport is self:
             out.extend(self.live.take_writable(now_ms()))
-        return b"".join(self.frame(seq, data) for seq, data in out)
+        return self.frames(out) if out else b""
 
     def _pump(self) -> Generator[bytes, None, None]:
         """The response body: attach, then write whatever the session has, as it comes."""

@@ -36,8 +36,18 @@ class SSEStream(HTTPDownstream):
     def preamble(self) -> bytes:
         return b"event: session\ndata: " + orjson.dumps({"session": self.live.id}) + b"\n\n"
 
+    _id: bytes = b""  # "id: <session>:", the start of every message's event
+
     def frame(self, seq: int, data: bytes) -> bytes:
         return b"id: %s:%d\ndata: %s\n\n" % (self.live.id.encode(), seq, data)
+
+    def frames(self, ready: list[tuple[int, bytes]]) -> bytes:
+        head = self._id or self._event_head()
+        return b"".join([b"%s%d\ndata: %s\n\n" % (head, seq, data) for seq, data in ready])
+
+    def _event_head(self) -> bytes:
+        self._id = b"id: %s:" % self.live.id.encode()
+        return self._id
 
     def keepalive_frame(self) -> bytes:
         return b": keepalive\n\n"

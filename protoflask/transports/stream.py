@@ -47,6 +47,9 @@ class NDJSONStream(HTTPDownstream):
     def frame(self, seq: int, data: bytes) -> bytes:
         return data + b"\n"
 
+    def frames(self, ready: list[tuple[int, bytes]]) -> bytes:
+        return b"\n".join([data for _, data in ready]) + b"\n"
+
     def started(self) -> None:
         self._reader = gevent.spawn(self._read_body)
         # Let the reader make its first read before anything is written: gevent.pywsgi

@@ -82,3 +82,96 @@ def test_not_seqs(text):
 @pytest.mark.parametrize("value", [None, ""])
 def test_an_absent_seq_argument_is_none(value):
     assert parse_seq_arg(value, "last_seq") is None
+
+
+# -- the NDJSON fast path gives what trying the whole body first gives --------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from protoflask.core.bodies import _ndjson_parts  # noqa: E402  (the fast path itself)
+
+_NOT = object()
+
+
+def _reference_split(body: bytes) -> list:
+    """split_body as it was before the fast path: the whole body first, then lines."""
+    def loads(data: bytes):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return _NOT
+
+    whole = loads(body)
+    if isinstance(whole, list):
+        out = []
+        for item in whole:
+            try:
+                out.append((item, len(orjson.dumps(item))))
+            except orjson.JSONEncodeError:
+                out.append((item, len(body)))
+        return out
+    if whole is not _NOT:
+        return [(body, len(body))]
+    lines = [line.strip() for line in body.split(b"\n")]
+    lines = [line for line in lines if line]
+    decoded = [loads(line) for line in lines]
+    if all(obj is _NOT for obj in decoded):
+        raise InvalidMessage("not JSON")
+    return [(line, len(line)) if obj is _NOT else (obj, len(line))
+            for line, obj in zip(lines, decoded, strict=True)]
+
+
+def _answer(fn, body: bytes):
+    try:
+        return fn(body)
+    except InvalidMessage:
+        return "invalid"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                               max_size=3),
+    max_leaves=6)
+# pieces a body is made of: compact JSON, pretty-printed JSON (a value over several
+# lines), a JSON value's fragments, junk, and every kind of blank
+_piece = st.one_of(
+    _json.map(orjson.dumps),
+    _json.map(lambda v: orjson.dumps(v, option=orjson.OPT_INDENT_2)),
+    st.sampled_from([b"[", b"]", b"{", b"}", b",", b'"a"', b"1", b"-", b"tru", b"not json",
+                     b"\xff", b" ", b"\t", b"\r", b"\x0b", b"\x0c", b"", b"\xef\xbb\xbf"]),
+)
+_sep = st.sampled_from([b"\n", b"\r\n", b"\n\n", b" \n ", b"\n\x0c", b"", b" "])
+
+
+@st.composite
+def _bodies(draw) -> bytes:
+    pieces = draw(st.lists(_piece, max_size=6))
+    out = b""
+    for piece in pieces:
+        out += piece + draw(_sep)
+    return out
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_bodies())
+def test_split_body_answers_as_the_whole_body_first_did(body):
+    assert _answer(split_body, body) == _answer(_reference_split, body)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"a":1}\n{"b":2}\n',                 # the common NDJSON body
+    b'1\n2', b'"x"\r\n  \nnot json\n',      # literals; a junk line after a JSON one
+    b'[1,\n2]', b'{\n"a": 1\n}\n',          # one value over several lines: not this path
+    b'{"a":1}\n', b'\n\n{"a":1}\n\n',       # one line: not this path either
+])
+def test_the_fast_path_takes_only_what_it_can_answer(body):
+    fast = _ndjson_parts(body)
+    if fast is not None:
+        assert fast == _reference_split(body)
+    lines = [x for x in body.split(b"\n") if x.strip()]
+    try:
+        first_is_json = bool(lines) and orjson.loads(lines[0]) is not _NOT
+    except orjson.JSONDecodeError:
+        first_is_json = False
+    assert (fast is not None) == (len(lines) >= 2 and first_is_json)

@@ -219,3 +219,54 @@ def test_close_transports_closes_every_one_and_keeps_the_sessions(h: Harness) ->
     h.engine.close_transports(1001, "closed by server")
     assert ta.closed == tb.closed == [(1001, "closed by server")]
     assert a.transport is None and b.transport is None and len(h.hub) == 2
+
+
+def _lines(live: LiveSession) -> list[bytes]:
+    """Upstream messages of every kind a body can carry, as the lines of an NDJSON body:
+    answered, refused, duplicated, unparseable, and one causing events (a tool call)."""
+    def env(seq: int, mtype: str, payload: Any, channel: str = "SYSTEM") -> bytes:
+        return json.dumps({"id": f"c-{seq}", "session": live.id, "seq": str(seq),
+                           "ts": "1", "type": mtype, "channel": channel,
+                           "payload": payload}).encode()
+    return [b"not json", env(2, "PING", {"nonce": "a"}), env(3, "PING", {}),
+            env(3, "PING", {"nonce": "b"}), env(4, "NO_SUCH_TYPE", {}), b'["an", "array"]',
+            env(5, "TOOL_CALL", {"call_id": "k1", "tool": "no_such_tool", "params": {}},
+                "USER"),
+            env(6, "TOOL_CALL", {"call_id": "k2", "tool": "echo", "params": {"x": 1}},
+                "USER"),
+            env(7, "PING", {"nonce": "c"})]
+
+
+def _seen(h: Harness, live: LiveSession, transport: FakeTransport) -> Any:
+    def plain(value: Any) -> Any:  # the session's own id and clocks differ between runs
+        text = json.dumps(value, sort_keys=True, default=repr).replace(live.id, "<sid>")
+        return json.loads(text)
+    written = [{k: v for k, v in m.items() if k not in ("id", "ts")} for m in h.written(live)]
+    stats = h.engine.stats
+    return (plain(written), plain([(s.name, kw) for s, kw in h.signals]), transport.wakes,
+            stats.total_messages, stats.errors_sent, dict(stats.errors_by_code))
+
+
+def test_a_body_means_what_its_messages_mean_one_by_one() -> None:
+    """receive_body hands decoded lines to the session with receive's own steps: same
+    replies, signals, wakes and counts as the same lines received one by one."""
+    one, body = Harness(), Harness()
+    results = []
+    for h, as_body in ((one, False), (body, True)):
+        live, transport = h.connect()
+        h.hello(live)
+        h.written(live)
+        h.signals.clear()
+        transport.wakes = 0
+        lines = _lines(live)
+        if as_body:
+            assert h.engine.receive_body(live, b"\n".join(lines) + b"\n") == len(lines)
+        else:
+            for line in lines:
+                h.engine.receive(live, line)
+        results.append(_seen(h, live, transport))
+    assert results[0] == results[1]
+    written = results[0][0]
+    assert [m["type"] for m in written].count("PONG") == 2 and \
+        any(m["type"] == "ERROR" for m in written) and \
+        any(m["type"] == "TOOL_DONE" for m in written)
