@@ -283,8 +283,9 @@ class Engine:
     def receive(self, live: LiveSession, raw: bytes | str) -> None:
         started = now_ms()
         live.core.receive(raw, started)
-        live.notify()  # wakes the writer, and hands the events the message caused (if any)
-        finished = now_ms()  # to the dispatcher
+        # wakes the writer, and hands the events the message caused (if any) to the dispatcher
+        live.notify()
+        finished = now_ms()
         self.stats.record(finished, finished - started)
 
     def receive_binary(self, live: LiveSession, data: bytes) -> None:
