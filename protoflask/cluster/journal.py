@@ -142,6 +142,8 @@ class Journal:
         self._running = False  # between start() and stop(): a flusher greenlet writes
         self._flusher: gevent.Greenlet | None = None
         self._unencodable: set[str] = set()  # sessions whose state was left out (logged)
+        #: each session's two keys, encoded (every batch names them): until it is forgotten
+        self._keys: dict[str, tuple[bytes, bytes]] = {}
         # the flusher's own connection for the short way (redis_client.execute_packed),
         # with the process that took it and whether a write is on it now (a second
         # flush meanwhile, from another greenlet, goes redis-py's way)
@@ -206,6 +208,7 @@ class Journal:
     def forget(self, session_id: str) -> None:
         """The session is gone: drop what the journal remembers of it."""
         self._unencodable.discard(session_id)
+        self._keys.pop(session_id, None)
 
     def note_state(self, live: "LiveSession") -> None:
         """Write the session's state with the next batch even if it sends nothing."""
@@ -285,11 +288,15 @@ class Journal:
         # EVALSHA, not redis-py's Script objects: those ask SCRIPT EXISTS on each call.
         if self._sha is None:
             self._sha = text(self.redis.script_load(APPEND_SCRIPT))
-        replay, session = self.keys.replay, self.keys.session
+        known = self._keys
         keys: list[bytes] = []
         blobs: list[bytes] = []
         for sid, (live, entries) in batch.items():
-            keys += (replay(sid).encode(), session(sid).encode())
+            pair = known.get(sid)
+            if pair is None:
+                pair = known[sid] = (self.keys.replay(sid).encode(),
+                                     self.keys.session(sid).encode())
+            keys += pair
             blobs.append(b"\n".join((self.state_of(live), *entries)))
         fenced = self._evalsha([
             b"EVALSHA", self._sha.encode(), b"%d" % len(keys), *keys, b"%d" % self.window_size,

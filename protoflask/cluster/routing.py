@@ -199,8 +199,10 @@ class RoutingHub(LocalHub):
     def unhold(self, session_id: str) -> LiveSession | None:
         """Stop holding the session here (its Redis record stays) and journaling it."""
         live = super().remove(session_id)
-        if live is not None and isinstance(live.link, Follow):
-            live.link.journaling = False
+        if live is not None:
+            self.journal.forget(session_id)
+            if isinstance(live.link, Follow):
+                live.link.journaling = False
         return live
 
     def write_record(self, live: LiveSession) -> None:
