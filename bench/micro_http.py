@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import orjson  # noqa: E402
-from micro_ping import FakeSocket, frame, make_server  # noqa: E402
+from micro_ping import FakeSocket, frame, make_server, time_read_loop  # noqa: E402
 
 SECRET = "micro-bench-secret-that-is-long-enough!"
 
@@ -108,10 +108,6 @@ def http_once(server: Any, transport: str, bodies: int, batch: int, built: int) 
 
 
 def ws_once(server: Any, bodies: int, batch: int, built: int) -> float:
-    import gevent
-
-    from protoflask.transports.websocket import WebSocketConnection
-
     engine = server.engine
     engine.ensure_running()
     live = engine.new_session("micro")
@@ -122,20 +118,7 @@ def ws_once(server: Any, bodies: int, batch: int, built: int) -> float:
         chunks.append(b"".join(frame(ping(live.id, s)) for s in range(seq, seq + batch)))
         seq += batch
     del chunks[bodies + 1:]
-    sock = FakeSocket(chunks)
-    conn = WebSocketConnection(engine, sock, compression=False)  # type: ignore[arg-type]
-    conn._reader = gevent.getcurrent()
-    conn.live = live
-    engine.open_transport(live, conn, None)
-    conn.flush()
-    first = sock.recv(0)  # the HELLO, outside the timing
-    sock.chunks[0] = first
-    sock.i = 0
-    t0 = time.process_time()
-    conn._read_loop()
-    spent = time.process_time() - t0
-    engine.end_transport(live, conn)
-    return spent
+    return time_read_loop(engine, live, FakeSocket(chunks))
 
 
 def main() -> None:

@@ -25,7 +25,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from micro_ping import FakeSocket, frame, make_server, pings  # noqa: E402
+from micro_ping import (  # noqa: E402
+    FakeSocket, frame, hello_frame, make_server, pings, time_read_loop,
+)
 
 
 def tool_calls(session: str, first_seq: int, n: int, tool: str = "echo") -> list[bytes]:
@@ -39,31 +41,17 @@ def tool_calls(session: str, first_seq: int, n: int, tool: str = "echo") -> list
 
 def run_once(server: Any, n: int, kind: str,
              socket: type[FakeSocket] = FakeSocket) -> tuple[float, FakeSocket]:
-    import gevent
-
-    from protoflask.transports.websocket import WebSocketConnection
-
     engine = server.engine
     engine.ensure_running()
     live = engine.new_session("micro")
-    hello = frame({"id": "c-1", "session": live.id, "seq": "1", "ts": "1", "type": "HELLO",
-                   "channel": "SYSTEM", "payload": {"proto_version": "1.1.2",
-                                                    "accept_major": [1]}})
+    hello = hello_frame(live.id)
     if kind == "ping":
         body = pings(live.id, 2, n)
     else:
         body = tool_calls(live.id, 2, n, "echo" if kind == "tool" else POOLED)
         body.append(pings(live.id, n + 2, 1)[0])  # the last pooled call ends before the EOF
     sock = socket([hello] + body)
-    conn = WebSocketConnection(engine, sock, compression=False)  # type: ignore[arg-type]
-    conn._reader = gevent.getcurrent()
-    conn.live = live
-    engine.open_transport(live, conn, None)
-    conn.flush()
-    t0 = time.process_time()
-    conn._read_loop()
-    spent = time.process_time() - t0
-    engine.end_transport(live, conn)
+    spent = time_read_loop(engine, live, sock)
     assert sock.sent >= n, sock.sent
     return spent, sock
 
