@@ -29,7 +29,7 @@ from .origins import OriginPolicy
 from .transports import sse, stream, websocket as ws
 from .transports.admission import admit
 from .transports.http import error_response, json_response
-from .transports.sockets import raw_socket
+from .transports.sockets import is_tls, raw_socket
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -233,10 +233,14 @@ def _serve_apart(engine: "Engine", admission: Any, sock: Any, environ: dict[str,
     request greenlet's deep stack are not held for the life of the connection (about a
     third of an idle session's memory: docs/PERFORMANCE.md). The WSGI server closes its
     own descriptor when the request ends; the connection lives on the duplicate. The
-    greenlet starts once the request has ended, so the upgrade is answered only then."""
-    own = sock.dup()
+    greenlet starts once the request has ended, so the upgrade is answered only then.
+    A TLS socket (gunicorn's certfile) cannot be duplicated: it is served in the request."""
     handshake = {k: v for k, v in environ.items()
                  if k.startswith("HTTP_") or k in _HANDSHAKE_KEYS}
+    if is_tls(sock):  # TLS served by gunicorn itself: dup() refuses it, so in the request
+        ws.serve(engine, admission, sock, handshake, compression)
+        return
+    own = sock.dup()
 
     def run() -> None:
         try:

@@ -4,7 +4,10 @@ takes it over; the HTTP streams watch it for the client going away)."""
 from __future__ import annotations
 
 import socket
-from typing import Any
+import sys
+from typing import Any, Callable
+
+import gevent.socket
 
 
 def raw_socket(environ: dict[str, Any]) -> socket.socket | None:
@@ -20,3 +23,29 @@ def shutdown(sock: socket.socket | None, how: int = socket.SHUT_RDWR) -> None:
         sock.shutdown(how)
     except OSError:
         pass
+
+
+def immediate_send(sock: Any) -> Callable[[Any], int] | None:
+    """A ``send(data) -> bytes taken`` that never waits for room in the kernel's buffer
+    (it raises BlockingIOError instead), or None where there is none.
+
+    For a gevent socket it is the send of the non-blocking descriptor under it (gevent's
+    own send is Python code around that call that waits when the buffer is full). A TLS
+    socket has none: its bytes must go through its TLS layer, never the descriptor. Any
+    other socket (a blocking one, a test's fake) is its own send."""
+    if is_tls(sock):
+        return None
+    if isinstance(sock, gevent.socket.socket):
+        return sock._sock.send
+    return sock.send
+
+
+def is_tls(sock: Any) -> bool:
+    """Whether ``sock`` is a TLS socket (gevent's or the standard library's). Looked up
+    among the loaded modules: importing ssl here, before gevent patches it, would make
+    gevent warn; and if ssl was never loaded no socket is a TLS one."""
+    for name in ("gevent.ssl", "ssl"):
+        module = sys.modules.get(name)
+        if module is not None and isinstance(sock, module.SSLSocket):
+            return True
+    return False

@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover - websockets built without its C extensi
 
 from ..core.errors import MessageTooLarge
 from ..clock import now_ms
-from .sockets import shutdown
+from .sockets import immediate_send, shutdown
 
 if TYPE_CHECKING:
     from ..engine import Admission, Engine
@@ -87,9 +87,9 @@ class WebSocketConnection:
     def __init__(self, engine: "Engine", sock: socket.socket, compression: bool) -> None:
         self.engine = engine
         self.sock = sock
-        #: one send() on the socket's own non-blocking descriptor: what the kernel takes
-        #: at once, or BlockingIOError (a gevent socket would wait for room instead)
-        self._send_now = getattr(sock, "_sock", sock).send
+        #: a send() that takes what the kernel takes at once, or BlockingIOError (None for
+        #: a TLS socket: every write there goes the waiting way)
+        self._send_now = immediate_send(sock)
         self.compression = compression
         self.protocol = ServerProtocol(state=State.OPEN, max_size=engine.config.max_message_size)
         self.live: "LiveSession | None" = None
@@ -321,7 +321,7 @@ class WebSocketConnection:
                 data = b"".join(frames)
                 if data:
                     try:
-                        sent = self._send_now(data)
+                        sent = self._send_now(data) if self._send_now is not None else 0
                     except BlockingIOError:
                         sent = 0
                     if sent < len(data):
