@@ -313,16 +313,13 @@ class Engine:
             raise
         # a decoded part: ``receive``'s steps for a message already parsed, with what
         # they look up bound once per body
-        core, drain, notify, record = live.core, self.dispatcher.drain, live.notify, \
-            self.stats.record
+        core, notify, record = live.core, live.notify, self.stats.record
         for part in parts:
             if is_raw(part):
                 self.receive(live, part[0])
                 continue
             started = now_ms()
             core.receive_decoded(part[0], part[1], started)
-            if core.has_events():
-                drain(live)
             notify()
             finished = now_ms()
             record(finished, finished - started)
