@@ -29,13 +29,23 @@ from websockets.server import ServerProtocol  # noqa: E402
 
 
 class FakeSocket:
+    """Hands out ``chunks`` one per ``recv`` and swallows what is sent. A closed loop: the
+    next chunk (or the end) only once each chunk so far was answered by a write (at once
+    in memory; on Redis the write waits for the journal, so the read waits for it)."""
+
     def __init__(self, chunks: list[bytes]) -> None:
+        from gevent.event import Event
+
         self.chunks = chunks
         self.i = 0
         self.sent = 0
+        self._answered = Event()
 
     def recv(self, _n: int) -> bytes:
         i = self.i
+        while self.sent < i:
+            self._answered.clear()
+            self._answered.wait()
         if i >= len(self.chunks):
             return b""
         self.i = i + 1
@@ -43,6 +53,7 @@ class FakeSocket:
 
     def send(self, data: Any) -> int:
         self.sent += 1
+        self._answered.set()
         return len(data)
 
     def shutdown(self, _how: int) -> None:

@@ -184,6 +184,12 @@ class SessionLink(Protocol):
         """The session is about to write ``ready``: share it first. False when the
         session moved to another process meanwhile (not this one's to send)."""
 
+    def written_then(self, live: "LiveSession", ready: list[tuple[int, bytes]], now: int,
+                     then: Callable[[bool], None]) -> bool:
+        """As ``written``, without waiting: True when ``then(ours)`` will run once
+        ``ready`` is shared (``ours``: what ``written`` returns; it must not block); False
+        when nothing is shared and the session writes ``ready`` now."""
+
     def deliver(self, live: "LiveSession", op: Operation) -> bool:
         """Apply ``op`` here, or where the session lives now."""
 
@@ -234,6 +240,19 @@ class LiveSession:
         ready = self.core.take_writable(now)
         if ready and self.link is not None and not self.link.written(self, ready, now):
             return []
+        return ready
+
+    def take_writable_then(self, now: int, then: Callable[[list[tuple[int, bytes]]], None]
+                           ) -> list[tuple[int, bytes]] | None:
+        """``take_writable`` for a writer that need not wait while a cluster shares the
+        messages first: None when they went to be shared, and ``then(ready)`` runs once
+        they are (with [] if the session moved meanwhile), in another greenlet or the
+        loop's own: it must not block."""
+        ready = self.core.take_writable(now)
+        link = self.link
+        if ready and link is not None and link.written_then(
+                self, ready, now, lambda ours: then(ready if ours else [])):
+            return None
         return ready
 
     def set_in_flight(self, nbytes: int) -> None:

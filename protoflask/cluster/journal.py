@@ -113,6 +113,19 @@ def decode_state(raw: bytes | str) -> dict[str, Any]:
     return state
 
 
+def _release(committed: Event, thens: list[Callable[[], None]]) -> None:
+    """A batch is written, or given up on: release its waiting writers and run what the
+    others left (each once: the give-up timer and the flush may both come)."""
+    committed.set()
+    waiting = thens[:]
+    thens.clear()
+    for then in waiting:
+        try:
+            then()
+        except Exception:  # noqa: BLE001 - one writer's failure is not the batch's
+            log.exception("journal: a writer's continuation failed")
+
+
 class Journal:
     def __init__(self, redis_client: "redis.Redis", keys: Keys, node_id: str, window_size: int,
                  ttl_ms: int, on_failure: Callable[[BaseException], None],
@@ -135,6 +148,9 @@ class Journal:
         self._sha: str | None = None  # loaded once; again after Redis restarts empty
         self._batch: dict[str, tuple["LiveSession", list[bytes]]] = {}
         self._committed = Event()
+        # what runs once the batch is written (or given up on): writers that did not wait
+        # (append's ``then``), each run once, in the order they came
+        self._then: list[Callable[[], None]] = []
         # one give-up timer per batch (started by its first waiting writer), rather than a
         # Timeout per writer: the writers of a batch all wait on the same commit
         self._give_up: Any = None
@@ -179,19 +195,27 @@ class Journal:
         self.paused = False
 
     def append(self, live: "LiveSession", cursor: Cursor, ready: list[tuple[int, bytes]],
-               now: int) -> None:
+               now: int, then: Callable[[], None] | None = None) -> None:
         """Journal a batch of (seq, data) messages stamped at ``now``; returns once Redis
         has them, or after WAIT_LIMIT. Never raises: a failure degrades the hub, which
         copies the window over again once Redis takes writes. Replays of messages already
-        journaled (at or below ``cursor``'s seq) are skipped."""
+        journaled (at or below ``cursor``'s seq) are skipped.
+
+        With ``then``, returns at once instead, and ``then()`` runs once Redis has them
+        (or after WAIT_LIMIT), in the greenlet that wrote the batch or in the loop's
+        timer: it must not block. A writer saves its two greenlet switches that way."""
         if self.paused:
+            if then is not None:
+                then()
             return
         entries = self._entries_for(live)
         for seq, data in ready:
             if seq > cursor.journaled_seq:
                 entries.append(pack_entry(seq, now, data))
                 cursor.journaled_seq = seq
-        committed = self._committed
+        committed, thens = self._committed, self._then
+        if then is not None:
+            thens.append(then)
         self._work.set()
         if not self._running:
             self.flush()  # not serving yet (or stopping): write through
@@ -202,8 +226,9 @@ class Journal:
             self._flusher = gevent.spawn(self._flush_forever)
         if self._give_up is None and committed is self._committed:  # (not flushed since)
             self._give_up = gevent.get_hub().loop.timer(WAIT_LIMIT)
-            self._give_up.start(committed.set)
-        committed.wait()
+            self._give_up.start(_release, committed, thens)
+        if then is None:
+            committed.wait()
 
     def forget(self, session_id: str) -> None:
         """The session is gone: drop what the journal remembers of it."""
@@ -236,11 +261,12 @@ class Journal:
         a failure is logged (once, until a flush succeeds again) and handed to the hub."""
         batch, self._batch = self._batch, {}
         committed, self._committed = self._committed, Event()
+        thens, self._then = self._then, []
         give_up, self._give_up = self._give_up, None
         if give_up is not None:
             give_up.close()
         if not batch:
-            committed.set()
+            _release(committed, thens)
             return
         try:
             try:
@@ -255,7 +281,7 @@ class Journal:
                 log.warning("the journal writes again")
                 self.failing = None
         finally:
-            committed.set()
+            _release(committed, thens)
 
     def _failed(self, exc: Exception) -> None:
         """Forget the script (a restarted Redis has lost it), remember why, log the first

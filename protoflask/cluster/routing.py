@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import orjson
 
@@ -79,6 +79,13 @@ class Follow:
             return True
         self.hub.journal.append(live, self, ready, now)
         return not self.moved  # taken over by another node meanwhile: not ours to send
+
+    def written_then(self, live: LiveSession, ready: list[tuple[int, bytes]], now: int,
+                     then: Callable[[bool], None]) -> bool:
+        if not self.journaling:
+            return False
+        self.hub.journal.append(live, self, ready, now, then=lambda: then(not self.moved))
+        return True
 
     def deliver(self, live: LiveSession, op: Operation) -> bool:
         if self.moved:

@@ -90,6 +90,7 @@ class WebSocketConnection:
         #: a send() that takes what the kernel takes at once, or BlockingIOError (None for
         #: a TLS socket: every write there goes the waiting way)
         self._send_now = immediate_send(sock)
+        self._when_shared = self._shared  # bound once: every flush hands it on
         self.compression = compression
         self.protocol = ServerProtocol(state=State.OPEN, max_size=engine.config.max_message_size)
         self.live: "LiveSession | None" = None
@@ -297,19 +298,24 @@ class WebSocketConnection:
         The common write (the kernel takes it all at once) is one send() with no greenlet
         switch and is never in flight; only a write the kernel does not take whole is
         reported in flight (back-pressure and the slow-consumer check read it) while the
-        rest waits for room."""
+        rest waits for room. On a cluster the messages go to its journal first, and this
+        flush does not wait for it: ``_shared`` writes them once the journal has them,
+        and until then the write is still in progress (the next flush waits its turn)."""
         live = self.live
         if self._writing or live is None:
             return
         self._writing = True
         protocol = self.protocol
+        handed = False  # the messages taken went to a journal: _shared ends this write
         try:
             while True:
                 if live.has_writable() and protocol.state is _OPEN and not self._closing \
                         and live.transport is self:
-                    frames = self._frames(live.take_writable(now_ms()))
-                    # frames first: a close queued meanwhile (by another greenlet, while
-                    # take_writable waited on a cluster journal) must follow what was taken
+                    ready = live.take_writable_then(now_ms(), self._when_shared)
+                    if ready is None:
+                        handed = True
+                        return
+                    frames = self._frames(ready)
                     if protocol.writes:
                         frames += protocol.data_to_send()
                 elif protocol.writes:
@@ -331,7 +337,58 @@ class WebSocketConnection:
                 if frames[-1] == b"":  # websockets' signal to half-close
                     self._shutdown(socket.SHUT_WR)
         finally:
+            if not handed:
+                self._writing = False
+
+    def _shared(self, ready: list[tuple[int, bytes]]) -> None:
+        """The cluster's journal has what a flush handed it (``ready``; [] if the session
+        moved to another node meanwhile): write it and end that flush. This runs in the
+        journal's greenlet or the loop's own, so it writes only what the kernel takes at
+        once; a write that would wait finishes in a greenlet of its own."""
+        live = self.live
+        assert live is not None
+        protocol = self.protocol
+        frames = self._frames(ready)
+        # frames first: a close queued meanwhile (by another greenlet) must follow them
+        if protocol.writes:
+            frames += protocol.data_to_send()
+        data = b"".join(frames)
+        sent = 0
+        try:
+            if data and self._send_now is not None:
+                sent = self._send_now(data)
+        except BlockingIOError:
+            pass
+        except OSError:  # the peer went away: the reader sees it too
             self._writing = False
+            self._shutdown()
+            return
+        if sent < len(data) or (frames and frames[-1] == b""):
+            gevent.spawn(self._finish_write, live, data, sent, frames)
+            return
+        if data:
+            live.written()
+        self._writing = False
+        if live.has_writable() or protocol.writes:
+            self.wake()  # queued meanwhile
+
+    def _finish_write(self, live: "LiveSession", data: bytes, sent: int,
+                      frames: list[bytes]) -> None:
+        """The rest of a write ``_shared`` could not finish without waiting, then what was
+        queued meanwhile."""
+        try:
+            try:
+                if sent < len(data):
+                    self._send_blocking(live, data, sent)
+                elif data:
+                    live.written()
+                if frames and frames[-1] == b"":
+                    self._shutdown(socket.SHUT_WR)
+            finally:
+                self._writing = False
+            self.flush()
+        except OSError:
+            self._shutdown()
 
     def _frames(self, ready: list[tuple[int, bytes]]) -> list[bytes]:
         """The frames of messages taken for the wire."""

@@ -100,14 +100,42 @@ class RecordingLink:
         self.seqs: list[int] = []
         self.delivered: list[Operation] = []
         self.moved = False
+        self.waiting: list[Any] = []  # written_then's continuations, run by the test
 
     def written(self, live: LiveSession, ready: list[tuple[int, bytes]], now: int) -> bool:
         self.seqs.extend(seq for seq, _ in ready)
         return not self.moved
 
+    def written_then(self, live: LiveSession, ready: list[tuple[int, bytes]], now: int,
+                     then: Any) -> bool:
+        self.seqs.extend(seq for seq, _ in ready)
+        self.waiting.append(lambda: then(not self.moved))
+        return True
+
     def deliver(self, live: LiveSession, op: Operation) -> bool:
         self.delivered.append(op)
         return live.run(op)
+
+
+def test_a_writer_that_need_not_wait_gets_the_messages_once_shared() -> None:
+    live = live_session()
+    live.transport = FakeTransport()
+    live.link = link = RecordingLink()
+    live.send(note())
+    got: list[list[tuple[int, bytes]]] = []
+    assert live.take_writable_then(0, got.append) is None  # handed to the link
+    assert got == [] and link.seqs and not live.has_writable()
+    link.waiting.pop()()
+    assert [seq for seq, _ in got[0]] == link.seqs  # the same messages, once shared
+    link.moved = True
+    live.send(note())
+    assert live.take_writable_then(0, got.append) is None
+    link.waiting.pop()()
+    assert got[1] == []  # moved away meanwhile: not this process's to send
+    live.link = None
+    live.send(note())
+    ready = live.take_writable_then(0, got.append)  # no link: at once
+    assert ready and len(got) == 2
 
 
 def test_a_link_sees_writes_and_deliveries() -> None:
