@@ -250,9 +250,20 @@ class LiveSession:
         loop's own: it must not block."""
         ready = self.core.take_writable(now)
         link = self.link
-        if ready and link is not None and link.written_then(
-                self, ready, now, lambda ours: then(ready if ours else [])):
+        if not ready or link is None:
+            return ready
+        core = self.core
+        # held for the cluster, they count as being written: back-pressure, and a client
+        # that floods while they wait is a slow consumer, as when a write is blocked
+        core.set_in_flight(sum(len(data) for _, data in ready))
+
+        def shared(ours: bool) -> None:
+            core.set_in_flight(0)
+            then(ready if ours else [])
+
+        if link.written_then(self, ready, now, shared):
             return None
+        core.set_in_flight(0)
         return ready
 
     def set_in_flight(self, nbytes: int) -> None:
