@@ -252,18 +252,21 @@ class LiveSession:
         link = self.link
         if not ready or link is None:
             return ready
-        core = self.core
+        outbound = self.core.outbound
         # held for the cluster, they count as being written: back-pressure, and a client
         # that floods while they wait is a slow consumer, as when a write is blocked
-        core.set_in_flight(sum(len(data) for _, data in ready))
+        held = 0
+        for _, data in ready:
+            held += len(data)
+        outbound.set_in_flight(held)
 
         def shared(ours: bool) -> None:
-            core.set_in_flight(0)
+            outbound.set_in_flight(0)
             then(ready if ours else [])
 
         if link.written_then(self, ready, now, shared):
             return None
-        core.set_in_flight(0)
+        outbound.set_in_flight(0)
         return ready
 
     def set_in_flight(self, nbytes: int) -> None:
