@@ -38,6 +38,7 @@ from .metrics import create_registry
 from .serving import EmbeddedServer
 from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools
 from .streaming import StreamedText, stream_chunks
+from .post_lane import SessionPostLane
 from .web import WebContext, create_blueprint
 
 log = logging.getLogger("protoflask")
@@ -122,8 +123,10 @@ class ProtoServer:
                     "configured by its first app; a server has one configuration")
             self._configure(loaded)
         app.extensions["protoflask"] = self
-        app.register_blueprint(create_blueprint(WebContext(
-            self.engine, self.config, self.metrics_registry, own_app=self._own_app)))
+        ctx = WebContext(self.engine, self.config, self.metrics_registry, own_app=self._own_app)
+        app.register_blueprint(create_blueprint(ctx))
+        if self._own_app:  # the session POSTs skip Flask's request cycle (post_lane.py)
+            app.wsgi_app = SessionPostLane(app, ctx)  # type: ignore[method-assign]
         if self._app is None:
             self._app = app
 

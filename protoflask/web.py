@@ -41,6 +41,8 @@ access_log = logging.getLogger("protoflask.access")
 log = logging.getLogger("protoflask.web")
 
 GZIP_MIN_BYTES = 100
+#: The blueprint's name: its endpoints are "protoflask.<route>".
+BLUEPRINT_NAME = "protoflask"
 #: The endpoints an Origin outside allowedOrigins is refused on (403 ORIGIN_NOT_ALLOWED).
 TRANSPORT_ENDPOINTS = frozenset({"protoflask.websocket", "protoflask.sse_stream",
                                  "protoflask.sse_post", "protoflask.http_stream",
@@ -83,7 +85,7 @@ class _TakenOverResponse(Response):
 
 
 def create_blueprint(ctx: WebContext) -> Blueprint:
-    bp = Blueprint("protoflask", __name__)
+    bp = Blueprint(BLUEPRINT_NAME, __name__)
     engine = ctx.engine
     hub = engine.hub
     config = ctx.config
@@ -214,9 +216,8 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
         if config.enable_logging and not g.get("protoflask_live") \
                 and not g.get("protoflask_quiet"):
             elapsed = (time.perf_counter() - g.get("protoflask_started", time.perf_counter()))
-            query = redacted_query(request.query_string.decode("latin-1"))
-            access_log.info("%s %s%s %s %.1fms", request.method, request.path,
-                            f"?{query}" if query else "", response.status_code, elapsed * 1000)
+            log_access(request.method, request.path, request.query_string,
+                       response.status_code, elapsed)
         return response
 
     return bp
@@ -262,31 +263,57 @@ def _live(response: Response) -> Response:
 
 def _add_cors(response: Response, origins: OriginPolicy) -> None:
     headers = response.headers
-    headers.add("Vary", "Origin")
-    origin = request.headers.get("Origin")
+    for name, value in cors_headers(request.headers.get("Origin"), origins):
+        if name == "Vary":
+            headers.add(name, value)
+        else:  # replaced, not repeated, when an error handler added them already
+            headers[name] = value
+
+
+def cors_headers(origin: str | None, origins: OriginPolicy) -> list[tuple[str, str]]:
+    """The CORS headers of a response to a request with this Origin header (or none)."""
     if origins.restricted:
         if origin is None or not origins.allows(origin):
-            return  # no CORS headers: the browser keeps the response from that page
-        headers["Access-Control-Allow-Origin"] = origin
+            return [VARY_ORIGIN]  # no CORS headers: the browser keeps the response from that page
+        allowed = origin
     else:
-        headers["Access-Control-Allow-Origin"] = origin or "*"
-    headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
-    headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, Last-Event-ID"
-    headers["Access-Control-Expose-Headers"] = "Proto-Session"
-    headers["Access-Control-Max-Age"] = "600"
+        allowed = origin or "*"
+    return [VARY_ORIGIN, ("Access-Control-Allow-Origin", allowed), *CORS_CONSTANT_HEADERS]
+
+
+VARY_ORIGIN = ("Vary", "Origin")
+CORS_CONSTANT_HEADERS = (
+    ("Access-Control-Allow-Methods", "GET, POST, OPTIONS"),
+    ("Access-Control-Allow-Headers", "Authorization, Content-Type, Last-Event-ID"),
+    ("Access-Control-Expose-Headers", "Proto-Session"),
+    ("Access-Control-Max-Age", "600"),
+)
 
 
 def _maybe_gzip(response: Response) -> None:
     if response.mimetype != "application/json" or "Content-Encoding" in response.headers:
         return
-    if "gzip" not in request.headers.get("Accept-Encoding", "").lower():
+    body = gzipped_json(response.get_data(), request.headers.get("Accept-Encoding"))
+    if body is None:
         return
-    body = response.get_data()
-    if len(body) < GZIP_MIN_BYTES:
-        return
-    response.set_data(gzip.compress(body, compresslevel=5))
+    response.set_data(body)
     response.headers["Content-Encoding"] = "gzip"
     response.headers.add("Vary", "Accept-Encoding")
+
+
+def gzipped_json(body: bytes, accept_encoding: str | None) -> bytes | None:
+    """A JSON body gzipped for a client that accepts gzip, when it is worth it; else None."""
+    if "gzip" not in (accept_encoding or "").lower() or len(body) < GZIP_MIN_BYTES:
+        return None
+    return gzip.compress(body, compresslevel=5)
+
+
+def log_access(method: str, path: str, query_string: bytes, status: int,
+               elapsed: float) -> None:
+    """The access line of one HTTP request (tokens redacted from the query)."""
+    query = redacted_query(query_string.decode("latin-1"))
+    access_log.info("%s %s%s %s %.1fms", method, path, f"?{query}" if query else "", status,
+                    elapsed * 1000)
 
 
 # -- HTTP errors of the app's own making (routing, werkzeug): JSON like every other ------

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Generator, Iterator
+from typing import TYPE_CHECKING, Any, Generator, Iterator, Mapping, NamedTuple
 
 import gevent
 import gevent.event
@@ -60,24 +60,39 @@ def error_response(exc: ProtoError) -> Response:
     return json_response(exc.to_http_body(), exc.http_status)
 
 
-def post_messages(engine: "Engine", request: Request) -> Response:
+class PostAnswer(NamedTuple):
+    """What a session POST is answered with, before any web framework shapes it."""
+
+    status: int
+    body: dict[str, Any]
+    #: the rest of the body is not worth waiting for: the connection is closed after it
+    close: bool = False
+
+    def encoded(self) -> bytes:
+        return orjson.dumps(self.body)
+
+
+def answer_post(engine: "Engine", args: Mapping[str, str], authorization: str | None,
+                environ: dict[str, Any]) -> PostAnswer:
     """POST /proto/sse?session=<id> and the stream's follow-up POST: 202 {"accepted": n}.
 
-    The body's messages are handed to the session one by one; their protocol errors go
+    ``args`` is the query (``get`` is all it needs), ``authorization`` the header. The
+    body's messages are handed to the session one by one; their protocol errors go
     downstream. A body over maxMessageSize is 413 and one that is not JSON at all is 400;
-    both are also reported downstream as the ERROR a WebSocket frame would get."""
+    both are also reported downstream as the ERROR a WebSocket frame would get. Flask's
+    route (``post_messages``) and protoflask's own app's lane (``post_lane``) both answer
+    with this."""
     live: "LiveSession | None" = None
     try:
-        user_id = engine.authenticate(token_from_request(
-            request.args.get("token"), request.headers.get("Authorization")),
-            request.args.get("ticket"))
-        session_id = request.args.get("session")
+        user_id = engine.authenticate(token_from_request(args.get("token"), authorization),
+                                      args.get("ticket"))
+        session_id = args.get("session")
         if not session_id:
             raise InvalidMessage("the session query parameter is required")
         live = engine.held_session(session_id, user_id)
         engine.open_body(user_id)  # bodies being read count per user
         try:
-            body = read_body(request.environ, engine.config.max_message_size,
+            body = read_body(environ, engine.config.max_message_size,
                              engine.config.body_timeout)
         finally:
             engine.close_body(user_id)
@@ -85,14 +100,22 @@ def post_messages(engine: "Engine", request: Request) -> Response:
     except MessageTooLarge as exc:
         if live is not None:
             engine.too_large(live, exc)
-        return error_response(exc)
+        return PostAnswer(exc.http_status, exc.to_http_body())
     except RequestTimeout as exc:  # the rest of the body is not worth waiting for
-        response = error_response(exc)
-        response.headers["Connection"] = "close"
-        return response
+        return PostAnswer(exc.http_status, exc.to_http_body(), close=True)
     except ProtoError as exc:
-        return error_response(exc)
-    return json_response({"accepted": accepted}, 202)
+        return PostAnswer(exc.http_status, exc.to_http_body())
+    return PostAnswer(202, {"accepted": accepted})
+
+
+def post_messages(engine: "Engine", request: Request) -> Response:
+    """The session POST as a Flask response (see ``answer_post``)."""
+    answer = answer_post(engine, request.args, request.headers.get("Authorization"),
+                         request.environ)
+    response = Response(answer.encoded(), status=answer.status, mimetype="application/json")
+    if answer.close:
+        response.headers["Connection"] = "close"
+    return response
 
 
 # -- downstream: the streaming response -----------------------------------------------

@@ -1,0 +1,131 @@
+"""protoflask's own app answers the session POSTs without Flask's request cycle.
+
+``POST /proto/sse?session=<id>`` and ``POST /proto/stream?session=<id>`` carry every
+upstream message of the two HTTP transports, one request per batch. Flask's request
+context, URL matching, hooks and response object cost about as much per request as the
+protocol work of a dozen messages (docs/PERFORMANCE.md, "p5-http"). On protoflask's own
+app (``create_app()``, a ``ProtoServer`` given no app) this WSGI middleware answers them
+itself, with exactly what the blueprint's route and hooks answer: the same status,
+headers (CORS, gzip) and JSON body, and the same access log line.
+
+It steps aside, and the request goes through Flask, whenever the difference could be
+seen or the request is not the common case: a hook, teardown function or URL processor
+that is not protoflask's own, a receiver of Flask's request or app-context signals, a
+``SERVER_NAME``, an ``Origin`` the allow-list refuses (Flask's hook answers the 403), a
+query string that needs decoding, no ``session`` or a resume (``last_seq``). An
+application's own Flask app (``ProtoServer(app)``, ``init_app``) never gets the lane:
+middleware it wrapped around its app before protoflask was added would be skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from flask import signals as flask_signals
+from werkzeug.exceptions import InternalServerError
+from werkzeug.http import HTTP_STATUS_CODES
+
+from .origins import OriginPolicy
+from .transports.http import PostAnswer, answer_post
+from .web import BLUEPRINT_NAME, WebContext, cors_headers, gzipped_json, log_access
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+log = logging.getLogger("protoflask.web")
+
+#: The paths whose POST with ``?session=`` is a session's upstream batch.
+LANE_PATHS = frozenset({"/proto/sse", "/proto/stream"})
+#: Flask's signals sent during a request's cycle: a receiver would miss the lane's requests.
+REQUEST_SIGNALS = (flask_signals.request_started, flask_signals.request_finished,
+                   flask_signals.request_tearing_down, flask_signals.got_request_exception,
+                   flask_signals.appcontext_pushed, flask_signals.appcontext_popped,
+                   flask_signals.appcontext_tearing_down)
+
+StartResponse = Callable[..., Any]
+WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+
+def plain_query(query: str) -> dict[str, str] | None:
+    """The query's keys and values (the first of a repeated key, as Flask's
+    ``request.args.get``), or None when it is not plain ASCII without escapes."""
+    if not query.isascii() or "%" in query or "+" in query:
+        return None
+    args: dict[str, str] = {}
+    for pair in query.split("&"):
+        if pair:
+            key, _, value = pair.partition("=")
+            args.setdefault(key, value)
+    return args
+
+
+def status_line(status: int) -> str:
+    return f"{status} {HTTP_STATUS_CODES.get(status, 'UNKNOWN').upper()}"
+
+
+class SessionPostLane:
+    """WSGI middleware in front of protoflask's own Flask app (see the module doc)."""
+
+    def __init__(self, app: "Flask", ctx: WebContext) -> None:
+        self.app = app
+        self.flask_wsgi_app: WSGIApp = app.wsgi_app
+        self.engine = ctx.engine
+        self.config = ctx.config
+        self.origins = OriginPolicy(ctx.config.allowed_origins)
+        # protoflask's own hooks, as registered: anything beyond them sends requests to Flask
+        self._own_hooks = {name: len(funcs.get(BLUEPRINT_NAME, ()))
+                           for name, funcs in self._hook_tables().items()}
+
+    def _hook_tables(self) -> dict[str, dict[Any, list[Any]]]:
+        app = self.app
+        return {"before": app.before_request_funcs, "after": app.after_request_funcs,
+                "teardown": app.teardown_request_funcs,
+                "url_value": app.url_value_preprocessors}
+
+    def app_is_plain(self) -> bool:
+        """Whether Flask's cycle would run nothing but protoflask's own hooks."""
+        app = self.app
+        if app.teardown_appcontext_funcs or app.config.get("SERVER_NAME"):
+            return False
+        for name, table in self._hook_tables().items():
+            for owner, funcs in table.items():
+                expected = self._own_hooks[name] if owner == BLUEPRINT_NAME else 0
+                if len(funcs) != expected:
+                    return False
+        return not any(signal.has_receivers_for(app) for signal in REQUEST_SIGNALS)
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") != "POST" or environ.get("PATH_INFO") not in LANE_PATHS:
+            return self.flask_wsgi_app(environ, start_response)
+        args = plain_query(environ.get("QUERY_STRING", ""))
+        origin = environ.get("HTTP_ORIGIN")
+        if args is None or not args.get("session") or args.get("last_seq") \
+                or not self.origins.allows(origin) or not self.app_is_plain():
+            return self.flask_wsgi_app(environ, start_response)
+        started = time.perf_counter()
+        try:
+            answer = answer_post(self.engine, args, environ.get("HTTP_AUTHORIZATION"), environ)
+        except Exception:  # what Flask logs and answers 500 for
+            log.exception("Exception on %s [POST]", environ.get("PATH_INFO"))
+            answer = PostAnswer(500, {"error": {"code": "INTERNAL_ERROR",
+                                                "message": InternalServerError.description}})
+        body = answer.encoded()
+        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+        if answer.close:
+            headers.append(("Connection", "close"))
+        config = self.config
+        if config.enable_cors:
+            headers += cors_headers(origin, self.origins)
+        if config.enable_compression:
+            compressed = gzipped_json(body, environ.get("HTTP_ACCEPT_ENCODING"))
+            if compressed is not None:
+                body = compressed
+                headers[1] = ("Content-Length", str(len(body)))
+                headers += [("Content-Encoding", "gzip"), ("Vary", "Accept-Encoding")]
+        start_response(status_line(answer.status), headers)
+        if config.enable_logging:
+            log_access("POST", environ["PATH_INFO"], environ["QUERY_STRING"].encode("latin-1"),
+                       answer.status, time.perf_counter() - started)
+        return [body]
