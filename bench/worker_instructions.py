@@ -1,0 +1,170 @@
+"""Instructions per message in a real gunicorn worker, counted by valgrind's callgrind.
+
+    python bench/worker_instructions.py ws|sse|stream [--k1 2] [--k2 6] [--app wsgi:app]
+
+Starts ``gunicorn -c gunicorn.conf.py wsgi:app`` under callgrind (the worker is followed
+across gunicorn's fork), drives it with 10 sessions that each send ``k`` batches of 50
+PINGs (one WebSocket write, or one NDJSON POST to ``?session=``) and wait for the 50
+PONGs downstream, stops it and reads the worker's total. Run with k1 and with k2 batches,
+the difference over the (k2 - k1) x 500 extra messages is the worker's cost of one
+message: gunicorn's request handling, Flask, the protocol and the framing, in user space
+(the kernel's share of the syscalls is not counted). Repeatable to about 1% whatever else
+the machine is doing, where bench/run.py's CPU times move by 10%. The worker's timers
+(heartbeats, gunicorn's own) add about 0.4M instructions per second of the slowed run,
+under 2k a message.
+
+gunicorn's optional C request parser (gunicorn_h1c) uses instructions valgrind does not
+know: the worker runs with ``--http-parser python``.
+"""
+
+from __future__ import annotations
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse  # noqa: E402
+import glob  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import urllib.request  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import gevent  # noqa: E402
+import jwt  # noqa: E402
+
+import http_downstream as downstream  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "bench-secret-0123456789abcdef0123456789"
+SESSIONS = 10
+BATCH = 50
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ws_frame(text: str) -> bytes:
+    """A masked text frame (mask key 0: legal, and the server unmasks it all the same)."""
+    data = text.encode()
+    n = len(data)
+    head = bytes([0x81]) + (bytes([0x80 | n]) if n < 126
+                            else bytes([0x80 | 126]) + n.to_bytes(2, "big"))
+    return head + b"\0\0\0\0" + data
+
+
+def ws_session(port: int, token: str, batches: int) -> None:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall((f"GET /proto/websocket?token={token} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                  "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                  "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                  "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+    status, _, buf = downstream.read_head(sock)
+    if status != 101:
+        raise ConnectionError(f"WebSocket upgrade answered {status}")
+    envelopes = downstream.Session.envelope
+    holder = argparse.Namespace(seq=0, idx=0)
+    sock.sendall(ws_frame(envelopes(holder, "HELLO", "SYSTEM", downstream.HELLO)))
+    while downstream.HELLO_REPLY not in buf:
+        buf += sock.recv(65536)
+    carry = b""
+    for _ in range(batches):
+        sock.sendall(b"".join(ws_frame(envelopes(holder, "PING", "SYSTEM",
+                                                 f'{{"nonce":"n{holder.seq}"}}'))
+                              for _ in range(BATCH)))
+        got = 0
+        while got < BATCH:
+            data = carry + sock.recv(262144)
+            got += data.count(downstream.PONG)
+            carry = data[-(len(downstream.PONG) - 1):]
+    sock.close()
+
+
+def http_session(port: int, token: str, transport: str, batches: int, idx: int) -> None:
+    s = downstream.Session(idx, {"baseUrl": f"http://127.0.0.1:{port}", "token": token,
+                                 "transport": transport})
+    s.open()
+    for i in range(batches):
+        s.target = s.pongs + BATCH
+        s.arrived.clear()
+        s.post([s.envelope("PING", "SYSTEM", f'{{"nonce":"n{i}-{j}"}}') for j in range(BATCH)])
+        while s.pongs < s.target:
+            if not s.arrived.wait(300):
+                raise ConnectionError("the PONGs did not come down")
+            s.arrived.clear()
+    s.close()
+
+
+def worker_total(transport: str, batches: int, app: str) -> int:
+    """The gunicorn worker's instructions for one run of ``batches`` per session."""
+    port = free_port()
+    out = tempfile.mkdtemp(prefix="protoflask-worker-cg-")
+    env = {**os.environ, "JWT_SECRET": SECRET, "ENABLE_LOGGING": "false",
+           "ENABLE_COMPRESSION": "false", "ECHO_MESSAGES": "false", "RATE_LIMIT": "0",
+           "MAX_CONNECTIONS": "1000", "MAX_CONNECTIONS_PER_USER": "1000",
+           "WEB_CONCURRENCY": "1", "PYTHONHASHSEED": "0"}
+    env.pop("REDIS_URL", None)
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--trace-children=yes",
+         f"--callgrind-out-file={out}/cg.%p", sys.executable, "-m", "gunicorn",
+         "-c", "gunicorn.conf.py", "--timeout", "900", "--http-parser", "python",
+         "--bind", f"127.0.0.1:{port}", app],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(f"{out}/log", "w"))
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30).read()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise SystemExit(f"gunicorn under callgrind did not start: see {out}/log") \
+                    from None
+            time.sleep(1)
+    now = int(time.time())
+    token = jwt.encode({"sub": "bench", "iat": now, "exp": now + 86400}, SECRET,
+                       algorithm="HS256")
+    if transport == "ws":
+        runs = [gevent.spawn(ws_session, port, token, batches) for _ in range(SESSIONS)]
+    else:
+        runs = [gevent.spawn(http_session, port, token, transport, batches, i)
+                for i in range(SESSIONS)]
+    try:
+        gevent.joinall(runs, raise_error=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(300)
+    totals = []
+    for path in glob.glob(f"{out}/cg.*"):
+        found = re.search(r"^(?:summary|totals): (\d+)", Path(path).read_text(), re.M)
+        if found:
+            totals.append(int(found.group(1)))
+    return max(totals)  # the worker: the master and the tools it ran do far less
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("transport", choices=["ws", "sse", "stream"])
+    p.add_argument("--k1", type=int, default=2)
+    p.add_argument("--k2", type=int, default=6)
+    p.add_argument("--app", default="wsgi:app")
+    args = p.parse_args()
+    first = worker_total(args.transport, args.k1, args.app)
+    second = worker_total(args.transport, args.k2, args.app)
+    per = (second - first) / ((args.k2 - args.k1) * SESSIONS * BATCH)
+    print(f"{args.transport}: {per:,.0f} instructions per message in the worker "
+          f"({first:,} with {args.k1} batches per session, {second:,} with {args.k2})")
+
+
+if __name__ == "__main__":
+    main()
