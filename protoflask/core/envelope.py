@@ -108,6 +108,16 @@ def parse_envelope(raw: bytes | bytearray | memoryview | str, *,
         obj = orjson.loads(raw)
     except (orjson.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
         raise InvalidMessage(f"not valid JSON: {exc}") from None
+    if type(obj) is dict:  # validate_envelope's common case, inline
+        msg = _accept_envelope(obj)
+        if msg is not None:
+            if max_depth >= 2:  # as in validate_envelope
+                for value in msg.payload.values():
+                    if type(value) is dict or type(value) is list:
+                        break
+                else:
+                    return msg
+            return _depth_checked(msg, max_depth)
     return validate_envelope(obj, max_depth=max_depth)
 
 
@@ -135,6 +145,10 @@ def validate_envelope(obj: Any, *, max_depth: int = MAX_JSON_DEPTH) -> Message:
                 break
         else:
             return msg
+    return _depth_checked(msg, max_depth)
+
+
+def _depth_checked(msg: Message, max_depth: int) -> Message:
     if _nested_deeper_than(msg.payload, max_depth - 1):
         raise InvalidMessage(f"JSON nested deeper than {max_depth} levels",
                              related_id=msg.id)

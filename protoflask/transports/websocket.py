@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - websockets built without its C extensi
     from websockets.utils import apply_mask
 
 from ..core.errors import MessageTooLarge
-from ..clock import now_ms
+from ..clock import now_ms, now_ns
 from .sockets import immediate_send, shutdown
 
 if TYPE_CHECKING:
@@ -62,6 +62,11 @@ def handshake_request(environ: dict[str, Any]) -> Request:
 
 
 _SMALL_TEXT_HEADS = [bytes((0x81, n)) for n in range(126)]
+#: the heads of text frames shorter than this, made once (most envelopes are): a flush
+#: looks a head up instead of building it
+HEADS_BELOW = 1024
+_TEXT_HEADS = _SMALL_TEXT_HEADS + [b"\x81\x7e" + n.to_bytes(2, "big")
+                                   for n in range(126, HEADS_BELOW)]
 
 
 def text_frame(data: bytes) -> bytes:
@@ -185,6 +190,8 @@ class WebSocketConnection:
             protocol.receive_data(data[:i])
             self._protocol_events()
         max_size = protocol.max_message_size
+        live, receive = self.live, self.engine.receive
+        assert live is not None
         while i < n:
             if protocol.state is not _OPEN:
                 protocol.receive_data(data[i:])
@@ -197,7 +204,7 @@ class WebSocketConnection:
             if length == 126:
                 if n - start < 2:
                     break
-                length, start = int.from_bytes(data[start:start + 2], "big"), start + 2
+                length, start = data[start] << 8 | data[start + 1], start + 2
             elif length == 127:
                 if n - start < 8:
                     break
@@ -211,8 +218,11 @@ class WebSocketConnection:
                     and (max_size is None or length <= max_size):
                 if end > n:
                     break  # the rest of it comes with the next read
-                self._on_message(_TEXT if head1 == 0x81 else _BINARY,
-                                 apply_mask(data[start:end], data[start - 4:start]))
+                message = apply_mask(data[start:end], data[start - 4:start])
+                if head1 == 0x81 and message.isascii() and not self._closing:
+                    receive(live, message)  # _on_message's common case, inline
+                else:
+                    self._on_message(_TEXT if head1 == 0x81 else _BINARY, message)
             else:
                 if max_size is not None and length > max_size:
                     end = n  # the protocol refuses it from its header (1009)
@@ -311,11 +321,19 @@ class WebSocketConnection:
             while True:
                 if live.has_writable() and protocol.state is _OPEN and not self._closing \
                         and live.transport is self:
-                    ready = live.take_writable_then(now_ms(), self._when_shared)
+                    # now_ms(), inline: once per flush
+                    ready = live.take_writable_then(now_ns() // 1_000_000, self._when_shared)
                     if ready is None:
                         handed = True
                         return
-                    frames = self._frames(ready)
+                    if protocol.extensions:
+                        frames = self._frames(ready)
+                    else:  # _frames, inline: the common case
+                        frames = []
+                        for _, data in ready:
+                            n = len(data)
+                            frames.append(_TEXT_HEADS[n] + data if n < HEADS_BELOW
+                                          else text_frame(data))
                     if protocol.writes:
                         frames += protocol.data_to_send()
                 elif protocol.writes:
@@ -400,7 +418,7 @@ class WebSocketConnection:
         frames = []  # a loop, not a comprehension: no frame of its own (Python 3.11)
         for _, data in ready:
             n = len(data)
-            frames.append(_SMALL_TEXT_HEADS[n] + data if n < 126 else text_frame(data))
+            frames.append(_TEXT_HEADS[n] + data if n < HEADS_BELOW else text_frame(data))
         return frames
 
     def _send_blocking(self, live: "LiveSession", data: bytes, sent: int) -> None:
