@@ -321,11 +321,15 @@ class WebSocketConnection:
             while True:
                 if live.has_writable() and protocol.state is _OPEN and not self._closing \
                         and live.transport is self:
-                    # now_ms(), inline: once per flush
-                    ready = live.take_writable_then(now_ns() // 1_000_000, self._when_shared)
-                    if ready is None:
-                        handed = True
-                        return
+                    now = now_ns() // 1_000_000  # now_ms(), inline: once per flush
+                    if live.link is None:  # take_writable_then's answer in one process
+                        ready = live.core.take_writable(now)
+                    else:
+                        taken = live.take_writable_then(now, self._when_shared)
+                        if taken is None:
+                            handed = True
+                            return
+                        ready = taken
                     if protocol.extensions:
                         frames = self._frames(ready)
                     else:  # _frames, inline: the common case
