@@ -16,7 +16,6 @@ from marshmallow import ValidationError
 
 from .errors import InvalidMessage, MessageTooLarge, MissingRunId, UnsupportedType
 from .schemas import ENVELOPE_SCHEMA, PAYLOAD_SCHEMAS
-from .slots import FRESH, slot_setters
 from .wire import MAX_DIGITS, VERSION
 # the type sets and bounds are this module's interface too (explicit re-exports)
 from .wire import CHANNELS as CHANNELS, CLIENT_TYPES as CLIENT_TYPES
@@ -24,9 +23,14 @@ from .wire import CONTROL_TYPES as CONTROL_TYPES, SERVER_TYPES as SERVER_TYPES
 from .wire import MAX_JSON_DEPTH as MAX_JSON_DEPTH, MAX_SEQ as MAX_SEQ, SEQ_DIGITS as SEQ_DIGITS
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(slots=True)
 class Message:
-    """One validated envelope. ``seq`` and ``ts`` are ints here, strings on the wire."""
+    """One validated envelope. ``seq`` and ``ts`` are ints here, strings on the wire.
+
+    Not frozen (nothing assigns to one after it is built): one is built for every message
+    received, and a frozen one cost three times as much to build (every field set
+    through a slot descriptor's ``__set__`` or ``object.__setattr__``, docs/PERFORMANCE.md
+    p5-ping). Its payload was never frozen either."""
 
     id: str
     session: str
@@ -35,17 +39,6 @@ class Message:
     type: str
     channel: str
     payload: dict[str, Any] = field(default_factory=dict)
-
-    def __init__(self, id: str, session: str, seq: int, ts: int, type: str, channel: str,
-                 payload: dict[str, Any] = FRESH) -> None:
-        # One is built for every message received; set through the slots (see Outbound)
-        _set_id(self, id)
-        _set_session(self, session)
-        _set_seq(self, seq)
-        _set_ts(self, ts)
-        _set_type(self, type)
-        _set_channel(self, channel)
-        _set_payload(self, {} if payload is FRESH else payload)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -57,10 +50,6 @@ class Message:
             "channel": self.channel,
             "payload": self.payload,
         }
-
-
-_set_id, _set_session, _set_seq, _set_ts, _set_type, _set_channel, _set_payload = \
-    slot_setters(Message, "id", "session", "seq", "ts", "type", "channel", "payload")
 
 
 #: orjson's options for the wire (the outbound queue calls orjson with them directly)
