@@ -9,7 +9,7 @@ a fraction of the cost.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import orjson
 from marshmallow import ValidationError
@@ -178,7 +178,7 @@ def validate_payload(msg: Message) -> Message:
 
     Raises UnsupportedType, MissingRunId or InvalidMessage.
     """
-    accept = _ACCEPT_PAYLOAD.get(msg.type)
+    accept = PAYLOAD_CHECKS.get(msg.type)
     if accept is not None:
         payload = accept(msg.payload)
         if payload is msg.payload:  # accepted as it is: the decoded dict is the message's own
@@ -279,7 +279,9 @@ def _accept_hello(p: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-_ACCEPT_PAYLOAD = {
+#: type -> the fast check of its payload: the payload itself when the schema would load it
+#: unchanged, another one when it would change it, None when only the schema can tell
+PAYLOAD_CHECKS: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
     "HELLO": _accept_hello,
     "PING": _accept_nonce,
     "PONG": _accept_nonce,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
 from gevent import getcurrent
@@ -46,6 +46,11 @@ CLOSE_TIMEOUT = 2.0  # seconds to wait for the client's close frame
 # and the read loop compares several per message.
 _OPEN, _CLOSED = State.OPEN, State.CLOSED
 _TEXT, _BINARY = Opcode.TEXT, Opcode.BINARY
+# The protocol's state, read through its property's getter: a Python call from Python
+# code, where the attribute goes through the descriptor machinery and a Python call from C
+# (read three times per message: 0.25k instructions each less)
+_state_of: Callable[[ServerProtocol], State] = \
+    ServerProtocol.state.fget  # type: ignore[attr-defined]
 RECV_SIZE = 65536
 
 
@@ -165,10 +170,10 @@ class WebSocketConnection:
             else:
                 protocol.receive_data(data)
                 self._protocol_events()
-            if isinstance(protocol.parser_exc, PayloadTooBig):
+            if protocol.parser_exc is not None and isinstance(protocol.parser_exc, PayloadTooBig):
                 self._report_too_large()
             self.flush()
-            if not data or protocol.state is _CLOSED:
+            if not data or _state_of(protocol) is _CLOSED:
                 return
 
     def _read_frames(self, data: bytes) -> bytes:
@@ -193,7 +198,7 @@ class WebSocketConnection:
         live, receive = self.live, self.engine.receive
         assert live is not None
         while i < n:
-            if protocol.state is not _OPEN:
+            if _state_of(protocol) is not _OPEN:
                 protocol.receive_data(data[i:])
                 self._protocol_events()
                 return b""
@@ -319,7 +324,7 @@ class WebSocketConnection:
         handed = False  # the messages taken went to a journal: _shared ends this write
         try:
             while True:
-                if live.has_writable() and protocol.state is _OPEN and not self._closing \
+                if live.has_writable() and _state_of(protocol) is _OPEN and not self._closing \
                         and live.transport is self:
                     now = now_ns() // 1_000_000  # now_ms(), inline: once per flush
                     if live.link is None:  # take_writable_then's answer in one process
