@@ -22,7 +22,7 @@ import gevent
 from .auth import TokenAuthority
 from .tickets import MemoryTicketStore, TicketStore
 from .config import ServerConfig
-from .clock import now_ms
+from .clock import now_ms, now_ns
 from .core.bodies import is_raw, split_body
 from .core.errors import (
     CloseCode, InvalidMessage, InvalidToken, MaxConnections, MessageTooLarge, ProtoError,
@@ -281,11 +281,11 @@ class Engine:
     # -- upstream --------------------------------------------------------------------
 
     def receive(self, live: LiveSession, raw: bytes | str) -> None:
-        started = now_ms()
+        started = now_ns() // 1_000_000  # now_ms(), inline: twice for every message
         live.core.receive(raw, started)
         # wakes the writer, and hands the events the message caused (if any) to the dispatcher
         live.notify()
-        finished = now_ms()
+        finished = now_ns() // 1_000_000
         self.stats.record(finished, finished - started)
 
     def receive_binary(self, live: LiveSession, data: bytes) -> None:

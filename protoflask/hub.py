@@ -275,7 +275,9 @@ class LiveSession:
 
     def written(self) -> None:
         """The transport wrote what it took without waiting (never in flight)."""
-        self.core.outbound.written()
+        outbound = self.core.outbound
+        if outbound.paused_by_server:  # OutboundQueue.written's own test, saving a call
+            outbound.written()
 
     def notify(self) -> None:
         """Move queued messages toward the client: wake the transport, or while

@@ -21,6 +21,9 @@ STATS_WINDOW_MS = 10_000
 HISTORY_SECONDS = 300  # per-second samples the dashboard charts (five minutes)
 
 #: upper bounds (seconds) of the tool duration histogram's buckets
+#: no bucket yet (its second matches no clock reading): ``Stats.record`` opens one
+_NO_BUCKET: list[float] = [-1.0, 0, 0.0]
+
 TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                 60.0)
 
@@ -75,8 +78,9 @@ class Stats:
         self.active_connections = 0
         self.total_messages = 0
         self.errors_sent = 0
-        # (second, messages, latency sum ms, latency samples) for the last 10 s
+        # [second, messages, latency sum ms] for the last 10 s (one latency per message)
         self._buckets: deque[list[float]] = deque()
+        self._bucket: list[float] = _NO_BUCKET  # the newest of them, which record() fills
         self.traffic = TrafficCounters()  # shared by every session's core
         self.connections_active: dict[str, int] = {}  # by transport kind
         self.connections_opened: dict[str, int] = {}
@@ -121,40 +125,45 @@ class Stats:
         for s in range(first, second):
             b = by_second.get(s)
             self.history.append([s * 1000, peak, b[1] if b else 0,
-                                 round(b[2] / b[3], 4) if b and b[3] else 0.0,
+                                 round(b[2] / b[1], 4) if b and b[1] else 0.0,
                                  errors if s == second - 1 else 0])
         self._sampled_second = second
 
     def record(self, now: int, latency_ms: float) -> None:
+        """One message handled at ``now`` (ms) in ``latency_ms``."""
         self.total_messages += 1
-        second = now // 1000
-        buckets = self._buckets
-        if not buckets or buckets[-1][0] != second:
-            buckets.append([second, 0, 0.0, 0])
-            self._trim(now)
-        bucket = buckets[-1]
+        bucket = self._bucket
+        if bucket[0] != now // 1000:
+            bucket = self._open_bucket(now)
         bucket[1] += 1
         bucket[2] += latency_ms
-        bucket[3] += 1
+
+    def _open_bucket(self, now: int) -> list[float]:
+        bucket = self._bucket = [now // 1000, 0, 0.0]
+        self._buckets.append(bucket)
+        self._trim(now)
+        return bucket
 
     def _trim(self, now: int) -> None:
         horizon = (now - STATS_WINDOW_MS) // 1000
-        while self._buckets and self._buckets[0][0] <= horizon:
-            self._buckets.popleft()
+        buckets = self._buckets
+        while buckets and buckets[0][0] <= horizon:
+            buckets.popleft()
+        if not buckets:  # the newest went too: the next record opens a new one
+            self._bucket = _NO_BUCKET
 
     def snapshot(self, now: int) -> dict[str, Any]:
         self._trim(now)
         uptime = max(1, now - self.started_at)
         window_s = min(STATS_WINDOW_MS, uptime) / 1000.0
         recent = sum(b[1] for b in self._buckets)
-        samples = sum(b[3] for b in self._buckets)
         return {
             "totalConnections": self.total_connections,
             "activeConnections": self.active_connections,
             "totalMessages": self.total_messages,
             "messagesPerSecond": round(recent / window_s, 3),
-            "averageLatency": round(sum(b[2] for b in self._buckets) / samples, 4)
-            if samples else 0.0,
+            "averageLatency": round(sum(b[2] for b in self._buckets) / recent, 4)
+            if recent else 0.0,
             "errorRate": round(min(1.0, self.errors_sent / self.total_messages), 6)
             if self.total_messages else 0.0,
             "uptime": uptime,

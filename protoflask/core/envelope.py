@@ -9,14 +9,13 @@ a fraction of the cost.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import orjson
 from marshmallow import ValidationError
 
 from .errors import InvalidMessage, MessageTooLarge, MissingRunId, UnsupportedType
 from .schemas import ENVELOPE_SCHEMA, PAYLOAD_SCHEMAS
-from .slots import FRESH, slot_setters
 from .wire import MAX_DIGITS, VERSION
 # the type sets and bounds are this module's interface too (explicit re-exports)
 from .wire import CHANNELS as CHANNELS, CLIENT_TYPES as CLIENT_TYPES
@@ -24,9 +23,14 @@ from .wire import CONTROL_TYPES as CONTROL_TYPES, SERVER_TYPES as SERVER_TYPES
 from .wire import MAX_JSON_DEPTH as MAX_JSON_DEPTH, MAX_SEQ as MAX_SEQ, SEQ_DIGITS as SEQ_DIGITS
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(slots=True)
 class Message:
-    """One validated envelope. ``seq`` and ``ts`` are ints here, strings on the wire."""
+    """One validated envelope. ``seq`` and ``ts`` are ints here, strings on the wire.
+
+    Not frozen (nothing assigns to one after it is built): one is built for every message
+    received, and a frozen one cost three times as much to build (every field set
+    through a slot descriptor's ``__set__`` or ``object.__setattr__``, docs/PERFORMANCE.md
+    p5-ping). Its payload was never frozen either."""
 
     id: str
     session: str
@@ -35,17 +39,6 @@ class Message:
     type: str
     channel: str
     payload: dict[str, Any] = field(default_factory=dict)
-
-    def __init__(self, id: str, session: str, seq: int, ts: int, type: str, channel: str,
-                 payload: dict[str, Any] = FRESH) -> None:
-        # One is built for every message received; set through the slots (see Outbound)
-        _set_id(self, id)
-        _set_session(self, session)
-        _set_seq(self, seq)
-        _set_ts(self, ts)
-        _set_type(self, type)
-        _set_channel(self, channel)
-        _set_payload(self, {} if payload is FRESH else payload)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -57,10 +50,6 @@ class Message:
             "channel": self.channel,
             "payload": self.payload,
         }
-
-
-_set_id, _set_session, _set_seq, _set_ts, _set_type, _set_channel, _set_payload = \
-    slot_setters(Message, "id", "session", "seq", "ts", "type", "channel", "payload")
 
 
 #: orjson's options for the wire (the outbound queue calls orjson with them directly)
@@ -108,6 +97,16 @@ def parse_envelope(raw: bytes | bytearray | memoryview | str, *,
         obj = orjson.loads(raw)
     except (orjson.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
         raise InvalidMessage(f"not valid JSON: {exc}") from None
+    if type(obj) is dict:  # validate_envelope's common case, inline
+        msg = _accept_envelope(obj)
+        if msg is not None:
+            if max_depth >= 2:  # as in validate_envelope
+                for value in msg.payload.values():
+                    if type(value) is dict or type(value) is list:
+                        break
+                else:
+                    return msg
+            return _depth_checked(msg, max_depth)
     return validate_envelope(obj, max_depth=max_depth)
 
 
@@ -135,6 +134,10 @@ def validate_envelope(obj: Any, *, max_depth: int = MAX_JSON_DEPTH) -> Message:
                 break
         else:
             return msg
+    return _depth_checked(msg, max_depth)
+
+
+def _depth_checked(msg: Message, max_depth: int) -> Message:
     if _nested_deeper_than(msg.payload, max_depth - 1):
         raise InvalidMessage(f"JSON nested deeper than {max_depth} levels",
                              related_id=msg.id)
@@ -175,7 +178,7 @@ def validate_payload(msg: Message) -> Message:
 
     Raises UnsupportedType, MissingRunId or InvalidMessage.
     """
-    accept = _ACCEPT_PAYLOAD.get(msg.type)
+    accept = PAYLOAD_CHECKS.get(msg.type)
     if accept is not None:
         payload = accept(msg.payload)
         if payload is msg.payload:  # accepted as it is: the decoded dict is the message's own
@@ -276,7 +279,9 @@ def _accept_hello(p: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-_ACCEPT_PAYLOAD = {
+#: type -> the fast check of its payload: the payload itself when the schema would load it
+#: unchanged, another one when it would change it, None when only the schema can tell
+PAYLOAD_CHECKS: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
     "HELLO": _accept_hello,
     "PING": _accept_nonce,
     "PONG": _accept_nonce,

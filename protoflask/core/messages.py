@@ -14,40 +14,29 @@ from typing import Any, Iterable, Mapping
 import orjson
 
 from .errors import InvalidMessage, ProtoError
-from .slots import FRESH as _FRESH, slot_setters
 
 PROTO_VERSION = "1.1.2"
 SUPPORTED_MAJORS = (1,)
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(slots=True)
 class Outbound:
-    """A server message before the session stamps it."""
+    """A server message before the session stamps it.
+
+    Not frozen (nothing assigns to one after it is built; one may go to many sessions):
+    one is built for every message sent, and a frozen one cost twice as much to build
+    (docs/PERFORMANCE.md p5-ping)."""
 
     type: str
     channel: str
     payload: dict[str, Any] = field(default_factory=dict)
     id: str | None = None
 
-    def __init__(self, type: str, channel: str, payload: dict[str, Any] = _FRESH,
-                 id: str | None = None) -> None:
-        # One is built for every message sent. Frozen, so the fields are set through their
-        # slots: what the generated __init__ does through object.__setattr__, at twice
-        # the cost.
-        _set_type(self, type)
-        _set_channel(self, channel)
-        _set_payload(self, {} if payload is _FRESH else payload)
-        _set_id(self, id)
-
     def to_dict(self) -> dict[str, Any]:
         out = {"type": self.type, "channel": self.channel, "payload": self.payload}
         if self.id is not None:
             out["id"] = self.id
         return out
-
-
-_set_type, _set_channel, _set_payload, _set_id = slot_setters(
-    Outbound, "type", "channel", "payload", "id")
 
 
 def from_dict(message: Mapping[str, Any]) -> Outbound:

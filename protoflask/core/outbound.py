@@ -86,8 +86,8 @@ class OutboundQueue:
 
     def push(self, out: Outbound) -> bool:
         """Queue a message the session accepted; False when the queue is full."""
-        s = self.settings
-        if len(self.pending) >= s.max_pending_messages or \
+        pending = self.pending
+        if len(pending) >= self.settings.max_pending_messages or \
                 self._pending_bytes >= self._full_bytes:
             if out.type not in CONTROL_TYPES:
                 self._events.append(SendRefused(out.type, out.channel))
@@ -99,16 +99,23 @@ class OutboundQueue:
             if self._connected() and self.in_flight and not self._overflowed:
                 self._overflowed = True
                 self._events.append(SlowConsumer(self.unsent_bytes))
-        self._enqueue(out)
+        # _enqueue, inline: this runs for every message
+        size = len(dumps(out.payload, option=ENCODING)) + ENVELOPE_OVERHEAD
+        pending.append(out)
+        self._pending_sizes.append(size)
+        by_channel = self._pending_channel_bytes
+        channel = out.channel
+        by_channel[channel] = by_channel.get(channel, 0) + size
+        pending_bytes = self._pending_bytes = self._pending_bytes + size
         if out.type not in CONTROL_TYPES:
             self._pause_armed = True
-        if self._pending_bytes + self._resend_bytes + self.in_flight >= self._low_water \
+        if pending_bytes + self._resend_bytes + self.in_flight >= self._low_water \
                 or self.paused_by_server:  # check_pressure's own first test, saving a call
             self.check_pressure()
         return True
 
     def _enqueue(self, out: Outbound) -> None:
-        # encode(), inline (as in take_writable): this runs for every message
+        # encode(), inline (as in take_writable); push does the same inline
         size = len(dumps(out.payload, option=ENCODING)) + ENVELOPE_OVERHEAD
         self.pending.append(out)
         self._pending_sizes.append(size)
@@ -212,32 +219,36 @@ class OutboundQueue:
         sid, ts = self.session_id, str(now)
         sent = self.traffic.sent
         store = self.replay.add
-        by_channel = self._pending_channel_bytes
+        seq = self.downstream_seq
         for i, ob in enumerate(pending):
-            channel = ob.channel
-            control = ob.type in CONTROL_TYPES
+            mtype, channel = ob.type, ob.channel
+            control = mtype in CONTROL_TYPES
             if not control and (channel in paused or (blocked and channel in blocked)):
                 blocked = self._hold(blocked, channel, ob, sizes[i])
                 continue
-            seq = self.downstream_seq + 1
-            number = str(seq)
+            number = str(seq + 1)
             data = dumps({"id": ob.id or f"{sid}:{number}", "session": sid, "seq": number,
-                          "ts": ts, "type": ob.type, "channel": channel,
+                          "ts": ts, "type": mtype, "channel": channel,
                           "payload": ob.payload}, option=ENCODING)
             if not control:
                 if not credits.can_send(channel, len(data)):
                     blocked = self._hold(blocked, channel, ob, sizes[i])
                     continue
                 credits.spend(channel, len(data))
-            size = sizes[i]
-            by_channel[channel] -= size
-            self._pending_bytes -= size
+            seq += 1
             self.downstream_seq = seq
             out.append((seq, store(seq, data, now)))
             try:
-                sent[ob.type] += 1
+                sent[mtype] += 1
             except KeyError:  # an application's own type
-                sent[ob.type] = 1
+                sent[mtype] = 1
+        # the byte counts once for the pass, not per message: nothing is left, or what was
+        # held back (the queue now holds exactly that)
+        if blocked is None:
+            self._pending_bytes = 0
+            self._pending_channel_bytes.clear()
+        else:
+            self._count_pending()
         # what was just taken is not in flight yet: no resume decision here (see above)
         if self._pending_bytes + self._resend_bytes + self.in_flight >= self._low_water \
                 or self.paused_by_server:  # check_pressure's own first test, saving a call
@@ -254,6 +265,14 @@ class OutboundQueue:
             return {channel}
         blocked.add(channel)
         return blocked
+
+    def _count_pending(self) -> None:
+        """The pending byte counts, from what the queue holds."""
+        by_channel = self._pending_channel_bytes
+        by_channel.clear()
+        for ob, size in zip(self.pending, self._pending_sizes, strict=True):
+            by_channel[ob.channel] = by_channel.get(ob.channel, 0) + size
+        self._pending_bytes = sum(self._pending_sizes)
 
     # -- replays --------------------------------------------------------------------------
 

@@ -33,8 +33,9 @@ class ReplayWindow:
         self.time_ms = time_ms
         self.max_bytes = max_bytes
         self._entries: deque[tuple[int, int, bytes, int]] = deque()
-        self._bytes = 0
-        self._added = 0  # bytes ever added: the next entry's offset
+        # bytes ever added: the next entry's offset; what the window holds is this minus
+        # the first entry's offset (no running total to keep as entries come and go)
+        self._added = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -44,7 +45,8 @@ class ReplayWindow:
 
     @property
     def nbytes(self) -> int:
-        return self._bytes
+        entries = self._entries
+        return self._added - entries[0][3] if entries else 0
 
     @property
     def first_seq(self) -> int | None:
@@ -58,16 +60,16 @@ class ReplayWindow:
         """Keep a message; returns the compact copy kept (write that one: the original's
         buffer can then go at once)."""
         data = memoryview(data).tobytes()
-        n = len(data)
         entries = self._entries
-        entries.append((seq, now, data, self._added))
-        self._added += n
-        self._bytes += n
+        added = self._added
+        entries.append((seq, now, data, added))
+        added += len(data)
+        self._added = added
         if len(entries) > self.size:  # the usual eviction, one per message once full
-            self._bytes -= len(entries.popleft()[2])
+            entries.popleft()
         if self.max_bytes is not None:
-            while self._bytes > self.max_bytes and len(entries) > 1:
-                self._drop_first()
+            while added - entries[0][3] > self.max_bytes and len(entries) > 1:
+                entries.popleft()
         if entries[0][1] < now - self.time_ms:
             self.prune(now)
         return data
@@ -77,13 +79,13 @@ class ReplayWindow:
         horizon = now - self.time_ms
         entries = self._entries
         while entries and entries[0][1] < horizon:
-            self._drop_first()
+            entries.popleft()
 
     def ack(self, seq: int) -> None:
         """Drop everything up to and including ``seq``."""
         entries = self._entries
         while entries and entries[0][0] <= seq:
-            self._drop_first()
+            entries.popleft()
 
     def range(self, from_seq: int, to_seq: int | None = None) -> tuple[list[Stored], bool]:
         """Stored messages with from_seq <= seq <= to_seq, and whether the window still
@@ -121,9 +123,6 @@ class ReplayWindow:
     def entry_at(self, i: int) -> tuple[int, bytes]:
         e = self._entries[i]
         return e[0], e[2]
-
-    def _drop_first(self) -> None:
-        self._bytes -= len(self._entries.popleft()[2])
 
 
 class ResendQueue:

@@ -63,7 +63,7 @@ PAYLOADS = {
               "accept_events": st.lists(st.text(max_size=4), max_size=3),
               "capabilities": st.dictionaries(st.text(max_size=3), json_values, max_size=2)},
 }
-assert set(PAYLOADS) == set(envelope._ACCEPT_PAYLOAD)
+assert set(PAYLOADS) == set(envelope.PAYLOAD_CHECKS)
 
 
 def slow_envelope(obj):
@@ -90,7 +90,7 @@ def test_payload_fast_path_agrees_with_schema(case):
     msg = Message("i", "", 1, 1, mtype, "USER", payload)
     # its own copy: the fast path may complete the decoded dict in place (TOOL_CALL's
     # run_id), and the schema must see what the client sent
-    fast = envelope._ACCEPT_PAYLOAD[mtype](copy.deepcopy(payload))
+    fast = envelope.PAYLOAD_CHECKS[mtype](copy.deepcopy(payload))
     try:
         slow = envelope._load_payload(msg).payload
     except Exception as exc:  # noqa: BLE001
