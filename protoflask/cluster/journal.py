@@ -202,15 +202,22 @@ class Journal:
             if then is not None:
                 then()
             return
-        entries = self._entries_for(live)
+        pending = self._batch.get(live.id)
+        if pending is None:  # the session's first append to this batch
+            entries: list[bytes] = []
+            self._batch[live.id] = (live, entries)
+            self._work.set()
+        else:
+            entries = pending[1]
+        journaled = cursor.journaled_seq
         for seq, data in ready:
-            if seq > cursor.journaled_seq:
+            if seq > journaled:
                 entries.append(pack_entry(seq, now, data))
-                cursor.journaled_seq = seq
-        committed, thens = self._committed, self._then
+                journaled = seq
+        cursor.journaled_seq = journaled
+        committed = self._committed
         if then is not None:
-            thens.append(then)
-        self._work.set()
+            self._then.append(then)
         if not self._running:
             self.flush()  # not serving yet (or stopping): write through
             return
@@ -220,7 +227,7 @@ class Journal:
             self._flusher = gevent.spawn(self._flush_forever)
         if self._give_up is None and committed is self._committed:  # (not flushed since)
             self._give_up = gevent.get_hub().loop.timer(WAIT_LIMIT)
-            self._give_up.start(_release, committed, thens)
+            self._give_up.start(_release, committed, self._then)
         if then is None:
             committed.wait()
 
