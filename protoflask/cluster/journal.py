@@ -29,7 +29,7 @@ from gevent.event import Event
 from redis.exceptions import NoScriptError
 
 from ..core.handoff import export_state
-from .keys import Keys, pack_entry
+from .keys import Keys
 from .redis_client import UNAVAILABLE, GeventConnection, pack, text
 from .state import StateLine, decode_state, encode_state
 
@@ -110,13 +110,15 @@ def _release(committed: Event, thens: list[Callable[[], None]]) -> None:
 
 
 class _Followed:
-    """What the journal keeps of a session it writes: its two keys, encoded (every batch
-    names them), and its state's line (``StateLine``), until it forgets the session."""
+    """What the journal keeps of a session it writes, until it forgets the session: its
+    two keys, encoded and as the command's arguments (every batch names them), and its
+    state's line (``StateLine``)."""
 
-    __slots__ = ("keys", "line")
+    __slots__ = ("keys", "packed_keys", "line")
 
     def __init__(self, keys: tuple[bytes, bytes], line: StateLine) -> None:
         self.keys = keys
+        self.packed_keys = pack(list(keys), head=False)
         self.line = line
 
 
@@ -160,6 +162,8 @@ class Journal:
         self._conn: GeventConnection | None = None
         self._conn_pid = 0
         self._conn_busy = False
+        #: the script's arguments that do not change (window, ttl, node), and packed
+        self._constant: tuple[list[bytes], bytes] = ([], b"")
 
     def start(self) -> None:
         self._running = True
@@ -202,17 +206,18 @@ class Journal:
             if then is not None:
                 then()
             return
-        pending = self._batch.get(live.id)
+        sid = live.core.id
+        pending = self._batch.get(sid)
         if pending is None:  # the session's first append to this batch
             entries: list[bytes] = []
-            self._batch[live.id] = (live, entries)
+            self._batch[sid] = (live, entries)
             self._work.set()
         else:
             entries = pending[1]
         journaled = cursor.journaled_seq
         for seq, data in ready:
             if seq > journaled:
-                entries.append(pack_entry(seq, now, data))
+                entries.append(b"%d %d %b" % (seq, now, data))  # keys.pack_entry, inline
                 journaled = seq
         cursor.journaled_seq = journaled
         committed = self._committed
@@ -322,8 +327,18 @@ class Journal:
         # EVALSHA, not redis-py's Script objects: those ask SCRIPT EXISTS on each call.
         if self._sha is None:
             self._sha = text(self.redis.script_load(APPEND_SCRIPT))
+        fenced = self._evalsha(*self._command(batch, self._sha))
+        if fenced:
+            sids = list(batch)
+            self.on_fenced([sids[i - 1] for i in fenced if i > 0],
+                           [sids[-i - 1] for i in fenced if i < 0])
+
+    def _command(self, batch: dict[str, tuple["LiveSession", list[bytes]]], sha: str
+                 ) -> tuple[list[bytes], bytes]:
+        """The batch's EVALSHA: its arguments, and packed (as ``pack(args)``)."""
         known = self._followed
         keys: list[bytes] = []
+        packed_keys: list[bytes] = []  # the same, as kept packed
         blobs: list[bytes] = []
         for sid, (live, entries) in batch.items():
             followed = known.get(sid)
@@ -332,24 +347,26 @@ class Journal:
                     (self.keys.replay(sid).encode(), self.keys.session(sid).encode()),
                     StateLine(live.core))
             keys += followed.keys
+            packed_keys.append(followed.packed_keys)
             blobs.append(b"\n".join((self._encoded(live, followed.line), *entries)))
-        fenced = self._evalsha([
-            b"EVALSHA", self._sha.encode(), b"%d" % len(keys), *keys, b"%d" % self.window_size,
-            b"%d" % self.ttl_ms, self.node_id.encode(), *blobs])
-        if fenced:
-            sids = list(batch)
-            self.on_fenced([sids[i - 1] for i in fenced if i > 0],
-                           [sids[-i - 1] for i in fenced if i < 0])
+        constant = [b"%d" % self.window_size, b"%d" % self.ttl_ms, self.node_id.encode()]
+        if self._constant[0] != constant:
+            self._constant = (constant, pack(constant, head=False))
+        args = [b"EVALSHA", sha.encode(), b"%d" % len(keys), *keys, *constant, *blobs]
+        # packed from the parts kept packed
+        return args, b"".join((b"*%d\r\n" % len(args), pack(args[:3], head=False),
+                               *packed_keys, self._constant[1], pack(blobs, head=False)))
 
-    def _evalsha(self, args: list[bytes]) -> Any:
-        """Run the packed EVALSHA on the flusher's own connection, or, when that
-        connection is lost (Redis restarted, say) or busy, the long way through redis-py,
-        which reconnects and retries. An error reply (NOSCRIPT...) raises either way."""
+    def _evalsha(self, args: list[bytes], packed: bytes | None = None) -> Any:
+        """Run the EVALSHA (``args``; ``packed``: the same, already packed) on the
+        flusher's own connection, or, when that connection is lost (Redis restarted, say)
+        or busy, the long way through redis-py, which reconnects and retries. An error
+        reply (NOSCRIPT...) raises either way."""
         conn = self._own_connection()
         if conn is not None:
             self._conn_busy = True
             try:
-                return conn.execute_packed(pack(args))
+                return conn.execute_packed(packed if packed is not None else pack(args))
             except UNAVAILABLE:
                 pass
             finally:
