@@ -99,7 +99,10 @@ def make_server(redis: str | None) -> Any:
     config: dict[str, Any] = {
         "jwtSecret": "micro-bench-secret-that-is-long-enough!", "enableLogging": False,
         "enableCompression": False, "echoMessages": False, "maxConnections": 11000,
-        "rateLimit": 1e9}  # the bucket still runs; it never empties here
+        "rateLimit": 1e9,  # the bucket still runs; it never empties here
+        # the fake clients never answer a server PING: under valgrind a run of many
+        # connections lasts longer than the default 30 s, and its connections were closed
+        "heartbeatInterval": 86_400_000}
     if redis:
         config["redisUrl"] = redis
         config["redisPrefix"] = f"protoflask-micro-{os.getpid()}"

@@ -180,15 +180,19 @@ class SessionLink(Protocol):
     """How a hub that shares sessions with other processes follows one of them (set on
     the session by that hub; None in one process)."""
 
+    #: the session moved to another process: what it writes is not this one's to send
+    moved: bool
+
     def written(self, live: "LiveSession", ready: list[tuple[int, bytes]], now: int) -> bool:
         """The session is about to write ``ready``: share it first. False when the
         session moved to another process meanwhile (not this one's to send)."""
 
     def written_then(self, live: "LiveSession", ready: list[tuple[int, bytes]], now: int,
-                     then: Callable[[bool], None]) -> bool:
-        """As ``written``, without waiting: True when ``then(ours)`` will run once
-        ``ready`` is shared (``ours``: what ``written`` returns; it must not block); False
-        when nothing is shared and the session writes ``ready`` now."""
+                     then: Callable[[], None]) -> bool:
+        """As ``written``, without waiting: True when ``then()`` will run once ``ready``
+        is shared (it must not block; ``moved`` says then whether it is still this
+        process's to send); False when nothing is shared and the session writes ``ready``
+        now."""
 
     def deliver(self, live: "LiveSession", op: Operation) -> bool:
         """Apply ``op`` here, or where the session lives now."""
@@ -260,9 +264,9 @@ class LiveSession:
             held += len(data)
         outbound.set_in_flight(held)
 
-        def shared(ours: bool) -> None:
+        def shared() -> None:
             outbound.set_in_flight(0)
-            then(ready if ours else [])
+            then(ready if not link.moved else [])
 
         if link.written_then(self, ready, now, shared):
             return None

@@ -20,19 +20,20 @@ window never doubles a message.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import gevent
-import orjson
 from gevent.event import Event
 from redis.exceptions import NoScriptError
 
 from ..core.handoff import export_state
-from .keys import Keys, pack_entry
+from .keys import Keys
 from .redis_client import UNAVAILABLE, GeventConnection, pack, text
+from .state import StateLine, decode_state, encode_state
+
+__all__ = ["Journal", "decode_state", "encode_state"]
 
 if TYPE_CHECKING:
     import redis
@@ -95,24 +96,6 @@ return fenced
 WAIT_LIMIT = 2.0  # s a writer waits for Redis before it gives up and carries on
 
 
-def encode_state(state: dict[str, Any]) -> bytes:
-    """A session's exported state as one line of JSON: orjson's, or where orjson refuses
-    a value (an integer beyond 64 bits, say) the standard library's, which writes any
-    integer exactly and anything else as its ``str``. Raises only for a state no encoder
-    can write (a reference cycle)."""
-    try:
-        return orjson.dumps(state)
-    except TypeError:  # orjson.JSONEncodeError is a TypeError
-        return json.dumps(state, default=str, separators=(",", ":")).encode()
-
-
-def decode_state(raw: bytes | str) -> dict[str, Any]:
-    """The inverse of ``encode_state``. The standard library's decoder, not orjson's:
-    orjson reads an integer beyond 64 bits as a float (it loses digits)."""
-    state: dict[str, Any] = json.loads(raw)
-    return state
-
-
 def _release(committed: Event, thens: list[Callable[[], None]]) -> None:
     """A batch is written, or given up on: release its waiting writers and run what the
     others left (each once: the give-up timer and the flush may both come)."""
@@ -124,6 +107,19 @@ def _release(committed: Event, thens: list[Callable[[], None]]) -> None:
             then()
         except Exception:  # noqa: BLE001 - one writer's failure is not the batch's
             log.exception("journal: a writer's continuation failed")
+
+
+class _Followed:
+    """What the journal keeps of a session it writes, until it forgets the session: its
+    two keys, encoded and as the command's arguments (every batch names them), and its
+    state's line (``StateLine``)."""
+
+    __slots__ = ("keys", "packed_keys", "line")
+
+    def __init__(self, keys: tuple[bytes, bytes], line: StateLine) -> None:
+        self.keys = keys
+        self.packed_keys = pack(list(keys), head=False)
+        self.line = line
 
 
 class Journal:
@@ -158,14 +154,16 @@ class Journal:
         self._running = False  # between start() and stop(): a flusher greenlet writes
         self._flusher: gevent.Greenlet | None = None
         self._unencodable: set[str] = set()  # sessions whose state was left out (logged)
-        #: each session's two keys, encoded (every batch names them): until it is forgotten
-        self._keys: dict[str, tuple[bytes, bytes]] = {}
+        #: what the journal keeps of each session it wrote, until it is forgotten
+        self._followed: dict[str, _Followed] = {}
         # the flusher's own connection for the short way (redis_client.execute_packed),
         # with the process that took it and whether a write is on it now (a second
         # flush meanwhile, from another greenlet, goes redis-py's way)
         self._conn: GeventConnection | None = None
         self._conn_pid = 0
         self._conn_busy = False
+        #: the script's arguments that do not change (window, ttl, node), and packed
+        self._constant: tuple[list[bytes], bytes] = ([], b"")
 
     def start(self) -> None:
         self._running = True
@@ -208,15 +206,23 @@ class Journal:
             if then is not None:
                 then()
             return
-        entries = self._entries_for(live)
+        sid = live.core.id
+        pending = self._batch.get(sid)
+        if pending is None:  # the session's first append to this batch
+            entries: list[bytes] = []
+            self._batch[sid] = (live, entries)
+            self._work.set()
+        else:
+            entries = pending[1]
+        journaled = cursor.journaled_seq
         for seq, data in ready:
-            if seq > cursor.journaled_seq:
-                entries.append(pack_entry(seq, now, data))
-                cursor.journaled_seq = seq
-        committed, thens = self._committed, self._then
+            if seq > journaled:
+                entries.append(b"%d %d %b" % (seq, now, data))  # keys.pack_entry, inline
+                journaled = seq
+        cursor.journaled_seq = journaled
+        committed = self._committed
         if then is not None:
-            thens.append(then)
-        self._work.set()
+            self._then.append(then)
         if not self._running:
             self.flush()  # not serving yet (or stopping): write through
             return
@@ -226,14 +232,14 @@ class Journal:
             self._flusher = gevent.spawn(self._flush_forever)
         if self._give_up is None and committed is self._committed:  # (not flushed since)
             self._give_up = gevent.get_hub().loop.timer(WAIT_LIMIT)
-            self._give_up.start(_release, committed, thens)
+            self._give_up.start(_release, committed, self._then)
         if then is None:
             committed.wait()
 
     def forget(self, session_id: str) -> None:
         """The session is gone: drop what the journal remembers of it."""
         self._unencodable.discard(session_id)
-        self._keys.pop(session_id, None)
+        self._followed.pop(session_id, None)
 
     def note_state(self, live: "LiveSession") -> None:
         """Write the session's state with the next batch even if it sends nothing."""
@@ -299,48 +305,68 @@ class Journal:
     def state_of(self, live: "LiveSession") -> bytes:
         """The session's state for Redis; empty (left out, logged once) if nothing can
         encode it."""
+        followed = self._followed.get(live.id)
+        return self._encoded(live, followed.line if followed is not None
+                             and followed.line.core is live.core else None)
+
+    def _encoded(self, live: "LiveSession", line: StateLine | None) -> bytes:
+        """The state by its line if the journal keeps one, else exported and encoded."""
         try:
-            blob = encode_state(export_state(live.core))
+            blob = line.encode() if line is not None else encode_state(export_state(live.core))
         except Exception as exc:  # noqa: BLE001 - the messages still go to Redis
             if live.id not in self._unencodable:
                 self._unencodable.add(live.id)
                 log.error("session %s: its state cannot be encoded (%s); its messages are "
                           "journaled, its state in Redis stays as it was", live.id, exc)
             return b""
-        self._unencodable.discard(live.id)
+        if self._unencodable:
+            self._unencodable.discard(live.id)
         return blob
 
     def _write(self, batch: dict[str, tuple["LiveSession", list[bytes]]]) -> None:
         # EVALSHA, not redis-py's Script objects: those ask SCRIPT EXISTS on each call.
         if self._sha is None:
             self._sha = text(self.redis.script_load(APPEND_SCRIPT))
-        known = self._keys
-        keys: list[bytes] = []
-        blobs: list[bytes] = []
-        for sid, (live, entries) in batch.items():
-            pair = known.get(sid)
-            if pair is None:
-                pair = known[sid] = (self.keys.replay(sid).encode(),
-                                     self.keys.session(sid).encode())
-            keys += pair
-            blobs.append(b"\n".join((self.state_of(live), *entries)))
-        fenced = self._evalsha([
-            b"EVALSHA", self._sha.encode(), b"%d" % len(keys), *keys, b"%d" % self.window_size,
-            b"%d" % self.ttl_ms, self.node_id.encode(), *blobs])
+        fenced = self._evalsha(*self._command(batch, self._sha))
         if fenced:
             sids = list(batch)
             self.on_fenced([sids[i - 1] for i in fenced if i > 0],
                            [sids[-i - 1] for i in fenced if i < 0])
 
-    def _evalsha(self, args: list[bytes]) -> Any:
-        """Run the packed EVALSHA on the flusher's own connection, or, when that
-        connection is lost (Redis restarted, say) or busy, the long way through redis-py,
-        which reconnects and retries. An error reply (NOSCRIPT...) raises either way."""
+    def _command(self, batch: dict[str, tuple["LiveSession", list[bytes]]], sha: str
+                 ) -> tuple[list[bytes], bytes]:
+        """The batch's EVALSHA: its arguments, and packed (as ``pack(args)``)."""
+        known = self._followed
+        keys: list[bytes] = []
+        packed_keys: list[bytes] = []  # the same, as kept packed
+        blobs: list[bytes] = []
+        for sid, (live, entries) in batch.items():
+            followed = known.get(sid)
+            if followed is None or followed.line.core is not live.core:
+                followed = known[sid] = _Followed(
+                    (self.keys.replay(sid).encode(), self.keys.session(sid).encode()),
+                    StateLine(live.core))
+            keys += followed.keys
+            packed_keys.append(followed.packed_keys)
+            blobs.append(b"\n".join((self._encoded(live, followed.line), *entries)))
+        constant = [b"%d" % self.window_size, b"%d" % self.ttl_ms, self.node_id.encode()]
+        if self._constant[0] != constant:
+            self._constant = (constant, pack(constant, head=False))
+        args = [b"EVALSHA", sha.encode(), b"%d" % len(keys), *keys, *constant, *blobs]
+        # packed from the parts kept packed
+        return args, b"".join((b"*%d\r\n" % len(args), pack(args[:3], head=False),
+                               *packed_keys, self._constant[1], pack(blobs, head=False)))
+
+    def _evalsha(self, args: list[bytes], packed: bytes | None = None) -> Any:
+        """Run the EVALSHA (``args``; ``packed``: the same, already packed) on the
+        flusher's own connection, or, when that connection is lost (Redis restarted, say)
+        or busy, the long way through redis-py, which reconnects and retries. An error
+        reply (NOSCRIPT...) raises either way."""
         conn = self._own_connection()
         if conn is not None:
             self._conn_busy = True
             try:
-                return conn.execute_packed(pack(args))
+                return conn.execute_packed(packed if packed is not None else pack(args))
             except UNAVAILABLE:
                 pass
             finally:

@@ -96,9 +96,10 @@ def int_array(data: bytes) -> list[int] | str | None:
     raise RedisConnectionError(f"unexpected reply from Redis: {data[:100]!r}")
 
 
-def pack(args: list[bytes]) -> bytes:
-    """One command in the Redis protocol (RESP), its arguments already bytes."""
-    parts = [b"*%d\r\n" % len(args)]
+def pack(args: list[bytes], head: bool = True) -> bytes:
+    """One command in the Redis protocol (RESP), its arguments already bytes; without
+    ``head``, only its arguments (parts of a command packed piecewise)."""
+    parts = [b"*%d\r\n" % len(args)] if head else []
     for arg in args:
         parts += (b"$%d\r\n" % len(arg), arg, b"\r\n")
     return b"".join(parts)

@@ -81,10 +81,10 @@ class Follow:
         return not self.moved  # taken over by another node meanwhile: not ours to send
 
     def written_then(self, live: LiveSession, ready: list[tuple[int, bytes]], now: int,
-                     then: Callable[[bool], None]) -> bool:
+                     then: Callable[[], None]) -> bool:
         if not self.journaling:
             return False
-        self.hub.journal.append(live, self, ready, now, then=lambda: then(not self.moved))
+        self.hub.journal.append(live, self, ready, now, then)
         return True
 
     def deliver(self, live: LiveSession, op: Operation) -> bool:

@@ -202,6 +202,14 @@ class CreditLedger:
             "down": down,
         }
 
+    def plain(self) -> tuple[int, bool, int, int | None] | None:
+        """What ``export`` depends on while no channel has an account (the ledger's common
+        state when only control messages pass), to tell it unchanged without exporting
+        it; None once a channel has one (then every message may change it)."""
+        if self._up or self._down:
+            return None
+        return (self.grant, self.downstream_enabled, self._down_messages, self._down_bytes)
+
     def restore(self, saved: dict[str, Any]) -> None:
         """Take the state ``export`` wrote."""
         self.grant = int(saved["grant"])

@@ -58,6 +58,10 @@ class SeenSeqs:
             return True
         return False
 
+    def all_seen(self) -> bool:
+        """No seq below the highest, within the window, is missing (``missing()`` is [])."""
+        return not self._missing
+
     def missing(self) -> list[int]:
         """Seqs below the highest, within the window, not seen yet (ascending)."""
         out = []

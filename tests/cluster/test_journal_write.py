@@ -127,3 +127,21 @@ def test_an_error_reply_is_its_text_and_another_shape_is_a_lost_connection() -> 
                 b"*1\r\n:1\r\n:2\r\n", b"_\r\n", b":5\r\n", b"*1\r\n:x\r\n"):
         with pytest.raises(redis.ConnectionError):
             int_array(raw)
+
+
+def test_the_batch_command_is_packed_as_pack_packs_its_arguments(redis_url: str,
+                                                                  prefix: str) -> None:
+    from ..hub.test_local_hub import live_session
+
+    j = journal(redis_url, prefix)
+    sessions = [live_session(f"s{i}") for i in range(3)]
+    for n in range(1, 4):  # the keys kept packed from the first batch on
+        batch = {live.id: (live, [pack_entry(s, 1000, b'{"m":%d}' % s) for s in range(n)])
+                 for live in sessions[:n]}
+        args, packed = j._command(batch, "0" * 40)
+        assert packed == pack(args)
+        assert args[3:3 + 2 * n] == [k for live in sessions[:n] for k in (
+            j.keys.replay(live.id).encode(), j.keys.session(live.id).encode())]
+    j.window_size = 7  # (the constant arguments packed again when they change)
+    args, packed = j._command(batch, "1" * 40)
+    assert packed == pack(args) and b"7" in args

@@ -109,7 +109,7 @@ class RecordingLink:
     def written_then(self, live: LiveSession, ready: list[tuple[int, bytes]], now: int,
                      then: Any) -> bool:
         self.seqs.extend(seq for seq, _ in ready)
-        self.waiting.append(lambda: then(not self.moved))
+        self.waiting.append(then)
         return True
 
     def deliver(self, live: LiveSession, op: Operation) -> bool:
