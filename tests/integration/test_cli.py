@@ -48,12 +48,19 @@ def test_cli_serve_dev_prints_a_token_that_works_and_stops_on_sigterm(tmp_path):
 
 def test_serve_forever_in_a_plain_script():
     script = textwrap.dedent("""
+        import signal, threading, time
         from protoflask import ProtoServer
         server = ProtoServer({"port": 0, "host": "127.0.0.1", "jwtSecret": "s" * 40,
                               "enableLogging": False})
         server.on("stopped", lambda: print("stopped", flush=True))
         server.start()
-        print(f"port: {server.port}", flush=True)
+
+        def announce():  # once serve_forever handles SIGTERM: before, it would kill
+            while signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                time.sleep(0.01)
+            print(f"port: {server.port}", flush=True)
+
+        threading.Thread(target=announce, daemon=True).start()
         server.serve_forever()
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
