@@ -20,10 +20,10 @@ if TYPE_CHECKING:
 STATS_WINDOW_MS = 10_000
 HISTORY_SECONDS = 300  # per-second samples the dashboard charts (five minutes)
 
-#: upper bounds (seconds) of the tool duration histogram's buckets
 #: no bucket yet (its second matches no clock reading): ``Stats.record`` opens one
 _NO_BUCKET: list[float] = [-1.0, 0, 0.0]
 
+#: upper bounds (seconds) of the tool duration histogram's buckets
 TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                 60.0)
 
