@@ -2,12 +2,17 @@
 
     python bench/http_downstream.py '<json config>'
 
-Config: {baseUrl: "http://127.0.0.1:PORT", token, transport: "sse"|"stream", connections,
+Config: {baseUrl: "http://127.0.0.1:PORT", token, transport: "sse"|"stream"|"floor", connections,
 warmup, seconds, batch, serverPid?, clkTck?}. Per session: the downstream is opened
 (``GET /proto/sse?token=`` or ``POST /proto/stream`` with the HELLO as its body), then a
 keep-alive upstream connection POSTs batches of ``batch`` PINGs as NDJSON to
 ``?session=<id>``; the next batch goes once every PONG of the previous one came down the
 stream. Messages/s is PONGs received per second in the measured window.
+
+Transport ``floor`` sends the same POSTs (to ``/proto/sse?session=``) with no downstream
+and counts a batch as done when its answer is read: against
+bench/servers/gunicorn_post_floor.py it measures what gunicorn's request handling alone
+costs per POST. Messages/s is then the batch's messages per answered POST.
 
 The client never parses the stream message by message: it counts ``"type":"PONG"`` in
 what it reads (the server writes compact JSON), so its cost per message is a fraction of
@@ -69,7 +74,8 @@ class Session:
         self.hellos = 0
         self.target = 0
         self.arrived = Event()
-        self.down = self._connect()
+        self.floor = cfg["transport"] == "floor"
+        self.down = None if self.floor else self._connect()
         self.up = self._connect()
         self.up_buf = b""
         self.session_id = ""
@@ -89,6 +95,9 @@ class Session:
 
     def open(self) -> None:
         transport = self.cfg["transport"]
+        if self.down is None:  # the floor: POSTs only
+            self.session_id = SESSION
+            return
         if transport == "sse":
             req = (f"GET /proto/sse?token={self.token} HTTP/1.1\r\nHost: {self.host}\r\n"
                    "Accept: text/event-stream\r\n\r\n").encode()
@@ -115,6 +124,7 @@ class Session:
             gevent.sleep(0.005)
 
     def _read_down(self, data: bytes) -> None:
+        assert self.down is not None
         carry = b""
         try:
             while True:
@@ -157,6 +167,8 @@ class Session:
 
     def close(self) -> None:
         for s in (self.up, self.down):
+            if s is None:
+                continue
             try:
                 s.close()
             except OSError:
@@ -202,7 +214,7 @@ def main() -> None:
                 s.arrived.clear()
                 start = time.perf_counter()
                 s.post(frames)
-                while s.pongs < s.target and not s.error:
+                while not s.floor and s.pongs < s.target and not s.error:
                     if not s.arrived.wait(10):
                         raise ConnectionError("PONGs did not arrive within 10 s")
                     s.arrived.clear()

@@ -69,6 +69,7 @@ class ServerSpec:
     script: Path | None = None  # or: a script taking --fd
     env: dict[str, str] = field(default_factory=dict)
     workers: int = 1  # gunicorn workers; with more than one, none is pinned or CPU-measured
+    ready: str = "ws"  # "ws": up once the WebSocket upgrade answers 101; "http": any answer
 
     def command(self, fd: int) -> list[str]:
         if self.gunicorn_app:
@@ -110,6 +111,12 @@ def server_specs(max_connections: int) -> dict[str, ServerSpec]:
                  "REDIS_PREFIX": f"protoflask-bench-{os.getpid()}-{name}"}))
     return {s.name: s for s in specs}
 
+
+#: Not a server the ping bench can drive: measure_http starts it for its floor row.
+FLOOR_SPEC = ServerSpec("gunicorn-post-floor", "bare WSGI app under gunicorn gevent (POST floor)",
+                        "floor", gunicorn_app="gunicorn_post_floor:app",
+                        gunicorn_conf=SERVERS_DIR / "gunicorn_bench.conf.py", chdir=SERVERS_DIR,
+                        ready="http")
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 DEFAULT_SERVERS = ["protoflask", "flask-sock", "gevent-simple-ws", "websockets-asyncio",
@@ -206,7 +213,10 @@ class Server:
                 raise RuntimeError(f"{self.spec.name} exited ({self.proc.returncode}):\n"
                                    + self.log_tail())
             try:
-                if ws_upgrade_ok(self.port, self.url.split(str(self.port), 1)[1]):
+                if self.spec.ready == "http" and http_answers(self.port):
+                    break
+                if self.spec.ready == "ws" and ws_upgrade_ok(
+                        self.port, self.url.split(str(self.port), 1)[1]):
                     break
             except OSError as exc:
                 last = exc
@@ -254,6 +264,11 @@ class Server:
                 return json.loads(r.read())
         except (OSError, ValueError):
             return None
+
+
+def http_answers(port: int) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+        return bool(r.status)
 
 
 def ws_upgrade_ok(port: int, path: str) -> bool:
@@ -719,13 +734,16 @@ def render(results: dict[str, Any], specs: dict[str, ServerSpec], markdown: bool
     http = results.get("http_transports")
     if http is not None:
         if http.get("status") == "measured":
-            rows = [[r["transport"], r["connections"], r.get("batch"), r.get("messages_per_s"),
+            rows = [[HTTP_ROW_LABELS.get(r["transport"], r["transport"]), r["connections"],
+                     r.get("batch"), r.get("messages_per_s"),
                      r.get("p50_ms"), r.get("p99_ms"), r.get("server_us_per_op"),
                      r.get("server_cpu_pct"), r.get("gen_cpu_pct"), r.get("errors")]
                     for r in http["results"]]
             note = ("Each session sends a batch of PINGs at once (one WebSocket write / one "
                     "NDJSON POST) and waits for all their PONGs downstream; msgs/s = PONGs "
-                    "received per second.")
+                    "received per second. The floor row sends the SSE row's POSTs to a "
+                    "bare WSGI app under gunicorn (no downstream; msgs/s = messages in the "
+                    "POSTs answered): gunicorn's own cost of a POST, per message.")
             if http.get("failures"):
                 note += " Failed: " + "; ".join(http["failures"])
             parts.append(table("Downstream throughput: WebSocket, SSE, HTTP stream (protoflask)",
@@ -857,10 +875,37 @@ def issue16_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                         "value": f"{100 * rate / ws:.0f}% ({rate:,.0f} / {ws:,.0f})",
                         "goal": ">= 80%", "verdict": _verdict(rate >= 0.8 * ws),
                         "ratio": round(rate / ws, 3)})
+    out += without_gunicorn_floor(rows)
+    return out
+
+
+def without_gunicorn_floor(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where SSE and the stream would stand if gunicorn's request handling cost nothing.
+
+    The floor row answers the same POSTs with a bare WSGI app under gunicorn: its server
+    µs per message is gunicorn's own cost of one POST, spread over the batch. Each HTTP
+    transport's server µs per message less that, against the WebSocket's (all three
+    saturate the server's core, so rates go as the inverse of CPU per message)."""
+    floor = rows.get("floor", {}).get("server_us_per_op")
+    ws = rows.get("websocket", {}).get("server_us_per_op")
+    if not floor or not ws:
+        return []
+    out = []
+    for transport in ("sse", "stream"):
+        us = rows.get(transport, {}).get("server_us_per_op")
+        if us and us > floor:
+            own = us - floor
+            out.append({"target": f"[16] {transport} less gunicorn's POST floor (info)",
+                        "value": f"{100 * ws / own:.0f}% ({ws:.2f} / ({us:.2f} - {floor:.2f}) "
+                                 "µs/msg)",
+                        "goal": "-", "verdict": "info", "ratio": round(ws / own, 3)})
     return out
 
 
 # -- HTTP transports (SSE, HTTP stream) -------------------------------------------------------
+
+
+HTTP_ROW_LABELS = {"floor": "floor: bare gunicorn POST"}
 
 
 def measure_http(bench: Bench, srv: Server, args: argparse.Namespace) -> dict[str, Any]:
@@ -868,7 +913,9 @@ def measure_http(bench: Bench, srv: Server, args: argparse.Namespace) -> dict[st
 
     Each session POSTs ``batch`` PINGs at once and waits for all their PONGs to come down
     (bench/http_downstream.py); the WebSocket row does the same over one socket
-    (loadgen ``--mode batch``). Marked TODO when the transports do not answer."""
+    (loadgen ``--mode batch``). A last row sends the same POSTs to a bare WSGI app under
+    gunicorn (bench/servers/gunicorn_post_floor.py): what gunicorn alone costs per POST.
+    Marked TODO when the transports do not answer."""
     rows: list[dict[str, Any]] = []
     failures = []
     n, batch = args.http_connections, args.batch
@@ -877,34 +924,54 @@ def measure_http(bench: Bench, srv: Server, args: argparse.Namespace) -> dict[st
         r["transport"] = "websocket"
         rows.append(r)
     for transport in ("sse", "stream"):
-        cfg = {"baseUrl": f"http://127.0.0.1:{srv.port}", "token": bench.token,
-               "transport": transport, "connections": n, "batch": batch,
-               "warmup": args.warmup, "seconds": args.seconds, "serverPid": srv.pid,
-               "clkTck": os.sysconf("SC_CLK_TCK")}
-        proc = subprocess.Popen(
-            [sys.executable, str(BENCH / "http_downstream.py"), json.dumps(cfg)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-            cwd=str(BENCH))
-        reader = LineReader(proc)
-        try:
-            r = reader.next_json(bench.progress, time.monotonic() + args.warmup + args.seconds
-                                 + 60)
-        finally:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if r is None or r.get("error"):
-            failures.append(f"{transport}: " + (r or {}).get(
-                "error", "".join(reader.stderr)[-500:] or "no result"))
-            continue
-        rows.append(r)
+        r, failure = run_http_client(bench, srv, transport, args)
+        if failure:
+            failures.append(failure)
+        else:
+            rows.append(r)
     if not any(r["transport"] != "websocket" for r in rows):
         return {"status": "todo", "results": rows,
                 "reason": "the SSE and HTTP stream transports did not work in this run ("
                           + "; ".join(failures) + "); measure them once they do"}
+    floor = Server(FLOOR_SPEC, bench.server_cpu, bench.logdir, bench.token)
+    bench.servers[f"{FLOOR_SPEC.name}@floor"] = floor
+    try:
+        floor.start()
+        floor.wait_ready()
+        r, failure = run_http_client(bench, floor, "floor", args)
+    finally:
+        floor.stop()
+    if failure:
+        failures.append(failure)
+    else:
+        rows.append(r)
     return {"status": "measured", "results": rows, "failures": failures}
+
+
+def run_http_client(bench: Bench, srv: Server, transport: str,
+                    args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
+    """One bench/http_downstream.py run: its result, or a failure line."""
+    cfg = {"baseUrl": f"http://127.0.0.1:{srv.port}", "token": bench.token,
+           "transport": transport, "connections": args.http_connections, "batch": args.batch,
+           "warmup": args.warmup, "seconds": args.seconds, "serverPid": srv.pid,
+           "clkTck": os.sysconf("SC_CLK_TCK")}
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCH / "http_downstream.py"), json.dumps(cfg)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        cwd=str(BENCH))
+    reader = LineReader(proc)
+    try:
+        r = reader.next_json(bench.progress, time.monotonic() + args.warmup + args.seconds + 60)
+    finally:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if r is None or r.get("error"):
+        return {}, f"{transport}: " + (r or {}).get(
+            "error", "".join(reader.stderr)[-500:] or "no result")
+    return r, None
 
 
 # -- main ---------------------------------------------------------------------------------------

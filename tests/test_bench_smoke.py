@@ -45,3 +45,23 @@ def test_quick_ping_bench_produces_numbers(tmp_path: Path) -> None:
             assert cell["p50_ms"] > 0 and cell["p99_ms"] >= cell["p50_ms"], cell
             assert cell["errors"] == 0, cell
     assert any(t["target"].startswith("PING->PONG rt/s") for t in data["targets"])
+
+
+@pytest.mark.timeout(120)
+def test_quick_http_bench_produces_numbers(tmp_path: Path) -> None:
+    """The downstream rows (WebSocket, SSE, stream) and gunicorn's POST floor beside them."""
+    cmd = [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--only", "http",
+           "--servers", "protoflask", "--warmup", "0.3", "--seconds", "1", "--no-progress",
+           "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "floor: bare gunicorn POST" in proc.stdout
+
+    data = json.loads(next(tmp_path.glob("*.json")).read_text())
+    http = data["http_transports"]
+    assert http["status"] == "measured" and not http["failures"], http
+    rows = {r["transport"]: r for r in http["results"]}
+    assert set(rows) >= {"sse", "stream", "floor"}, rows
+    for name, row in rows.items():
+        assert row["messages_per_s"] > 0 and row["errors"] == 0, (name, row)
+    assert rows["floor"]["server_us_per_op"] > 0, rows["floor"]
