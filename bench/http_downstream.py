@@ -2,12 +2,17 @@
 
     python bench/http_downstream.py '<json config>'
 
-Config: {baseUrl: "http://127.0.0.1:PORT", token, transport: "sse"|"stream"|"floor", connections,
+Config: {baseUrl: "http://127.0.0.1:PORT", token, transport: "sse"|"stream"|"duplex"|"floor",
+connections,
 warmup, seconds, batch, serverPid?, clkTck?}. Per session: the downstream is opened
 (``GET /proto/sse?token=`` or ``POST /proto/stream`` with the HELLO as its body), then a
 keep-alive upstream connection POSTs batches of ``batch`` PINGs as NDJSON to
 ``?session=<id>``; the next batch goes once every PONG of the previous one came down the
 stream. Messages/s is PONGs received per second in the measured window.
+
+Transport ``duplex`` is the HTTP stream used full duplex: each batch goes up as one
+chunk of the opening ``POST /proto/stream``'s own chunked body instead of a POST of its
+own, so no request per batch (what a client that can stream a request body does).
 
 Transport ``floor`` sends the same POSTs (to ``/proto/sse?session=``) with no downstream
 and counts a batch as done when its answer is read: against
@@ -75,8 +80,9 @@ class Session:
         self.target = 0
         self.arrived = Event()
         self.floor = cfg["transport"] == "floor"
+        self.duplex = cfg["transport"] == "duplex"
         self.down = None if self.floor else self._connect()
-        self.up = self._connect()
+        self.up = self.down if self.duplex else self._connect()
         self.up_buf = b""
         self.session_id = ""
         self.reader: gevent.Greenlet | None = None
@@ -101,6 +107,12 @@ class Session:
         if transport == "sse":
             req = (f"GET /proto/sse?token={self.token} HTTP/1.1\r\nHost: {self.host}\r\n"
                    "Accept: text/event-stream\r\n\r\n").encode()
+        elif self.duplex:
+            req = (f"POST /proto/stream HTTP/1.1\r\nHost: {self.host}\r\n"
+                   f"Authorization: Bearer {self.token}\r\n"
+                   "Content-Type: application/x-ndjson\r\n"
+                   "Transfer-Encoding: chunked\r\n\r\n").encode() + self.chunk(
+                       [self.envelope("HELLO", "SYSTEM", HELLO)])
         else:
             body = (self.envelope("HELLO", "SYSTEM", HELLO) + "\n").encode()
             req = (f"POST /proto/stream HTTP/1.1\r\nHost: {self.host}\r\n"
@@ -147,7 +159,16 @@ class Session:
             self.error = self.error or f"downstream: {exc!r}"
             self.arrived.set()
 
+    @staticmethod
+    def chunk(envelopes: list[str]) -> bytes:
+        """The envelopes as NDJSON lines in one chunk of a chunked request body."""
+        body = ("\n".join(envelopes) + "\n").encode()
+        return b"%x\r\n%s\r\n" % (len(body), body)
+
     def post(self, envelopes: list[str]) -> None:
+        if self.duplex:  # the open stream's own body
+            self.up.sendall(self.chunk(envelopes))
+            return
         body = ("\n".join(envelopes) + "\n").encode()
         path = "/proto/sse" if self.cfg["transport"] == "sse" else "/proto/stream"
         self.up.sendall((f"POST {path}?session={self.session_id} HTTP/1.1\r\n"
@@ -166,7 +187,7 @@ class Session:
             raise ConnectionError(f"upstream POST answered {status}: {rest[:200]!r}")
 
     def close(self) -> None:
-        for s in (self.up, self.down):
+        for s in {self.up, self.down}:
             if s is None:
                 continue
             try:

@@ -740,8 +740,9 @@ def render(results: dict[str, Any], specs: dict[str, ServerSpec], markdown: bool
                      r.get("server_cpu_pct"), r.get("gen_cpu_pct"), r.get("errors")]
                     for r in http["results"]]
             note = ("Each session sends a batch of PINGs at once (one WebSocket write / one "
-                    "NDJSON POST) and waits for all their PONGs downstream; msgs/s = PONGs "
-                    "received per second. The floor row sends the SSE row's POSTs to a "
+                    "NDJSON POST; full duplex: one chunk of the stream's own request body) and "
+                    "waits for all their PONGs downstream; msgs/s = PONGs received per "
+                    "second. The floor row sends the SSE row's POSTs to a "
                     "bare WSGI app under gunicorn (no downstream; msgs/s = messages in the "
                     "POSTs answered): gunicorn's own cost of a POST, per message.")
             if http.get("failures"):
@@ -868,10 +869,11 @@ def issue16_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     http = results.get("http_transports") or {}
     rows = {r["transport"]: r for r in http.get("results", [])}
     ws = rows.get("websocket", {}).get("messages_per_s")
-    for transport in ("sse", "stream"):
+    for transport in ("sse", "stream", "duplex"):
         rate = rows.get(transport, {}).get("messages_per_s")
         if ws and rate:
-            out.append({"target": f"[16] {transport} PONGs/s, % of WebSocket's",
+            name = HTTP_ROW_LABELS.get(transport, transport)
+            out.append({"target": f"[16] {name} PONGs/s, % of WebSocket's",
                         "value": f"{100 * rate / ws:.0f}% ({rate:,.0f} / {ws:,.0f})",
                         "goal": ">= 80%", "verdict": _verdict(rate >= 0.8 * ws),
                         "ratio": round(rate / ws, 3)})
@@ -905,7 +907,7 @@ def without_gunicorn_floor(rows: dict[str, dict[str, Any]]) -> list[dict[str, An
 # -- HTTP transports (SSE, HTTP stream) -------------------------------------------------------
 
 
-HTTP_ROW_LABELS = {"floor": "floor: bare gunicorn POST"}
+HTTP_ROW_LABELS = {"duplex": "stream, full duplex", "floor": "floor: bare gunicorn POST"}
 
 
 def measure_http(bench: Bench, srv: Server, args: argparse.Namespace) -> dict[str, Any]:
@@ -913,8 +915,10 @@ def measure_http(bench: Bench, srv: Server, args: argparse.Namespace) -> dict[st
 
     Each session POSTs ``batch`` PINGs at once and waits for all their PONGs to come down
     (bench/http_downstream.py); the WebSocket row does the same over one socket
-    (loadgen ``--mode batch``). A last row sends the same POSTs to a bare WSGI app under
-    gunicorn (bench/servers/gunicorn_post_floor.py): what gunicorn alone costs per POST.
+    (loadgen ``--mode batch``). The duplex row sends each batch as a chunk of the
+    opening stream POST's own body instead (no request per batch). A last row sends the
+    same POSTs to a bare WSGI app under gunicorn (bench/servers/gunicorn_post_floor.py):
+    what gunicorn alone costs per POST.
     Marked TODO when the transports do not answer."""
     rows: list[dict[str, Any]] = []
     failures = []
@@ -923,7 +927,7 @@ def measure_http(bench: Bench, srv: Server, args: argparse.Namespace) -> dict[st
         r = bench.measure(srv, "batch", n, batch=batch)
         r["transport"] = "websocket"
         rows.append(r)
-    for transport in ("sse", "stream"):
+    for transport in ("sse", "stream", "duplex"):
         r, failure = run_http_client(bench, srv, transport, args)
         if failure:
             failures.append(failure)

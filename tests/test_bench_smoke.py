@@ -49,7 +49,8 @@ def test_quick_ping_bench_produces_numbers(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_quick_http_bench_produces_numbers(tmp_path: Path) -> None:
-    """The downstream rows (WebSocket, SSE, stream) and gunicorn's POST floor beside them."""
+    """The downstream rows (WebSocket, SSE, stream, duplex stream) and gunicorn's POST floor
+    beside them."""
     cmd = [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--only", "http",
            "--servers", "protoflask", "--warmup", "0.3", "--seconds", "1", "--no-progress",
            "--out", str(tmp_path)]
@@ -61,7 +62,7 @@ def test_quick_http_bench_produces_numbers(tmp_path: Path) -> None:
     http = data["http_transports"]
     assert http["status"] == "measured" and not http["failures"], http
     rows = {r["transport"]: r for r in http["results"]}
-    assert set(rows) >= {"sse", "stream", "floor"}, rows
+    assert set(rows) >= {"sse", "stream", "duplex", "floor"}, rows
     for name, row in rows.items():
         assert row["messages_per_s"] > 0 and row["errors"] == 0, (name, row)
     assert rows["floor"]["server_us_per_op"] > 0, rows["floor"]
