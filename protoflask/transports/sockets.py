@@ -40,6 +40,27 @@ def immediate_send(sock: Any) -> Callable[[Any], int] | None:
     return sock.send
 
 
+def readable_waiter(sock: Any) -> Callable[[], None] | None:
+    """A ``wait()`` that returns once ``sock`` has bytes to read, to call before each
+    ``recv``; None where there is none (then ``recv`` alone).
+
+    gevent's ``recv`` tries the syscall first and waits only after it fails. On a
+    connection whose client waits for each answer before it sends again, the try right
+    after an answer always fails, and the failure (the syscall and a raised
+    BlockingIOError) costs more than the wait (docs/PERFORMANCE.md, "p6-read"). The wait
+    is the gevent socket's own, on its own read watcher, so ``recv``'s semantics stay:
+    the socket's timeout applies, and a close from another greenlet wakes the reader.
+    A TLS socket has none: bytes its TLS layer already read and decrypted never make
+    the descriptor readable again. Neither has any other socket (a blocking one, a
+    test's fake)."""
+    if is_tls(sock) or not isinstance(sock, gevent.socket.socket):
+        return None
+    wait, event = getattr(sock, "_wait", None), getattr(sock, "_read_event", None)
+    if wait is None or event is None:  # a gevent without them: recv alone is still right
+        return None
+    return lambda: wait(event)
+
+
 def is_tls(sock: Any) -> bool:
     """Whether ``sock`` is a TLS socket (gevent's or the standard library's). Looked up
     among the loaded modules: importing ssl here, before gevent patches it, would make
