@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover - websockets built without its C extensi
 
 from ..core.errors import MessageTooLarge
 from ..clock import now_ms, now_ns
-from .sockets import immediate_send, readable_waiter, shutdown
+from .sockets import immediate_send, read_wait, shutdown
 
 if TYPE_CHECKING:
     from ..engine import Admission, Engine
@@ -158,10 +158,10 @@ class WebSocketConnection:
         pending = b""  # an incomplete small data frame, kept until the rest comes
         if protocol.state is _CLOSED:
             return
-        wait_readable = readable_waiter(sock)
+        wait, readable = read_wait(sock) or (None, None)
         while True:  # until the connection is closed (checked after each read)
-            if wait_readable is not None:
-                wait_readable()
+            if wait is not None:
+                wait(readable)
             data = sock.recv(RECV_SIZE)
             if not data:
                 if pending:  # an incomplete frame: the protocol reports the EOF in it

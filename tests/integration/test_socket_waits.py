@@ -1,0 +1,81 @@
+"""The WebSocket reader's wait for a readable socket (``transports.sockets.read_wait``)
+on real gevent sockets: it returns once bytes arrive, a close from another greenlet wakes
+it as it wakes gevent's own ``recv``, and TLS or non-gevent sockets get no wait at all."""
+
+from __future__ import annotations
+
+import gevent
+import gevent.socket
+import gevent.ssl
+import pytest
+
+from protoflask.transports.sockets import read_wait
+
+
+@pytest.fixture
+def pair():
+    a, b = gevent.socket.socketpair()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_the_wait_returns_once_bytes_arrive(pair) -> None:
+    reader, writer = pair
+    found = read_wait(reader)
+    assert found is not None
+    wait, watcher = found
+    got: list[bytes] = []
+
+    def read() -> None:
+        wait(watcher)
+        got.append(reader.recv(100))
+
+    g = gevent.spawn(read)
+    gevent.sleep(0.05)
+    assert not got and not g.dead  # nothing to read yet: still waiting
+    writer.sendall(b"hello")
+    g.join(timeout=5)
+    assert g.successful(), g.exception
+    assert got == [b"hello"]
+
+
+def test_a_close_from_another_greenlet_wakes_the_wait(pair) -> None:
+    reader, _writer = pair
+    found = read_wait(reader)
+    assert found is not None
+    wait, watcher = found
+    g = gevent.spawn(wait, watcher)
+    gevent.sleep(0.05)
+    assert not g.dead
+    reader.close()
+    g.join(timeout=5)
+    assert g.dead, "the waiting greenlet was left waiting on a closed socket"
+    assert isinstance(g.exception, OSError), g.exception
+
+
+def test_the_socket_timeout_applies(pair) -> None:
+    reader, _writer = pair
+    reader.settimeout(0.05)
+    found = read_wait(reader)
+    assert found is not None
+    wait, watcher = found
+    with pytest.raises(TimeoutError):
+        wait(watcher)
+
+
+def test_tls_and_other_sockets_get_no_wait() -> None:
+    context = gevent.ssl.SSLContext(gevent.ssl.PROTOCOL_TLS_CLIENT)
+    plain = gevent.socket.socket()
+    tls = context.wrap_socket(plain, server_hostname="localhost",
+                              do_handshake_on_connect=False)
+    try:
+        assert read_wait(tls) is None  # OpenSSL may hold bytes the fd no longer shows
+    finally:
+        tls.close()
+
+    class Fake:
+        def recv(self, n: int) -> bytes:
+            return b""
+
+    assert read_wait(Fake()) is None
