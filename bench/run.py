@@ -376,6 +376,15 @@ def pick_generator(requested: str, cpu: int | None) -> Generator:
     raise SystemExit("bench: no usable load generator (" + "; ".join(errors) + ")")
 
 
+def reap(proc: subprocess.Popen) -> None:
+    """Wait for a generator that has given its result; kill one that hangs on."""
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class LineReader:
     """The generator's stdout, line by line, read on a thread (so the bar keeps moving)."""
 
@@ -502,11 +511,7 @@ class Bench:
         try:
             result = reader.next_json(self.progress, deadline)
         finally:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            reap(proc)
         if result is None:
             raise RuntimeError(f"load generator failed: {''.join(reader.stderr)[-2000:]}")
         result["server"] = server.spec.name
@@ -533,11 +538,7 @@ class Bench:
             proc.stdin.flush()
             final = reader.next_json(self.progress, time.monotonic() + 60) or {}
         finally:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            reap(proc)
         return {**ready, **final, "rss_after_kb": rss_after,
                 "server_active_connections": (stats or {}).get("activeConnections")}
 
@@ -967,11 +968,7 @@ def run_http_client(bench: Bench, srv: Server, transport: str,
     try:
         r = reader.next_json(bench.progress, time.monotonic() + args.warmup + args.seconds + 60)
     finally:
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     if r is None or r.get("error"):
         return {}, f"{transport}: " + (r or {}).get(
             "error", "".join(reader.stderr)[-500:] or "no result")
