@@ -1,0 +1,125 @@
+"""One client that never pauses cannot keep the worker to itself.
+
+A WebSocket client writes PINGs without a break (and reads its PONGs, so no write of
+the server's ever waits) with the rate limit off. Its reader always finds bytes to
+read; before each read it still goes through gevent's hub (``transports/sockets.read_wait``),
+so every other connection keeps being served: a second client connects, shakes hands
+and gets its PONG while the flood is still going. A reader that read again as long as
+bytes were there would keep the worker until the flood stopped.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import orjson
+import pytest
+
+from protoflask.auth import TokenAuthority
+
+from ..support import SECRET, GunicornServer, WSClient, hello_payload, timeout
+
+FLOOD_SECONDS = 30  # the flood stops by itself at the latest then
+
+
+@pytest.fixture(scope="module")
+def unlimited_server():
+    server = GunicornServer(env={"RATE_LIMIT": "0"})
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def masked_frame(text: bytes) -> bytes:
+    """A client's text frame, masked with the all-zero key (legal, and nothing to undo)."""
+    n = len(text)
+    head = bytes([0x81]) + (bytes([0x80 | n]) if n < 126
+                            else bytes([0x80 | 126]) + n.to_bytes(2, "big"))
+    return head + b"\0\0\0\0" + text
+
+
+def envelope(seq: int, type_: str, payload: dict) -> bytes:
+    return orjson.dumps({"id": f"f-{seq}", "session": "flood", "seq": str(seq),
+                         "ts": str(int(time.time() * 1000)), "type": type_,
+                         "channel": "SYSTEM", "payload": payload})
+
+
+class Flood:
+    """A raw WebSocket client that writes PINGs in 1,000-frame writes until stopped."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout(10))
+        self.sock.sendall((f"GET /proto/websocket?token={token} HTTP/1.1\r\n"
+                           f"Host: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                           "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += self.sock.recv(4096)
+        assert head.startswith(b"HTTP/1.1 101"), head[:200]
+        self.sock.sendall(masked_frame(envelope(1, "HELLO", hello_payload())))
+        self.stop = threading.Event()
+        self.running = threading.Event()  # set while PINGs are being written
+        self.sent = 0
+        self.received = 0
+        self.error: BaseException | None = None
+        self.threads = [threading.Thread(target=self._write, daemon=True),
+                        threading.Thread(target=self._read, daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    def _write(self) -> None:
+        seq, deadline = 1, time.monotonic() + FLOOD_SECONDS
+        try:
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                batch = b"".join(masked_frame(envelope(seq + i, "PING", {"nonce": f"n{seq + i}"}))
+                                 for i in range(1, 1001))
+                seq += 1000
+                self.sock.sendall(batch)
+                self.sent += 1000
+                self.running.set()
+        except OSError as exc:
+            self.error = exc
+        finally:
+            self.running.clear()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                data = self.sock.recv(262144)
+                if not data:
+                    return
+                self.received += data.count(b'"type":"PONG"')
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.threads[0].join(timeout(10))
+        self.sock.close()
+        self.threads[1].join(timeout(10))
+
+
+def test_a_client_that_never_pauses_does_not_starve_the_others(unlimited_server):
+    authority = TokenAuthority(SECRET)
+    flood = Flood(unlimited_server.port, authority.issue("flooder"))
+    try:
+        # the flood is under way and the server is answering it
+        deadline = time.monotonic() + timeout(10)
+        while flood.received < 5000 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert flood.received >= 5000 and flood.running.is_set(), \
+            (flood.sent, flood.received, flood.error)
+        with WSClient(unlimited_server.base_url, authority.issue("other"),
+                      compression=False) as other:
+            other.hello()
+            other.send("PING", "SYSTEM", {"nonce": "still-served"})
+            other.recv_type("PONG", within=10, nonce="still-served")
+            served_during_flood = flood.running.is_set()
+        assert served_during_flood, "the other client was served only once the flood ended"
+        assert flood.error is None, flood.error
+    finally:
+        flood.close()
