@@ -73,6 +73,19 @@ def body_pieces(environ: dict[str, Any]) -> Iterator[bytes]:
         yield piece
 
 
+def taking_turns(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """The pieces, with a turn for every other greenlet before each is handed on.
+
+    gevent switches greenlets only when a read has to wait. A client that streams its
+    body without a pause leaves bytes for every read, so without this the worker would
+    serve that one stream alone: not its own downstream, not a new connection, not
+    ``/health`` (tests/integration/test_reader_fairness.py). One hub turn per piece (a
+    chunk, or up to PIECE_SIZE bytes) is a few microseconds per many lines."""
+    for piece in pieces:
+        gevent.sleep(0)
+        yield piece
+
+
 def _is_pywsgi_input(inp: Any) -> bool:
     try:
         from gevent.pywsgi import Input

@@ -28,7 +28,7 @@ from ..core.bodies import parse_seq_arg
 from ..core.errors import MessageTooLarge, ProtoError, RequestTimeout
 from .admission import admit
 from .http import LINGER_SECONDS, HTTPDownstream, error_response, post_messages
-from .request_body import body_pieces, iter_lines
+from .request_body import body_pieces, iter_lines, taking_turns
 from .sockets import shutdown
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class NDJSONStream(HTTPDownstream):
         """Upstream: each line of the request body, as it arrives, to the session. Once the
         response has ended, the rest of the body is read and dropped."""
         engine, live = self.engine, self.live
-        pieces = body_pieces(self.environ)
+        pieces = taking_turns(body_pieces(self.environ))
         lines = iter_lines(pieces, engine.config.max_message_size, engine.config.body_timeout)
         try:
             while self._closing is None and not self._finished:

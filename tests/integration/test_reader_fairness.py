@@ -1,12 +1,15 @@
 """One client that never pauses cannot keep the worker to itself.
 
-A WebSocket client writes PINGs without a break (and reads what comes back, so no write
-of the server's ever waits), with the default rate limit (the excess is refused, but
-still read) and with none. Its reader always finds bytes to read, yet before each read
-it goes through gevent's hub (``transports/sockets.read_wait``), so every other
-connection keeps being served: a second client connects, shakes hands and gets its PONG
-while the flood is still going. A reader that read again as long as bytes were there
-kept the worker until the flood stopped (the second client's handshake timed out).
+A client writes PINGs without a break (and reads what comes back, so no write of the
+server's ever waits): on a WebSocket, or as the chunked body of a duplex HTTP stream;
+with the default rate limit (the excess is refused, but still read) and with none. Its
+reader always finds bytes to read, yet takes turns with every other greenlet: the
+WebSocket's waits on the socket's watcher before each read
+(``transports/sockets.read_wait``), the stream's yields before each piece of its body
+(``transports/request_body.taking_turns``). So a second client connects, shakes hands
+and gets its PONG while the flood is still going. A reader that read again as long as
+bytes were there kept the worker until the flood stopped (the second client's handshake
+timed out).
 """
 
 from __future__ import annotations
@@ -48,20 +51,41 @@ def envelope(seq: int, type_: str, payload: dict) -> bytes:
                          "channel": "SYSTEM", "payload": payload})
 
 
-class Flood:
-    """A raw WebSocket client that writes PINGs in 1,000-frame writes until stopped."""
+def ndjson_chunk(lines: list[bytes]) -> bytes:
+    """Lines of NDJSON as one chunk of a chunked request body."""
+    body = b"".join(line + b"\n" for line in lines)
+    return b"%x\r\n%s\r\n" % (len(body), body)
 
-    def __init__(self, port: int, token: str) -> None:
+
+class Flood:
+    """A raw client that writes PINGs, 1,000 at a time, until stopped: WebSocket frames,
+    or the lines of a duplex stream's chunked body."""
+
+    def __init__(self, kind: str, port: int, token: str) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout(10))
-        self.sock.sendall((f"GET /proto/websocket?token={token} HTTP/1.1\r\n"
-                           f"Host: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-                           "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        hello = envelope(1, "HELLO", hello_payload())
+        if kind == "websocket":
+            self.encode = lambda lines: b"".join(masked_frame(line) for line in lines)
+            self.sock.sendall((f"GET /proto/websocket?token={token} HTTP/1.1\r\n"
+                               f"Host: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                               "Connection: Upgrade\r\n"
+                               "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                               "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+            status = b"HTTP/1.1 101"
+        else:
+            self.encode = ndjson_chunk
+            self.sock.sendall((f"POST /proto/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                               f"Authorization: Bearer {token}\r\n"
+                               "Content-Type: application/x-ndjson\r\n"
+                               "Transfer-Encoding: chunked\r\n\r\n").encode()
+                              + ndjson_chunk([hello]))
+            status = b"HTTP/1.1 200"
         head = b""
         while b"\r\n\r\n" not in head:
             head += self.sock.recv(4096)
-        assert head.startswith(b"HTTP/1.1 101"), head[:200]
-        self.sock.sendall(masked_frame(envelope(1, "HELLO", hello_payload())))
+        assert head.startswith(status), head[:200]
+        if kind == "websocket":
+            self.sock.sendall(masked_frame(hello))
         self.stop = threading.Event()
         self.running = threading.Event()  # set while PINGs are being written
         self.sent = 0
@@ -76,8 +100,8 @@ class Flood:
         seq, deadline = 1, time.monotonic() + FLOOD_SECONDS
         try:
             while not self.stop.is_set() and time.monotonic() < deadline:
-                batch = b"".join(masked_frame(envelope(seq + i, "PING", {"nonce": f"n{seq + i}"}))
-                                 for i in range(1, 1001))
+                batch = self.encode([envelope(seq + i, "PING", {"nonce": f"n{seq + i}"})
+                                     for i in range(1, 1001)])
                 seq += 1000
                 self.sock.sendall(batch)
                 self.sent += 1000
@@ -104,9 +128,10 @@ class Flood:
         self.threads[1].join(timeout(10))
 
 
-def test_a_client_that_never_pauses_does_not_starve_the_others(flooded_server):
+@pytest.mark.parametrize("kind", ["websocket", "stream"])
+def test_a_client_that_never_pauses_does_not_starve_the_others(flooded_server, kind):
     authority = TokenAuthority(SECRET)
-    flood = Flood(flooded_server.port, authority.issue("flooder"))
+    flood = Flood(kind, flooded_server.port, authority.issue("flooder"))
     try:
         # the flood is under way: 20 writes of 1,000 PINGs went out, so the server reads
         deadline = time.monotonic() + timeout(10)
