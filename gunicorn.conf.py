@@ -134,6 +134,17 @@ def post_worker_init(worker):
     _quit_watcher = gevent.spawn(watch_for_quit)
 
 
+def pre_request(worker, req):
+    """Every request starts with a turn for every other greenlet. gevent switches only
+    when a read or a write has to wait; a client that pipelines requests (keep-alive
+    POSTs sent without waiting for the answers, or a flood of GET /health) leaves the
+    next one in the buffer every time, so gunicorn would serve that one connection
+    until it stopped: no other request, no WebSocket, not even /health
+    (tests/integration/test_reader_fairness.py). Then gunicorn's own debug line."""
+    gevent.sleep(0)
+    worker.log.debug("%s %s", req.method, req.path)
+
+
 #: the worker's drain (post_worker_init); None in the master
 _quit_watcher = None
 

@@ -64,7 +64,14 @@ class Handler(WSGIHandler):
 
     def handle_one_request(self) -> Any:
         """gevent's, except that a request it cannot parse (400, 414) is answered with
-        the JSON error body every other error has, not an empty or plain-text one."""
+        the JSON error body every other error has, not an empty or plain-text one.
+
+        Every request starts with a turn for every other greenlet: gevent switches only
+        when a read or a write has to wait, and a client that pipelines its requests
+        leaves the next one in the buffer every time, so this connection would be served
+        alone until it stopped (gunicorn.conf.py's ``pre_request`` does the same there;
+        tests/integration/test_reader_fairness.py)."""
+        gevent.sleep(0)
         result = super().handle_one_request()
         if isinstance(result, tuple) and len(result) == 2:
             return result[0], raw_error(int(result[0]))

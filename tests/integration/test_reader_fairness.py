@@ -1,15 +1,16 @@
 """One client that never pauses cannot keep the worker to itself.
 
-A client writes PINGs without a break (and reads what comes back, so no write of the
-server's ever waits): on a WebSocket, or as the chunked body of a duplex HTTP stream;
-with the default rate limit (the excess is refused, but still read) and with none. Its
-reader always finds bytes to read, yet takes turns with every other greenlet: the
-WebSocket's waits on the socket's watcher before each read
-(``transports/sockets.read_wait``), the stream's yields before each piece of its body
-(``transports/request_body.taking_turns``). So a second client connects, shakes hands
-and gets its PONG while the flood is still going. A reader that read again as long as
-bytes were there kept the worker until the flood stopped (the second client's handshake
-timed out).
+A client writes PINGs without a break, and reads what comes back, so no write of the
+server's ever waits. It writes them on a WebSocket, as the chunked body of a duplex HTTP
+stream, or as keep-alive POSTs sent without waiting for their answers; with the default
+rate limit (the excess is refused, but still read) and with none. Its reader always
+finds bytes to read, yet takes turns with every other greenlet: the WebSocket's waits on
+the socket's watcher before each read (``transports/sockets.read_wait``), the stream's
+yields before each piece of its body (``transports/request_body.taking_turns``), and
+every request starts with a turn (gunicorn.conf.py's ``pre_request``, the embedded
+server's handler). So a second client connects, shakes hands and gets its PONG while
+the flood is still going. A reader that read again as long as bytes were there kept the
+worker until the flood stopped (the second client's handshake timed out).
 """
 
 from __future__ import annotations
@@ -57,14 +58,30 @@ def ndjson_chunk(lines: list[bytes]) -> bytes:
     return b"%x\r\n%s\r\n" % (len(body), body)
 
 
+def posts(path: str, token: str, lines: list[bytes]) -> bytes:
+    """The lines as pipelined keep-alive POSTs of 50 each."""
+    out = []
+    for i in range(0, len(lines), 50):
+        body = b"".join(line + b"\n" for line in lines[i:i + 50])
+        out.append((f"POST {path} HTTP/1.1\r\nHost: flood\r\n"
+                    f"Authorization: Bearer {token}\r\nContent-Type: application/x-ndjson\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    return b"".join(out)
+
+
 class Flood:
     """A raw client that writes PINGs, 1,000 at a time, until stopped: WebSocket frames,
-    or the lines of a duplex stream's chunked body."""
+    the lines of a duplex stream's chunked body, or pipelined follow-up POSTs to a stream
+    session on a second connection (``posts``)."""
 
     def __init__(self, kind: str, port: int, token: str) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout(10))
+        self.out = self.sock  # where the PINGs go
         hello = envelope(1, "HELLO", hello_payload())
-        if kind == "websocket":
+        if kind == "posts":
+            self.sock.sendall(posts("/proto/stream", token, [hello]))
+            status = b"HTTP/1.1 200"
+        elif kind == "websocket":
             self.encode = lambda lines: b"".join(masked_frame(line) for line in lines)
             self.sock.sendall((f"GET /proto/websocket?token={token} HTTP/1.1\r\n"
                                f"Host: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
@@ -86,13 +103,19 @@ class Flood:
         assert head.startswith(status), head[:200]
         if kind == "websocket":
             self.sock.sendall(masked_frame(hello))
+        if kind == "posts":
+            session = head.lower().split(b"proto-session:", 1)[1].split(b"\r\n", 1)[0]
+            path = f"/proto/stream?session={session.strip().decode()}"
+            self.encode = lambda lines: posts(path, token, lines)
+            self.out = socket.create_connection(("127.0.0.1", port), timeout=timeout(10))
         self.stop = threading.Event()
         self.running = threading.Event()  # set while PINGs are being written
         self.sent = 0
         self.received = 0
         self.error: BaseException | None = None
-        self.threads = [threading.Thread(target=self._write, daemon=True),
-                        threading.Thread(target=self._read, daemon=True)]
+        self.threads = [threading.Thread(target=self._write, daemon=True)] + [
+            threading.Thread(target=self._read, args=(sock,), daemon=True)
+            for sock in {self.sock, self.out}]
         for t in self.threads:
             t.start()
 
@@ -103,7 +126,7 @@ class Flood:
                 batch = self.encode([envelope(seq + i, "PING", {"nonce": f"n{seq + i}"})
                                      for i in range(1, 1001)])
                 seq += 1000
-                self.sock.sendall(batch)
+                self.out.sendall(batch)
                 self.sent += 1000
                 self.running.set()
         except OSError as exc:
@@ -111,10 +134,10 @@ class Flood:
         finally:
             self.running.clear()
 
-    def _read(self) -> None:
+    def _read(self, sock: socket.socket) -> None:
         try:
             while True:
-                data = self.sock.recv(262144)
+                data = sock.recv(262144)
                 if not data:
                     return
                 self.received += data.count(b'"type":"PONG"')
@@ -124,11 +147,13 @@ class Flood:
     def close(self) -> None:
         self.stop.set()
         self.threads[0].join(timeout(10))
-        self.sock.close()
-        self.threads[1].join(timeout(10))
+        for sock in {self.sock, self.out}:
+            sock.close()
+        for t in self.threads[1:]:
+            t.join(timeout(10))
 
 
-@pytest.mark.parametrize("kind", ["websocket", "stream"])
+@pytest.mark.parametrize("kind", ["websocket", "stream", "posts"])
 def test_a_client_that_never_pauses_does_not_starve_the_others(flooded_server, kind):
     authority = TokenAuthority(SECRET)
     flood = Flood(kind, flooded_server.port, authority.issue("flooder"))
@@ -147,5 +172,25 @@ def test_a_client_that_never_pauses_does_not_starve_the_others(flooded_server, k
             served_during_flood = flood.running.is_set()
         assert served_during_flood, "the other client was served only once the flood ended"
         assert flood.error is None, flood.error
+    finally:
+        flood.close()
+
+
+def test_pipelined_posts_do_not_starve_the_embedded_server(make_server):
+    """The same for protoflask's own gevent server (``ProtoServer.start()``)."""
+    server = make_server(rateLimit=0)
+    flood = Flood("posts", server.port, server.issue_token("flooder"))
+    try:
+        deadline = time.monotonic() + timeout(10)
+        while flood.sent < 20_000 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert flood.sent >= 20_000 and flood.running.is_set(), \
+            (flood.sent, flood.received, flood.error)
+        with WSClient(server.base_url, server.issue_token("other"), compression=False) as other:
+            other.hello()
+            other.send("PING", "SYSTEM", {"nonce": "still-served"})
+            other.recv_type("PONG", within=10, nonce="still-served")
+            served_during_flood = flood.running.is_set()
+        assert served_during_flood, "the other client was served only once the flood ended"
     finally:
         flood.close()
