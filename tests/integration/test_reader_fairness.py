@@ -153,19 +153,17 @@ class Flood:
             t.join(timeout(10))
 
 
-@pytest.mark.parametrize("kind", ["websocket", "stream", "posts"])
-def test_a_client_that_never_pauses_does_not_starve_the_others(flooded_server, kind):
-    authority = TokenAuthority(SECRET)
-    flood = Flood(kind, flooded_server.port, authority.issue("flooder"))
+def assert_served_during(flood: Flood, base_url: str, token: str) -> None:
+    """Once the flood is under way (20 writes of 1,000 PINGs went out, so the server is
+    reading them), another client connects, shakes hands and gets its PONG before the
+    flood ends."""
     try:
-        # the flood is under way: 20 writes of 1,000 PINGs went out, so the server reads
         deadline = time.monotonic() + timeout(10)
         while flood.sent < 20_000 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert flood.sent >= 20_000 and flood.running.is_set(), \
             (flood.sent, flood.received, flood.error)
-        with WSClient(flooded_server.base_url, authority.issue("other"),
-                      compression=False) as other:
+        with WSClient(base_url, token, compression=False) as other:
             other.hello()
             other.send("PING", "SYSTEM", {"nonce": "still-served"})
             other.recv_type("PONG", within=10, nonce="still-served")
@@ -176,21 +174,15 @@ def test_a_client_that_never_pauses_does_not_starve_the_others(flooded_server, k
         flood.close()
 
 
+@pytest.mark.parametrize("kind", ["websocket", "stream", "posts"])
+def test_a_client_that_never_pauses_does_not_starve_the_others(flooded_server, kind):
+    authority = TokenAuthority(SECRET)
+    flood = Flood(kind, flooded_server.port, authority.issue("flooder"))
+    assert_served_during(flood, flooded_server.base_url, authority.issue("other"))
+
+
 def test_pipelined_posts_do_not_starve_the_embedded_server(make_server):
     """The same for protoflask's own gevent server (``ProtoServer.start()``)."""
     server = make_server(rateLimit=0)
     flood = Flood("posts", server.port, server.issue_token("flooder"))
-    try:
-        deadline = time.monotonic() + timeout(10)
-        while flood.sent < 20_000 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert flood.sent >= 20_000 and flood.running.is_set(), \
-            (flood.sent, flood.received, flood.error)
-        with WSClient(server.base_url, server.issue_token("other"), compression=False) as other:
-            other.hello()
-            other.send("PING", "SYSTEM", {"nonce": "still-served"})
-            other.recv_type("PONG", within=10, nonce="still-served")
-            served_during_flood = flood.running.is_set()
-        assert served_during_flood, "the other client was served only once the flood ended"
-    finally:
-        flood.close()
+    assert_served_during(flood, server.base_url, server.issue_token("other"))
