@@ -7,6 +7,7 @@ import socket
 import sys
 from typing import Any, Callable
 
+import gevent
 import gevent.socket
 
 
@@ -41,28 +42,39 @@ def immediate_send(sock: Any) -> Callable[[Any], int] | None:
 
 
 def read_wait(sock: Any) -> tuple[Callable[[Any], None], Any] | None:
-    """``(wait, watcher)``: ``wait(watcher)`` returns once ``sock`` has bytes to read, to
-    call before each ``recv``; None where there is none (then ``recv`` alone).
-
-    gevent's ``recv`` tries the syscall first and waits only after it fails. On a
-    connection whose client waits for each answer before it sends again, the try right
-    after an answer always fails, and the failure (the syscall and a raised
-    BlockingIOError) costs more than the wait (docs/PERFORMANCE.md, "p6-read"). The wait
-    is the gevent socket's own, on its own read watcher, so ``recv``'s semantics stay:
-    the socket's timeout applies, and a close from another greenlet wakes the reader.
-    A TLS socket has none: bytes its TLS layer already read and decrypted never make
-    the descriptor readable again. Neither has any other socket (a blocking one, a
+    """``(wait, watcher)``: ``wait(watcher)`` is to be called before each ``recv``; None
+    where there is nothing to call (any socket that is not gevent's: a blocking one, a
     test's fake).
+
+    On gevent's plain socket it returns once ``sock`` has bytes to read. gevent's ``recv``
+    tries the syscall first and waits only after it fails. On a connection whose client
+    waits for each answer before it sends again, the try right after an answer always
+    fails, and the failure (the syscall and a raised BlockingIOError) costs more than the
+    wait (docs/PERFORMANCE.md, "p6-read"). The wait is the gevent socket's own, on its
+    own read watcher, so ``recv``'s semantics stay: the socket's timeout applies, and a
+    close from another greenlet wakes the reader.
+
+    Either way every read is preceded by a turn for every other greenlet, so a client
+    that never pauses cannot keep the worker to itself
+    (tests/integration/test_reader_fairness.py). A TLS socket cannot wait on its
+    descriptor (bytes its TLS layer already read and decrypted never make it readable
+    again): it gets the turn alone (``gevent.sleep(0)``).
 
     A pair rather than one callable: the reader calls the bound method itself, a
     Python-to-Python call that adds no C frame to the stack an idle greenlet keeps
     (a ``partial`` or a lambda there cost 0.4-0.6 KB per idle session)."""
-    if is_tls(sock) or not isinstance(sock, gevent.socket.socket):
+    if not isinstance(sock, gevent.socket.socket):
         return None
+    if is_tls(sock):
+        return _take_a_turn, None
     wait, watcher = getattr(sock, "_wait", None), getattr(sock, "_read_event", None)
-    if wait is None or watcher is None:  # a gevent without them: recv alone is still right
-        return None
+    if wait is None or watcher is None:  # a gevent without them: a turn, then recv
+        return _take_a_turn, None
     return wait, watcher
+
+
+def _take_a_turn(_watcher: Any) -> None:
+    gevent.sleep(0)
 
 
 def is_tls(sock: Any) -> bool:

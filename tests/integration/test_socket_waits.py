@@ -1,6 +1,7 @@
 """The WebSocket reader's wait for a readable socket (``transports.sockets.read_wait``)
 on real gevent sockets: it returns once bytes arrive, a close from another greenlet wakes
-it as it wakes gevent's own ``recv``, and TLS or non-gevent sockets get no wait at all."""
+it as it wakes gevent's own ``recv``, a TLS socket gets a turn for the other greenlets
+instead, and a non-gevent socket nothing."""
 
 from __future__ import annotations
 
@@ -64,13 +65,20 @@ def test_the_socket_timeout_applies(pair) -> None:
         wait(watcher)
 
 
-def test_tls_and_other_sockets_get_no_wait() -> None:
+def test_a_tls_socket_gets_a_turn_instead_and_other_sockets_nothing() -> None:
     context = gevent.ssl.SSLContext(gevent.ssl.PROTOCOL_TLS_CLIENT)
     plain = gevent.socket.socket()
     tls = context.wrap_socket(plain, server_hostname="localhost",
                               do_handshake_on_connect=False)
     try:
-        assert read_wait(tls) is None  # OpenSSL may hold bytes the fd no longer shows
+        found = read_wait(tls)  # no wait on the descriptor: OpenSSL may hold bytes
+        assert found is not None
+        wait, watcher = found
+        assert watcher is None
+        others_ran: list[bool] = []
+        gevent.spawn(others_ran.append, True)
+        wait(watcher)  # returns at once, nothing to read, after the others had a turn
+        assert others_ran == [True]
     finally:
         tls.close()
 
