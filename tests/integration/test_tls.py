@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
+import threading
+import time
 
 import orjson
 import pytest
@@ -84,3 +87,66 @@ def test_websocket_over_tls_served_by_gunicorn(tls_server):
             assert (pong["type"], pong["payload"]["nonce"]) == ("PONG", f"n{seq}")
     finally:
         ws.close()
+
+
+def test_a_tls_client_that_never_pauses_does_not_starve_the_others(tls_server):
+    """A TLS reader cannot wait on its descriptor (OpenSSL may hold bytes already read):
+    it takes a turn for the other greenlets before each read instead
+    (``transports/sockets.read_wait``), so a client writing PINGs without a pause over
+    TLS does not keep the worker either (tests/integration/test_reader_fairness.py has
+    the plain cases)."""
+    from .test_reader_fairness import masked_frame
+
+    port, cert = tls_server
+    context = ssl.create_default_context(cafile=str(cert))
+    authority = TokenAuthority(SECRET)
+    raw = socket.create_connection(("127.0.0.1", port), timeout=timeout(10))
+    flood = context.wrap_socket(raw, server_hostname="127.0.0.1")
+    stop, running, sent = threading.Event(), threading.Event(), [0]
+
+    def write() -> None:  # the answers are left unread: a few KB a second, never a full buffer
+        seq = 1
+        try:
+            while not stop.is_set():
+                flood.sendall(b"".join(
+                    masked_frame(envelope("", seq + i, "PING", {"nonce": f"n{i}"}).encode())
+                    for i in range(1000)))
+                seq += 1000
+                sent[0] += 1000
+                running.set()
+        except OSError:
+            pass
+        finally:
+            running.clear()
+
+    token = authority.issue("flooder")
+    flood.sendall((f"GET /proto/websocket?token={token} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                   "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                   "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                   "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += flood.recv(4096)
+    assert head.startswith(b"HTTP/1.1 101"), head[:200]
+    flood.sendall(masked_frame(envelope("", 0, "HELLO", hello_payload()).encode()))
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        deadline = time.monotonic() + timeout(10)
+        while sent[0] < 20_000 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sent[0] >= 20_000 and running.is_set(), sent
+        ws = simple_websocket.Client(
+            f"wss://127.0.0.1:{port}/proto/websocket?token={authority.issue('other')}",
+            ssl_context=context)
+        try:
+            ws.send(envelope("", 1, "HELLO", hello_payload()))
+            assert orjson.loads(ws.receive(timeout=timeout(10)))["type"] == "HELLO"
+            served_during_flood = running.is_set()
+        finally:
+            ws.close()
+        assert served_during_flood, "the other client was served only once the flood ended"
+    finally:
+        stop.set()
+        writer.join(timeout(10))
+        flood.close()
