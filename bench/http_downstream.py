@@ -2,9 +2,9 @@
 
     python bench/http_downstream.py '<json config>'
 
-Config: {baseUrl: "http://127.0.0.1:PORT", token, transport: "sse"|"stream"|"duplex"|"floor",
-connections,
-warmup, seconds, batch, serverPid?, clkTck?}. Per session: the downstream is opened
+Config: {baseUrl: "http://127.0.0.1:PORT", token,
+transport: "sse"|"stream"|"duplex"|"floor", connections, warmup, seconds, batch,
+serverPid?, clkTck?}. Per session: the downstream is opened
 (``GET /proto/sse?token=`` or ``POST /proto/stream`` with the HELLO as its body), then a
 keep-alive upstream connection POSTs batches of ``batch`` PINGs as NDJSON to
 ``?session=<id>``; the next batch goes once every PONG of the previous one came down the
@@ -48,6 +48,10 @@ HELLO_REPLY = b'"type":"HELLO"'
 HELLO = ('{"proto_version":"1.1.2","accept_major":[1],"accept_events":[],'
          '"capabilities":{"flow_control":{"initial_credit_messages":1000000000,'
          '"initial_credit_bytes":1000000000000}}}')
+
+
+def ndjson(envelopes: list[str]) -> bytes:
+    return ("\n".join(envelopes) + "\n").encode()
 
 
 def read_head(sock: socket.socket, buf: bytes = b"") -> tuple[int, dict[str, str], bytes]:
@@ -107,18 +111,14 @@ class Session:
         if transport == "sse":
             req = (f"GET /proto/sse?token={self.token} HTTP/1.1\r\nHost: {self.host}\r\n"
                    "Accept: text/event-stream\r\n\r\n").encode()
-        elif self.duplex:
+        else:  # the stream: the HELLO is its body, or the first chunk of it (duplex)
+            hello = [self.envelope("HELLO", "SYSTEM", HELLO)]
+            body = self.chunk(hello) if self.duplex else ndjson(hello)
+            framing = ("Transfer-Encoding: chunked" if self.duplex
+                       else f"Content-Length: {len(body)}")
             req = (f"POST /proto/stream HTTP/1.1\r\nHost: {self.host}\r\n"
                    f"Authorization: Bearer {self.token}\r\n"
-                   "Content-Type: application/x-ndjson\r\n"
-                   "Transfer-Encoding: chunked\r\n\r\n").encode() + self.chunk(
-                       [self.envelope("HELLO", "SYSTEM", HELLO)])
-        else:
-            body = (self.envelope("HELLO", "SYSTEM", HELLO) + "\n").encode()
-            req = (f"POST /proto/stream HTTP/1.1\r\nHost: {self.host}\r\n"
-                   f"Authorization: Bearer {self.token}\r\n"
-                   "Content-Type: application/x-ndjson\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+                   f"Content-Type: application/x-ndjson\r\n{framing}\r\n\r\n").encode() + body
         self.down.sendall(req)
         status, headers, rest = read_head(self.down)
         if status != 200:
@@ -162,14 +162,14 @@ class Session:
     @staticmethod
     def chunk(envelopes: list[str]) -> bytes:
         """The envelopes as NDJSON lines in one chunk of a chunked request body."""
-        body = ("\n".join(envelopes) + "\n").encode()
+        body = ndjson(envelopes)
         return b"%x\r\n%s\r\n" % (len(body), body)
 
     def post(self, envelopes: list[str]) -> None:
         if self.duplex:  # the open stream's own body
             self.up.sendall(self.chunk(envelopes))
             return
-        body = ("\n".join(envelopes) + "\n").encode()
+        body = ndjson(envelopes)
         path = "/proto/sse" if self.cfg["transport"] == "sse" else "/proto/stream"
         self.up.sendall((f"POST {path}?session={self.session_id} HTTP/1.1\r\n"
                          f"Host: {self.host}\r\nAuthorization: Bearer {self.token}\r\n"

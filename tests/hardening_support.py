@@ -177,9 +177,13 @@ def ws_frame(payload: bytes, opcode: int = 1, fin: bool = True, mask: bytes | No
         header = struct.pack("!BBH", first, bit | 126, n)
     else:
         header = struct.pack("!BBQ", first, bit | 127, n)
-    if mask:
+    if mask and mask != ZERO_MASK:  # the all-zero key changes no byte: nothing to undo
         payload = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
     return header + mask + payload
+
+
+#: a legal masking key that leaves the payload as it is (floods build frames fast with it)
+ZERO_MASK = bytes(4)
 
 
 def ws_hello(sock: socket.socket) -> None:

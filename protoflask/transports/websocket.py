@@ -173,6 +173,7 @@ class WebSocketConnection:
             else:
                 protocol.receive_data(data)
                 self._protocol_events()
+            # almost always None: that cheap test first, the isinstance call only then
             if protocol.parser_exc is not None and isinstance(protocol.parser_exc, PayloadTooBig):
                 self._report_too_large()
             self.flush()

@@ -24,6 +24,7 @@ import pytest
 
 from protoflask.auth import TokenAuthority
 
+from ..hardening_support import ZERO_MASK, connect, ws_frame, ws_open
 from ..support import SECRET, GunicornServer, WSClient, hello_payload, timeout
 
 FLOOD_SECONDS = 30  # the flood stops by itself at the latest then
@@ -36,14 +37,6 @@ def flooded_server(request):
         yield server
     finally:
         server.stop()
-
-
-def masked_frame(text: bytes) -> bytes:
-    """A client's text frame, masked with the all-zero key (legal, and nothing to undo)."""
-    n = len(text)
-    head = bytes([0x81]) + (bytes([0x80 | n]) if n < 126
-                            else bytes([0x80 | 126]) + n.to_bytes(2, "big"))
-    return head + b"\0\0\0\0" + text
 
 
 def envelope(seq: int, type_: str, payload: dict) -> bytes:
@@ -74,40 +67,36 @@ class Flood:
     the lines of a duplex stream's chunked body, or pipelined follow-up POSTs to a stream
     session on a second connection (``posts``)."""
 
-    def __init__(self, kind: str, port: int, token: str) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout(10))
-        self.out = self.sock  # where the PINGs go
+    def __init__(self, kind: str, base_url: str, token: str) -> None:
         hello = envelope(1, "HELLO", hello_payload())
-        if kind == "posts":
-            self.sock.sendall(posts("/proto/stream", token, [hello]))
-            status = b"HTTP/1.1 200"
-        elif kind == "websocket":
-            self.encode = lambda lines: b"".join(masked_frame(line) for line in lines)
-            self.sock.sendall((f"GET /proto/websocket?token={token} HTTP/1.1\r\n"
-                               f"Host: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-                               "Connection: Upgrade\r\n"
-                               "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                               "Sec-WebSocket-Version: 13\r\n\r\n").encode())
-            status = b"HTTP/1.1 101"
-        else:
-            self.encode = ndjson_chunk
-            self.sock.sendall((f"POST /proto/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                               f"Authorization: Bearer {token}\r\n"
-                               "Content-Type: application/x-ndjson\r\n"
-                               "Transfer-Encoding: chunked\r\n\r\n").encode()
-                              + ndjson_chunk([hello]))
-            status = b"HTTP/1.1 200"
-        head = b""
-        while b"\r\n\r\n" not in head:
-            head += self.sock.recv(4096)
-        assert head.startswith(status), head[:200]
         if kind == "websocket":
-            self.sock.sendall(masked_frame(hello))
+            self.sock = ws_open(base_url, token)
+            self.sock.sendall(ws_frame(hello, mask=ZERO_MASK))
+            self.encode = lambda lines: b"".join(ws_frame(line, mask=ZERO_MASK)
+                                                 for line in lines)
+        else:
+            self.sock = connect(base_url)
+            if kind == "posts":
+                self.sock.sendall(posts("/proto/stream", token, [hello]))
+            else:
+                self.encode = ndjson_chunk
+                self.sock.sendall((f"POST /proto/stream HTTP/1.1\r\nHost: flood\r\n"
+                                   f"Authorization: Bearer {token}\r\n"
+                                   "Content-Type: application/x-ndjson\r\n"
+                                   "Transfer-Encoding: chunked\r\n\r\n").encode()
+                                  + ndjson_chunk([hello]))
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += self.sock.recv(4096)
+            assert head.startswith(b"HTTP/1.1 200"), head[:200]
+        self.sock.settimeout(timeout(10))
+        self.out = self.sock  # where the PINGs go
         if kind == "posts":
             session = head.lower().split(b"proto-session:", 1)[1].split(b"\r\n", 1)[0]
             path = f"/proto/stream?session={session.strip().decode()}"
             self.encode = lambda lines: posts(path, token, lines)
-            self.out = socket.create_connection(("127.0.0.1", port), timeout=timeout(10))
+            self.out = connect(base_url)
+            self.out.settimeout(timeout(10))
         self.stop = threading.Event()
         self.running = threading.Event()  # set while PINGs are being written
         self.sent = 0
@@ -177,12 +166,12 @@ def assert_served_during(flood: Flood, base_url: str, token: str) -> None:
 @pytest.mark.parametrize("kind", ["websocket", "stream", "posts"])
 def test_a_client_that_never_pauses_does_not_starve_the_others(flooded_server, kind):
     authority = TokenAuthority(SECRET)
-    flood = Flood(kind, flooded_server.port, authority.issue("flooder"))
+    flood = Flood(kind, flooded_server.base_url, authority.issue("flooder"))
     assert_served_during(flood, flooded_server.base_url, authority.issue("other"))
 
 
 def test_pipelined_posts_do_not_starve_the_embedded_server(make_server):
     """The same for protoflask's own gevent server (``ProtoServer.start()``)."""
     server = make_server(rateLimit=0)
-    flood = Flood("posts", server.port, server.issue_token("flooder"))
+    flood = Flood("posts", server.base_url, server.issue_token("flooder"))
     assert_served_during(flood, server.base_url, server.issue_token("other"))

@@ -24,6 +24,7 @@ import simple_websocket
 
 from protoflask.auth import TokenAuthority
 
+from ..hardening_support import UPGRADE_HEADERS, ZERO_MASK, ws_frame
 from ..support import ROOT, SECRET, free_listener, hello_payload, timeout, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
@@ -95,8 +96,6 @@ def test_a_tls_client_that_never_pauses_does_not_starve_the_others(tls_server):
     (``transports/sockets.read_wait``), so a client writing PINGs without a pause over
     TLS does not keep the worker either (tests/integration/test_reader_fairness.py has
     the plain cases)."""
-    from .test_reader_fairness import masked_frame
-
     port, cert = tls_server
     context = ssl.create_default_context(cafile=str(cert))
     authority = TokenAuthority(SECRET)
@@ -109,7 +108,8 @@ def test_a_tls_client_that_never_pauses_does_not_starve_the_others(tls_server):
         try:
             while not stop.is_set():
                 flood.sendall(b"".join(
-                    masked_frame(envelope("", seq + i, "PING", {"nonce": f"n{i}"}).encode())
+                    ws_frame(envelope("", seq + i, "PING", {"nonce": f"n{i}"}).encode(),
+                             mask=ZERO_MASK)
                     for i in range(1000)))
                 seq += 1000
                 sent[0] += 1000
@@ -121,14 +121,13 @@ def test_a_tls_client_that_never_pauses_does_not_starve_the_others(tls_server):
 
     token = authority.issue("flooder")
     flood.sendall((f"GET /proto/websocket?token={token} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                   "Upgrade: websocket\r\nConnection: Upgrade\r\n"
-                   "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-                   "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+                   + "".join(f"{k}: {v}\r\n" for k, v in UPGRADE_HEADERS.items())
+                   + "\r\n").encode())
     head = b""
     while b"\r\n\r\n" not in head:
         head += flood.recv(4096)
     assert head.startswith(b"HTTP/1.1 101"), head[:200]
-    flood.sendall(masked_frame(envelope("", 0, "HELLO", hello_payload()).encode()))
+    flood.sendall(ws_frame(envelope("", 0, "HELLO", hello_payload()).encode(), mask=ZERO_MASK))
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
     try:
