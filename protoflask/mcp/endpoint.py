@@ -1,0 +1,325 @@
+"""``/proto/mcp``: the MCP Streamable HTTP transport (docs/MCP.md) on the engine's public
+surface.
+
+    POST   /proto/mcp   one JSON-RPC message; a request is answered with JSON, or with
+                        an SSE stream when a tools/call carries a progress token
+    GET    /proto/mcp   the session's stream of server notifications (tools/list_changed)
+    DELETE /proto/mcp   ends the MCP session (its protoflask session is then kept for
+                        replayWindowTime like any disconnected one)
+
+Every request carries the user's token (``Authorization: Bearer``, or ``?token=`` /
+``?ticket=`` for a client that cannot set headers); ``Mcp-Session-Id`` is the
+protoflask session's id, so a request may land on any node of a cluster.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+
+import gevent.event
+import gevent.lock
+import orjson
+from flask import Blueprint, Response, request
+
+from ..auth import token_from_request
+from ..core.errors import MissingToken, ProtoError, SessionNotFound
+from ..origins import OriginPolicy, normalize_origin
+from . import wire
+from .link import McpLink
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..hub import LiveSession
+
+#: How long an MCP session's link lives without a request (then the session is kept
+#: for replayWindowTime, and a request after that is 404: the client initializes again)
+IDLE_SECONDS = 300.0
+#: Longest pause between two writes on the GET stream
+KEEPALIVE_SECONDS = 15.0
+SESSION_HEADER = "Mcp-Session-Id"
+VERSION_HEADER = "MCP-Protocol-Version"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status=status, mimetype="application/json",
+                    headers=headers)
+
+
+def _rpc_error(request_id: Any, exc: wire.RpcError, status: int = 200) -> Response:
+    return _json(wire.error(request_id, exc), status)
+
+
+def _http_error(exc: ProtoError) -> Response:
+    response = _json(exc.to_http_body(), exc.http_status)
+    if exc.http_status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="protoflask"'
+    return response
+
+
+def _sse(message: dict[str, Any]) -> bytes:
+    return b"event: message\ndata: " + orjson.dumps(message) + b"\n\n"
+
+
+def call_id_for(request_id: Any) -> str:
+    """The TOOL_CALL call_id of a tools/call request: derived from its JSON-RPC id, so a
+    cancellation names the call on any node without a lookup."""
+    return "mcp:" + orjson.dumps(request_id).decode()
+
+
+class McpEndpoint:
+    """The MCP sessions of this process and the three routes."""
+
+    def __init__(self, engine: "Engine", allowed_origins: "Iterable[str]") -> None:
+        self.engine = engine
+        self.origins = OriginPolicy(allowed_origins)
+        self.links: dict[str, McpLink] = {}
+        self._linking = gevent.lock.Semaphore()
+
+    # -- checks every request meets ---------------------------------------------------------
+
+    def origin_allowed(self) -> bool:
+        """The MCP specification's DNS-rebinding guard: a browser's Origin must be in
+        allowedOrigins, or (with no list) be the origin the request was sent to."""
+        origin = request.headers.get("Origin")
+        if origin is None:
+            return True
+        if self.origins.restricted:
+            return self.origins.allows(origin)
+        try:
+            host = normalize_origin(origin).split("://", 1)[1]
+            own = normalize_origin(f"{request.scheme}://{request.host}").split("://", 1)[1]
+        except ValueError:
+            return False
+        return host == own
+
+    def user(self) -> str:
+        token = token_from_request(request.args.get("token"),
+                                   request.headers.get("Authorization"))
+        ticket = request.args.get("ticket")
+        if not token and not ticket:
+            raise MissingToken("a Bearer token is required")
+        return self.engine.authenticate(token, ticket)
+
+    # -- the session's link in this process ---------------------------------------------------
+
+    def link_for(self, session_id: str, user_id: str) -> McpLink:
+        """This process's link to the session, made (taking the session over from another
+        node if need be) when there is none. SESSION_NOT_FOUND is the 404 MCP asks for."""
+        with self._linking:
+            link = self.links.get(session_id)
+            if link is not None and not link.closed:
+                if link.live.user_id != user_id:
+                    raise SessionNotFound(f"no session {session_id!r} for this user")
+                return link
+            live = self.engine.find_session(session_id, user_id)
+            self.engine.open_connection(McpLink.kind, user_id,
+                                        replacing=live.transport is not None)
+            return self._open(live)
+
+    def _open(self, live: "LiveSession") -> McpLink:
+        link = McpLink(self.engine, live, IDLE_SECONDS, self._ended)
+        self.links[live.id] = link
+        self.engine.open_transport(live, link, None)
+        return link
+
+    def _ended(self, link: McpLink) -> None:
+        if self.links.get(link.session_id) is link:
+            del self.links[link.session_id]
+
+    # -- routes -------------------------------------------------------------------------------
+
+    def post(self) -> Response:
+        if not self.origin_allowed():
+            return _rpc_error(None, wire.RpcError(wire.INVALID_REQUEST,
+                                                  "Origin not allowed"), 403)
+        try:
+            user_id = self.user()
+        except ProtoError as exc:
+            return _http_error(exc)
+        body = request.get_data(cache=False)
+        if len(body) > self.engine.config.max_message_size:
+            return _rpc_error(None, wire.RpcError(wire.INVALID_REQUEST,
+                                                  "message too large"), 413)
+        try:
+            message = wire.parse_message(body)
+        except wire.RpcError as exc:
+            return _rpc_error(None, exc, 400)
+        method, request_id = message.get("method"), message.get("id")
+        if method is None:  # a response to a request of ours: none are sent
+            return Response(status=202)
+        params = message.get("params") or {}
+        try:
+            if method == "initialize":
+                return self._initialize(user_id, request_id, params)
+            session_id = request.headers.get(SESSION_HEADER)
+            if not session_id:
+                raise wire.RpcError(wire.INVALID_REQUEST, f"the {SESSION_HEADER} header is "
+                                    "required after initialize")
+            version = request.headers.get(VERSION_HEADER) or wire.DEFAULT_VERSION
+            if version not in wire.VERSIONS:
+                raise wire.RpcError(wire.INVALID_REQUEST, f"unsupported {VERSION_HEADER} "
+                                    f"{version!r}; served: {', '.join(wire.VERSIONS)}")
+            if "id" not in message:
+                return self._notification(method, params, session_id, user_id)
+            return self._request(method, request_id, params, session_id, user_id, version)
+        except wire.RpcError as exc:
+            return _rpc_error(request_id, exc, 400 if exc.code == wire.INVALID_REQUEST else 200)
+        except ProtoError as exc:
+            if isinstance(exc, SessionNotFound):
+                return _rpc_error(request_id, wire.RpcError(wire.INVALID_REQUEST,
+                                                            str(exc.message)), 404)
+            return _http_error(exc)
+
+    def _initialize(self, user_id: str, request_id: Any, params: dict[str, Any]) -> Response:
+        if request_id is None:
+            raise wire.RpcError(wire.INVALID_REQUEST, "initialize is a request")
+        version = wire.negotiate(params.get("protocolVersion"))
+        self.engine.open_connection(McpLink.kind, user_id)
+        try:
+            live = self.engine.new_session(user_id)
+        except BaseException:
+            self.engine.close_connection(McpLink.kind, user_id)
+            raise
+        with self._linking:
+            link = self._open(live)
+        link.hello()
+        return _json(wire.result(request_id, wire.initialize_result(version)),
+                     headers={SESSION_HEADER: live.id})
+
+    def _notification(self, method: str, params: dict[str, Any], session_id: str,
+                      user_id: str) -> Response:
+        if method == "notifications/cancelled":
+            request_id = params.get("requestId")
+            if request_id is not None:
+                self.link_for(session_id, user_id).cancel(call_id_for(request_id))
+        return Response(status=202)  # initialized, progress, roots: nothing to do
+
+    def _request(self, method: str, request_id: Any, params: dict[str, Any],
+                 session_id: str, user_id: str, version: str) -> Response:
+        if method == "ping":
+            return _json(wire.result(request_id, {}))
+        if method == "tools/list":
+            self.link_for(session_id, user_id)  # the session exists (404 otherwise)
+            tools = [tool.to_dict() for tool in self.engine.tools]
+            return _json(wire.result(request_id, wire.tool_listing(tools, version)))
+        if method == "tools/call":
+            return self._call(request_id, params, session_id, user_id, version)
+        raise wire.RpcError(wire.METHOD_NOT_FOUND, f"method not found: {method}")
+
+    def _call(self, request_id: Any, params: dict[str, Any], session_id: str, user_id: str,
+              version: str) -> Response:
+        name = params.get("name")
+        if not isinstance(name, str):
+            raise wire.RpcError(wire.INVALID_PARAMS, "tools/call needs a tool name")
+        arguments = params.get("arguments")
+        arguments = {} if arguments is None else arguments
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        link = self.link_for(session_id, user_id)
+        call_id = call_id_for(request_id)
+        queue = link.start_call(call_id, name, arguments)
+        if token is None or "text/event-stream" not in request.headers.get("Accept", ""):
+            try:
+                while True:
+                    kind, payload = queue.get()
+                    if kind != "update":
+                        return _json(_answer(request_id, kind, payload, version))
+            finally:
+                link.forget(call_id)
+        return Response(self._stream(link, call_id, queue, request_id, token, version),
+                        mimetype="text/event-stream", headers=SSE_HEADERS)
+
+    @staticmethod
+    def _stream(link: McpLink, call_id: str, queue: Any, request_id: Any, token: Any,
+                version: str) -> Iterator[bytes]:
+        """The SSE response of a tools/call with a progress token: its progress, then
+        its answer. A client that leaves does not cancel the call (MCP: disconnecting is
+        not cancelling; notifications/cancelled is)."""
+        last = -1.0
+        try:
+            while True:
+                kind, payload = queue.get()
+                if kind == "update":
+                    note, last = wire.progress(token, payload, last)
+                    if note is not None:
+                        yield _sse(note)
+                    continue
+                if kind != "done" or payload.get("status") != "CANCELLED":
+                    yield _sse(_answer(request_id, kind, payload, version))
+                return  # a cancelled request gets no response (MCP cancellation)
+        finally:
+            link.forget(call_id)
+
+    def get(self) -> Response:
+        """The server-to-client stream: notifications/tools/list_changed."""
+        if not self.origin_allowed():
+            return _rpc_error(None, wire.RpcError(wire.INVALID_REQUEST,
+                                                  "Origin not allowed"), 403)
+        if "text/event-stream" not in request.headers.get("Accept", ""):
+            return _json({"error": {"code": "INVALID_MESSAGE", "message":
+                                    "GET /proto/mcp is an event stream"}}, 406)
+        try:
+            user_id = self.user()
+            session_id = request.headers.get(SESSION_HEADER) or ""
+            self.link_for(session_id, user_id)
+        except ProtoError as exc:
+            return _http_error(exc)
+        changed = gevent.event.Event()
+        listeners = self.engine.tools.listeners
+        listeners.append(changed.set)
+        return Response(_notifications(changed, lambda: listeners.remove(changed.set)),
+                        mimetype="text/event-stream", headers=SSE_HEADERS)
+
+    def delete(self) -> Response:
+        try:
+            user_id = self.user()
+            session_id = request.headers.get(SESSION_HEADER) or ""
+            link = self.links.get(session_id)
+            if link is None:
+                self.engine.find_session(session_id, user_id)  # 404 for none
+            elif link.live.user_id != user_id:
+                raise SessionNotFound(f"no session {session_id!r} for this user")
+            else:
+                link.close(1000, "MCP session ended")
+        except ProtoError as exc:
+            return _http_error(exc)
+        return Response(status=200)
+
+
+def _answer(request_id: Any, kind: str, payload: Any, version: str) -> dict[str, Any]:
+    """The JSON-RPC answer to a tools/call from what ended it."""
+    if kind == "done":
+        error = payload.get("error") or {}
+        if error.get("code") == "TOOL_NOT_FOUND":  # MCP: an unknown tool is a protocol error
+            return wire.error(request_id, wire.RpcError(wire.INVALID_PARAMS,
+                                                        error.get("message", "unknown tool")))
+        return wire.result(request_id, wire.call_result(payload, version))
+    if kind == "refused":
+        return wire.result(request_id, wire.refused_result(payload))
+    return wire.error(request_id, wire.RpcError(wire.CONNECTION_CLOSED, str(payload)))
+
+
+def _notifications(changed: gevent.event.Event, done: Callable[[], None]) -> Iterator[bytes]:
+    try:
+        yield b": stream open\n\n"
+        while True:
+            if changed.wait(timeout=KEEPALIVE_SECONDS):
+                changed.clear()
+                yield _sse(wire.notification("notifications/tools/list_changed"))
+            else:
+                yield b": keepalive\n\n"
+    finally:
+        done()
+
+
+def add_mcp_routes(bp: Blueprint, engine: "Engine",
+                   allowed_origins: "Iterable[str]") -> McpEndpoint:
+    """Mount /proto/mcp on the blueprint."""
+    endpoint = McpEndpoint(engine, allowed_origins)
+    bp.add_url_rule("/proto/mcp", "mcp_post", endpoint.post, methods=["POST"])
+    bp.add_url_rule("/proto/mcp", "mcp_get", endpoint.get, methods=["GET"])
+    bp.add_url_rule("/proto/mcp", "mcp_delete", endpoint.delete, methods=["DELETE"])
+    return endpoint
+
+
