@@ -1,0 +1,187 @@
+"""/proto/mcp on the raw wire, every message checked against the published wire types
+(``mcp.types``): version negotiation per revision, MCP's own JSON-RPC errors for what is
+not served, the transport's status codes (400, 403, 404, 406), progress over SSE, the GET
+stream, and DELETE."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import pytest
+import requests
+from pydantic import TypeAdapter
+
+from ..support import timeout
+from .conftest import STEPS, mcp_url
+
+types = pytest.importorskip("mcp.types")
+MESSAGE = TypeAdapter(types.JSONRPCMessage)
+ACCEPT = "application/json, text/event-stream"
+
+
+class Wire:
+    """One MCP session on the raw wire."""
+
+    def __init__(self, server: Any, version: str | None = "2025-11-25", **headers: str) -> None:
+        self.url = mcp_url(server)
+        self.headers = {"Authorization": f"Bearer {server.issue_token('wire')}",
+                        "Accept": ACCEPT, **headers}
+        self.version = version
+        self.session_id: str | None = None
+        self.ids = iter(range(1, 10_000))
+
+    def post(self, body: Any, **headers: str) -> requests.Response:
+        sent = dict(self.headers)
+        if self.session_id:
+            sent["Mcp-Session-Id"] = self.session_id
+        if self.version and self.session_id:
+            sent["MCP-Protocol-Version"] = self.version
+        sent.update(headers)
+        return requests.post(self.url, data=json.dumps(body), headers=sent,
+                             timeout=timeout(10), stream=True)
+
+    def request(self, method: str, params: dict[str, Any] | None = None,
+                **headers: str) -> requests.Response:
+        body: dict[str, Any] = {"jsonrpc": "2.0", "id": next(self.ids), "method": method}
+        if params is not None:
+            body["params"] = params
+        return self.post(body, **headers)
+
+    def initialize(self, version: str) -> Any:
+        resp = self.request("initialize", {"protocolVersion": version, "capabilities": {},
+                                           "clientInfo": {"name": "raw", "version": "0"}})
+        assert resp.status_code == 200, resp.text
+        self.session_id = resp.headers["Mcp-Session-Id"]
+        message = MESSAGE.validate_python(resp.json())
+        assert isinstance(message, types.JSONRPCResponse)
+        result = types.InitializeResult.model_validate(message.result)
+        note = self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert note.status_code == 202
+        return result
+
+    def result(self, resp: requests.Response) -> dict[str, Any]:
+        assert resp.status_code == 200, resp.text
+        message = MESSAGE.validate_python(resp.json())
+        assert isinstance(message, types.JSONRPCResponse), message
+        return message.result
+
+    def error(self, resp: requests.Response) -> Any:
+        message = MESSAGE.validate_python(resp.json())
+        assert isinstance(message, types.JSONRPCError), message
+        return message.error
+
+
+def sse_messages(resp: requests.Response) -> Iterator[Any]:
+    """The JSON-RPC messages of an SSE response, each validated."""
+    for block in resp.iter_content(chunk_size=None, decode_unicode=False):
+        for event in block.split(b"\n\n"):
+            data = [line[6:] for line in event.split(b"\n") if line.startswith(b"data: ")]
+            if data:
+                yield MESSAGE.validate_python(json.loads(b"\n".join(data)))
+
+
+@pytest.mark.parametrize("version", ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"])
+def test_each_served_revision_is_negotiated(app_server, version):
+    server, _ = app_server
+    wire = Wire(server, version if version >= "2025-06-18" else None)
+    init = wire.initialize(version)
+    assert init.protocol_version == version and init.capabilities.tools.list_changed
+    listed = types.ListToolsResult.model_validate(wire.result(wire.request("tools/list")))
+    echo = next(t for t in listed.tools if t.name == "echo")
+    called = types.CallToolResult.model_validate(
+        wire.result(wire.request("tools/call", {"name": "echo",
+                                                "arguments": {"message": "v"}})))
+    assert called.content[0].text == '{"echoed":"v"}'
+    structured = version >= "2025-06-18"  # outputSchema and structuredContent arrive then
+    assert (echo.output_schema is not None) is structured
+    assert (called.structured_content == {"echoed": "v"}) is structured
+
+
+def test_unknown_revision_gets_the_newest(app_server):
+    server, _ = app_server
+    assert Wire(server).initialize("2099-01-01").protocol_version == "2025-11-25"
+
+
+def test_what_is_not_served_gets_mcp_errors(app_server):
+    server, _ = app_server
+    wire = Wire(server)
+    wire.initialize("2025-11-25")
+    for method in ("server/discover", "resources/list", "prompts/get", "tasks/get"):
+        assert wire.error(wire.request(method, {})).code == -32601
+    assert wire.result(wire.request("ping")) == {}
+    batch = wire.post([{"jsonrpc": "2.0", "id": 9, "method": "ping"}])
+    assert batch.status_code == 400 and wire.error(batch).code == -32600
+    garbage = wire.post("not json")  # a JSON string, not a message
+    assert garbage.status_code == 400 and wire.error(garbage).code == -32600
+    bad_json = requests.post(wire.url, data=b"{", headers=wire.headers, timeout=timeout(5))
+    assert bad_json.status_code == 400 and wire.error(bad_json).code == -32700
+    bad_version = wire.request("ping", **{"MCP-Protocol-Version": "1999-01-01"})
+    assert bad_version.status_code == 400 and wire.error(bad_version).code == -32600
+    no_name = wire.request("tools/call", {"arguments": {}})
+    assert wire.error(no_name).code == -32602
+
+
+def test_session_header_rules(app_server):
+    server, _ = app_server
+    wire = Wire(server)
+    missing = wire.request("tools/list")
+    assert missing.status_code == 400 and wire.error(missing).code == -32600
+    wire.session_id = "0" * 32
+    assert wire.request("tools/list").status_code == 404
+    wire.initialize("2025-11-25")
+    other = Wire(server)  # another user's token with this session's id
+    other.headers["Authorization"] = f"Bearer {server.issue_token('mallory')}"
+    other.session_id = wire.session_id
+    assert other.request("tools/list").status_code == 404
+
+
+def test_origin_check(make_server):
+    same_only = make_server()  # no allowedOrigins: only the server's own origin
+    wire = Wire(same_only)
+    host = same_only.base_url.split("://", 1)[1]
+    body = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    refused = wire.post(body, Origin="http://evil.example")
+    assert refused.status_code == 403 and wire.error(refused).code == -32600
+    assert wire.post(body, Origin=f"http://{host}").status_code != 403
+    listed = make_server(allowedOrigins=["https://app.example"])
+    wire = Wire(listed)
+    assert wire.post(body, Origin="https://app.example").status_code != 403
+    assert wire.post(body, Origin=f"http://{host}").status_code == 403
+
+
+def test_progress_over_sse_and_a_result_at_the_end(app_server):
+    server, _ = app_server
+    wire = Wire(server)
+    wire.initialize("2025-11-25")
+    resp = wire.request("tools/call", {"name": "slow", "arguments": {"steps": STEPS},
+                                       "_meta": {"progressToken": "tok"}})
+    assert resp.status_code == 200 and resp.headers["Content-Type"].startswith(
+        "text/event-stream")
+    messages = list(sse_messages(resp))
+    notes = [types.ProgressNotification.model_validate(m.model_dump(by_alias=True))
+             for m in messages[:-1]]
+    assert [(n.params.progress, n.params.message) for n in notes] == \
+        [(100 * s / STEPS, f"step {s}") for s in range(1, STEPS + 1)]
+    assert all(n.params.progress_token == "tok" and n.params.total == 100 for n in notes)
+    assert isinstance(messages[-1], types.JSONRPCResponse)
+    assert types.CallToolResult.model_validate(messages[-1].result).structured_content == \
+        {"counted": STEPS}
+
+
+def test_get_stream_carries_list_changed_and_delete_ends_the_session(app_server):
+    server, _ = app_server
+    wire = Wire(server)
+    wire.initialize("2025-11-25")
+    headers = {**wire.headers, "Mcp-Session-Id": wire.session_id or ""}
+    assert requests.get(wire.url, headers={**headers, "Accept": "application/json"},
+                        timeout=timeout(5)).status_code == 406
+    with requests.get(wire.url, headers=headers, stream=True, timeout=timeout(10)) as stream:
+        assert stream.status_code == 200
+        chunks = stream.iter_content(chunk_size=None)
+        assert next(chunks).startswith(b":")  # open
+        server.unregister_tool("slow")
+        data = next(chunks)
+        message = MESSAGE.validate_python(json.loads(data.split(b"data: ", 1)[1]))
+        types.ToolListChangedNotification.model_validate(message.model_dump(by_alias=True))
+    assert requests.delete(wire.url, headers=headers, timeout=timeout(5)).status_code == 200
