@@ -28,6 +28,8 @@ class App:
     #: the call_ids whose cancel hook ran
     cancelled: list[str] = field(default_factory=list)
     started: threading.Event = field(default_factory=threading.Event)
+    #: tool name -> the ports of the servers (nodes) its calls ran on
+    ran_on: dict[str, list[int]] = field(default_factory=dict)
 
     def install(self, server: ProtoServer) -> None:
         server.register_tool(Tool(
@@ -45,8 +47,8 @@ class App:
     def _on_call(self, sender: Any, session_id: str, execution: Any) -> None:
         self.calls[execution.call_id] = session_id
 
-    @staticmethod
-    def _slow(params: dict[str, Any], session_id: str, call_id: str, server: Any) -> Any:
+    def _slow(self, params: dict[str, Any], session_id: str, call_id: str, server: Any) -> Any:
+        self.ran_on.setdefault("slow", []).append(server.port)
         steps = params["steps"]
         for step in range(1, steps + 1):
             server.send_tool_update(session_id, call_id, "RUNNING", 100 * step / steps,
@@ -55,6 +57,7 @@ class App:
         return {"counted": steps}
 
     def _wait(self, params: Any, session_id: str, call_id: str, server: Any) -> Any:
+        self.ran_on.setdefault("wait", []).append(server.port)
         server.send_tool_update(session_id, call_id, "RUNNING", 10, partial="waiting")
         self.started.set()
         try:

@@ -4,16 +4,26 @@
 //   node client.mjs calls <url> <token>    tools/list, add, echo, a schema error, the slow
 //                                           tool with every progress notification, then
 //                                           the waiting tool aborted (notifications/cancelled)
+//   node client.mjs calls <url> <token> <url-b>   the same, every request but initialize
+//                                           sent to <url-b> (another node of a cluster)
 //   node client.mjs refused <url> <token>  connects with a refused token: prints the error
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
-const [mode, url, token] = process.argv.slice(2);
+const [mode, url, token, urlB] = process.argv.slice(2);
 const out = (obj) => process.stdout.write(JSON.stringify(obj) + "\n");
+
+// With <url-b>: initialize to <url>, everything else to <url-b>.
+const routed = (input, init) => {
+  const body = typeof init?.body === "string" ? init.body : "";
+  const initialize = body.includes('"method":"initialize"');
+  return fetch(urlB && !initialize ? urlB : input, init);
+};
 
 const client = new Client({ name: "protoflask-node-test", version: "1.0.0" });
 const transport = new StreamableHTTPClientTransport(new URL(url), {
   requestInit: { headers: { Authorization: `Bearer ${token}` } },
+  fetch: routed,
 });
 
 if (mode === "refused") {
