@@ -12,8 +12,8 @@ import pytest
 import requests
 from pydantic import TypeAdapter
 
-from ..support import timeout
-from .conftest import STEPS, mcp_url
+from ..support import timeout, wait_for
+from .conftest import STEPS, App, mcp_url
 
 types = pytest.importorskip("mcp.types")
 MESSAGE = TypeAdapter(types.JSONRPCMessage)
@@ -185,3 +185,40 @@ def test_get_stream_carries_list_changed_and_delete_ends_the_session(app_server)
         message = MESSAGE.validate_python(json.loads(data.split(b"data: ", 1)[1]))
         types.ToolListChangedNotification.model_validate(message.model_dump(by_alias=True))
     assert requests.delete(wire.url, headers=headers, timeout=timeout(5)).status_code == 200
+
+
+def test_heartbeat_pings_are_answered_by_the_link(make_server):
+    """The session's heartbeat PINGs the MCP link like any transport; the link answers,
+    so the session survives many intervals (no timeout, no 404)."""
+    server = make_server(heartbeatInterval=50, heartbeatTimeout=50)
+    wire = Wire(server)
+    wire.initialize("2025-11-25")
+    session_id = wire.session_id
+    wait_for(lambda: int((server.get_session(session_id or "") or {})
+                         .get("lastDeliveredSeq") or 0) >= 10, 10, "ten PINGs")
+    called = types.CallToolResult.model_validate(wire.result(wire.request(
+        "tools/call", {"name": "add", "arguments": {"a": 1, "b": 2}})))
+    assert called.structured_content == {"result": 3}
+    assert (server.get_session(session_id or "") or {}).get("connected") is True
+
+
+def test_limits_are_the_native_ones(make_server):
+    """maxConcurrentRuns and the tool queue apply to MCP calls as to native ones: with one
+    run and no queue, a second call while one runs is MAX_RUNS_EXCEEDED (a tool error).
+    (The inline built-ins skip the pool, natively too.)"""
+    server = make_server(maxConcurrentRuns=1, toolQueueSize=0)
+    app = App()
+    app.install(server)
+    wire = Wire(server)
+    wire.initialize("2025-11-25")
+    first = wire.post({"jsonrpc": "2.0", "id": "first", "method": "tools/call",
+                       "params": {"name": "wait", "arguments": {},
+                                  "_meta": {"progressToken": 1}}})
+    assert app.started.wait(timeout(10))
+    second = types.CallToolResult.model_validate(wire.result(wire.request(
+        "tools/call", {"name": "slow", "arguments": {"steps": 1}})))
+    assert second.is_error and second.content[0].text.startswith("MAX_RUNS_EXCEEDED")
+    wire.post({"jsonrpc": "2.0", "method": "notifications/cancelled",
+               "params": {"requestId": "first"}})
+    assert [m for m in sse_messages(first) if isinstance(m, types.JSONRPCResponse)] == []
+    assert wait_for(lambda: app.cancelled, 10, "the cancel hook")
