@@ -24,7 +24,7 @@ from flask import Blueprint, Response, request
 from ..auth import token_from_request
 from ..core.errors import MissingToken, ProtoError, SessionNotFound
 from ..origins import OriginPolicy, normalize_origin
-from . import wire
+from . import task_calls, wire
 from .link import McpLink
 
 if TYPE_CHECKING:
@@ -74,6 +74,8 @@ class McpEndpoint:
         self.engine = engine
         self.origins = OriginPolicy(allowed_origins)
         self.links: dict[str, McpLink] = {}
+        #: how long a task's result is kept: its TOOL_DONE's time in the replay window
+        self.ttl_ms = engine.config.replay_window_time
         self._linking = gevent.lock.Semaphore()
 
     # -- checks every request meets ---------------------------------------------------------
@@ -205,6 +207,9 @@ class McpEndpoint:
             return _json(wire.result(request_id, wire.tool_listing(tools, version)))
         if method == "tools/call":
             return self._call(request_id, params, session_id, user_id, version)
+        if method.startswith("tasks/") and wire.at_least(version, wire.TASKS_SINCE):
+            return _json(self._task(method, request_id, params,
+                                    self.link_for(session_id, user_id), version))
         raise wire.RpcError(wire.METHOD_NOT_FOUND, f"method not found: {method}")
 
     def _call(self, request_id: Any, params: dict[str, Any], session_id: str, user_id: str,
@@ -217,6 +222,9 @@ class McpEndpoint:
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
         link = self.link_for(session_id, user_id)
+        if isinstance(params.get("task"), dict) and wire.at_least(version, wire.TASKS_SINCE):
+            return _json(task_calls.start(link, request_id, name, arguments, self.ttl_ms,
+                                          _answer, version))
         call_id = call_id_for(request_id)
         queue = link.start_call(call_id, name, arguments)
         if token is None or "text/event-stream" not in request.headers.get("Accept", ""):
@@ -229,6 +237,18 @@ class McpEndpoint:
                 link.forget(call_id)
         return Response(self._stream(link, call_id, queue, request_id, token, version),
                         mimetype="text/event-stream", headers=SSE_HEADERS)
+
+    def _task(self, method: str, request_id: Any, params: dict[str, Any], link: McpLink,
+              version: str) -> dict[str, Any]:
+        if method == "tasks/get":
+            return task_calls.get(link, request_id, params, self.ttl_ms)
+        if method == "tasks/result":
+            return task_calls.result(link, request_id, params, _answer, version)
+        if method == "tasks/cancel":
+            return task_calls.cancel(link, request_id, params, self.ttl_ms)
+        if method == "tasks/list":
+            return task_calls.listing(link, request_id, self.ttl_ms)
+        raise wire.RpcError(wire.METHOD_NOT_FOUND, f"method not found: {method}")
 
     @staticmethod
     def _stream(link: McpLink, call_id: str, queue: Any, request_id: Any, token: Any,

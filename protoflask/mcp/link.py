@@ -114,6 +114,15 @@ class McpLink:
         self.drain()
         return queue
 
+    def watch(self, call_id: str) -> "gevent.queue.Queue[Item] | None":
+        """A queue that hears the end of a call already sent (a task's), or None when a
+        request waits for it already."""
+        if self.closed or call_id in self._waiting:
+            return None
+        queue: gevent.queue.Queue[Item] = gevent.queue.Queue()
+        self._waiting[call_id] = queue
+        return queue
+
     def forget(self, call_id: str) -> None:
         """The request waiting for ``call_id`` is gone (answered, or its client left)."""
         self._waiting.pop(call_id, None)

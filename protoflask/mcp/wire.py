@@ -19,6 +19,8 @@ LATEST = VERSIONS[-1]
 DEFAULT_VERSION = "2025-03-26"
 #: From this revision on a tool has ``outputSchema`` and a result ``structuredContent``.
 STRUCTURED_SINCE = "2025-06-18"
+#: From this revision on a tools/call may run as a task (tasks/get, tasks/result...)
+TASKS_SINCE = "2025-11-25"
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -94,8 +96,11 @@ def notification(method: str, params: dict[str, Any] | None = None) -> dict[str,
 
 
 def initialize_result(version: str) -> dict[str, Any]:
-    return {"protocolVersion": version,
-            "capabilities": {"tools": {"listChanged": True}},
+    capabilities: dict[str, Any] = {"tools": {"listChanged": True}}
+    if at_least(version, TASKS_SINCE):
+        capabilities["tasks"] = {"list": {}, "cancel": {},
+                                 "requests": {"tools": {"call": {}}}}
+    return {"protocolVersion": version, "capabilities": capabilities,
             "serverInfo": SERVER_INFO,
             "instructions": "protoflask tools (docs/MCP.md)"}
 
@@ -109,6 +114,7 @@ def tool_listing(tools: Iterable[dict[str, Any]], version: str) -> dict[str, Any
     schema without a type is published as an object's; an output schema that is not an
     object's is left out (the text content still carries the result)."""
     structured = at_least(version, STRUCTURED_SINCE)
+    tasks = at_least(version, TASKS_SINCE)
     listed = []
     for tool in tools:
         entry = {"name": tool["name"], "description": tool["description"],
@@ -116,6 +122,8 @@ def tool_listing(tools: Iterable[dict[str, Any]], version: str) -> dict[str, Any
         output = tool.get("outputSchema")
         if structured and isinstance(output, dict) and output.get("type") == "object":
             entry["outputSchema"] = output
+        if tasks:  # any call may run as a task, or not
+            entry["execution"] = {"taskSupport": "optional"}
         listed.append(entry)
     return {"tools": listed}
 

@@ -107,8 +107,11 @@ def test_what_is_not_served_gets_mcp_errors(app_server):
     server, _ = app_server
     wire = Wire(server)
     wire.initialize("2025-11-25")
-    for method in ("server/discover", "resources/list", "prompts/get", "tasks/get"):
+    for method in ("server/discover", "resources/list", "prompts/get"):
         assert wire.error(wire.request(method, {})).code == -32601
+    older = Wire(server, "2025-06-18")  # Tasks arrive with 2025-11-25
+    older.initialize("2025-06-18")
+    assert older.error(older.request("tasks/get", {"taskId": "x"})).code == -32601
     assert wire.result(wire.request("ping")) == {}
     batch = wire.post([{"jsonrpc": "2.0", "id": 9, "method": "ping"}])
     assert batch.status_code == 400 and wire.error(batch).code == -32600
