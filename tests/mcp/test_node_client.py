@@ -83,3 +83,27 @@ def test_node_sdk_refused_token(app_server, node_client):
     server, _ = app_server
     refused = node_client("refused", mcp_url(server), "not-a-token")("refused")
     assert refused["code"] == 401 or "401" in refused["message"]
+
+
+def test_node_sdk_tasks(app_server, node_client):
+    """The TypeScript SDK's experimental Tasks client (the one published client that
+    speaks Tasks): callToolStream creates, polls and fetches a task; cancelTask ends one."""
+    server, app = app_server
+    expect = node_client("tasks", mcp_url(server), server.issue_token("node-tasks"))
+    seen = expect("stream")["seen"]
+    assert seen[0]["type"] == "taskCreated" and seen[0]["task"]["status"] == "working"
+    assert seen[-2]["type"] == "taskStatus" and seen[-2]["task"]["status"] == "completed"
+    assert seen[-1] == {"type": "result", "result": {
+        "content": [{"type": "text", "text": '{"counted":5}'}], "isError": False,
+        "structuredContent": {"counted": STEPS},
+        "_meta": {"io.modelcontextprotocol/related-task": {
+            "taskId": seen[0]["task"]["taskId"]}}}}
+    task_id = expect("created")["task"]["taskId"]
+    assert expect("cancelled")["task"]["status"] == "cancelled"
+    assert expect("after")["task"]["status"] == "cancelled"
+    listed = {t["taskId"]: t["status"] for t in expect("list")["tasks"]}
+    assert listed == {seen[0]["task"]["taskId"]: "completed", task_id: "cancelled"}
+    expect("end")
+    call_id, done = wait_cancelled(app, server)
+    assert call_id == f"mcp-task:{task_id}"
+    assert done == [{"call_id": call_id, "status": "CANCELLED"}]

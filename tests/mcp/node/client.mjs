@@ -6,6 +6,10 @@
 //                                           the waiting tool aborted (notifications/cancelled)
 //   node client.mjs calls <url> <token> <url-b>   the same, every request but initialize
 //                                           sent to <url-b> (another node of a cluster)
+//   node client.mjs tasks <url> <token>    the SDK's experimental Tasks client: the slow
+//                                           tool through callToolStream (task created,
+//                                           polled, result), then the waiting tool as a
+//                                           task cancelled with cancelTask
 //   node client.mjs refused <url> <token>  connects with a refused token: prints the error
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
@@ -33,6 +37,30 @@ if (mode === "refused") {
   } catch (err) {
     out({ kind: "refused", code: err.code ?? null, message: String(err.message ?? err) });
   }
+  process.exit(0);
+}
+
+if (mode === "tasks") {
+  await client.connect(transport);
+  await client.listTools(); // the SDK learns which tools may run as tasks
+  const tasks = client.experimental.tasks;
+  const seen = [];
+  for await (const message of tasks.callToolStream({ name: "slow", arguments: { steps: 5 } })) {
+    seen.push(message.type === "result" ? { type: "result", result: message.result }
+      : message.type === "error" ? { type: "error", error: String(message.error) }
+      : { type: message.type, task: message.task });
+  }
+  out({ kind: "stream", seen });
+  const created = await client.request(
+    { method: "tools/call", params: { name: "wait", arguments: {}, task: {} } },
+    (await import("@modelcontextprotocol/sdk/types.js")).CreateTaskResultSchema);
+  out({ kind: "created", task: created.task });
+  out({ kind: "cancelled", task: await tasks.cancelTask(created.task.taskId) });
+  out({ kind: "after", task: await tasks.getTask(created.task.taskId) });
+  out({ kind: "list", tasks: (await tasks.listTasks()).tasks });
+  await transport.terminateSession();
+  await client.close();
+  out({ kind: "end" });
   process.exit(0);
 }
 
