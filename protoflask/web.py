@@ -24,7 +24,7 @@ from .core.errors import InvalidMessage, OriginNotAllowed, ProtoError
 from .dashboard import add_dashboard_routes
 from .clock import now_ms
 from .logs import redacted_query
-from .mcp import add_mcp_routes
+from .mcp import McpEndpoint, add_mcp_routes
 from .metrics import metrics_response
 from .origins import OriginPolicy
 from .transports import sse, stream, websocket as ws
@@ -71,6 +71,8 @@ class WebContext:
     #: the Flask app is the server's own (not an application's): the page may take "/"
     #: and every error is answered as JSON
     own_app: bool
+    #: /proto/mcp (docs/MCP.md): its routes here, its POSTs also in post_lane.py
+    mcp: McpEndpoint
 
 
 class ConnectionTakenOver(StopIteration):
@@ -208,7 +210,7 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
     def http_stream() -> Response:
         return _live(stream.handle_post(engine, request))
 
-    add_mcp_routes(bp, engine, config.allowed_origins)  # /proto/mcp (docs/MCP.md)
+    add_mcp_routes(bp, ctx.mcp)  # /proto/mcp (docs/MCP.md)
 
     @bp.after_request
     def _finish(response: Response) -> Response:

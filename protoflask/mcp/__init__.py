@@ -3,6 +3,6 @@ clients over the Streamable HTTP transport (docs/MCP.md). It sits beside ``web``
 only the engine's public surface: an MCP session holds a protoflask session through a
 transport of its own (``link``), and a tools/call is a native TOOL_CALL."""
 
-from .endpoint import McpEndpoint, add_mcp_routes
+from .endpoint import Answer, McpEndpoint, add_mcp_routes
 
-__all__ = ["McpEndpoint", "add_mcp_routes"]
+__all__ = ["Answer", "McpEndpoint", "add_mcp_routes"]

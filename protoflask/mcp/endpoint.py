@@ -14,7 +14,8 @@ protoflask session's id, so a request may land on any node of a cluster.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple
+from urllib.parse import parse_qsl
 
 import gevent.event
 import gevent.lock
@@ -22,8 +23,9 @@ import orjson
 from flask import Blueprint, Response, request
 
 from ..auth import token_from_request
-from ..core.errors import MissingToken, ProtoError, SessionNotFound
+from ..core.errors import MessageTooLarge, MissingToken, ProtoError, SessionNotFound
 from ..origins import OriginPolicy, normalize_origin
+from ..transports.request_body import read_body
 from . import task_calls, wire
 from .link import McpLink
 
@@ -41,20 +43,59 @@ VERSION_HEADER = "MCP-Protocol-Version"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status=status, mimetype="application/json",
-                    headers=headers)
+class Answer(NamedTuple):
+    """An HTTP answer before any web framework shapes it (Flask's route and protoflask's
+    own app's lane, post_lane.py, both send it)."""
+
+    status: int
+    body: bytes | Iterator[bytes]
+    mimetype: str | None = "application/json"
+    headers: dict[str, str] | None = None
+
+    @property
+    def streamed(self) -> bool:
+        return not isinstance(self.body, bytes)
+
+    def response(self) -> Response:
+        return Response(self.body, status=self.status, mimetype=self.mimetype,
+                        headers=self.headers)
 
 
-def _rpc_error(request_id: Any, exc: wire.RpcError, status: int = 200) -> Response:
+class Req:
+    """What a request to /proto/mcp is read for, from its WSGI environ."""
+
+    __slots__ = ("environ", "_args")
+
+    def __init__(self, environ: dict[str, Any]) -> None:
+        self.environ = environ
+        self._args: dict[str, str] | None = None
+
+    def header(self, name: str) -> str | None:
+        value: str | None = self.environ.get("HTTP_" + name.upper().replace("-", "_"))
+        return value
+
+    def arg(self, name: str) -> str | None:
+        if self._args is None:
+            query = self.environ.get("QUERY_STRING", "")
+            self._args = dict(reversed(parse_qsl(query))) if query else {}
+        return self._args.get(name)
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Answer:
+    return Answer(status, orjson.dumps(body), "application/json", headers)
+
+
+def _rpc_error(request_id: Any, exc: wire.RpcError, status: int = 200) -> Answer:
     return _json(wire.error(request_id, exc), status)
 
 
-def _http_error(exc: ProtoError) -> Response:
-    response = _json(exc.to_http_body(), exc.http_status)
-    if exc.http_status == 401:
-        response.headers["WWW-Authenticate"] = 'Bearer realm="protoflask"'
-    return response
+def _http_error(exc: ProtoError) -> Answer:
+    headers = {"WWW-Authenticate": 'Bearer realm="protoflask"'} \
+        if exc.http_status == 401 else None
+    return _json(exc.to_http_body(), exc.http_status, headers)
+
+
+ACCEPTED = Answer(202, b"", None)
 
 
 def _sse(message: dict[str, Any]) -> bytes:
@@ -80,25 +121,25 @@ class McpEndpoint:
 
     # -- checks every request meets ---------------------------------------------------------
 
-    def origin_allowed(self) -> bool:
+    def origin_allowed(self, req: Req) -> bool:
         """The MCP specification's DNS-rebinding guard: a browser's Origin must be in
         allowedOrigins, or (with no list) be the origin the request was sent to."""
-        origin = request.headers.get("Origin")
+        origin = req.header("Origin")
         if origin is None:
             return True
         if self.origins.restricted:
             return self.origins.allows(origin)
+        scheme = req.environ.get("wsgi.url_scheme", "http")
         try:
             host = normalize_origin(origin).split("://", 1)[1]
-            own = normalize_origin(f"{request.scheme}://{request.host}").split("://", 1)[1]
+            own = normalize_origin(f"{scheme}://{req.header('Host')}").split("://", 1)[1]
         except ValueError:
             return False
         return host == own
 
-    def user(self) -> str:
-        token = token_from_request(request.args.get("token"),
-                                   request.headers.get("Authorization"))
-        ticket = request.args.get("ticket")
+    def user(self, req: Req) -> str:
+        token = token_from_request(req.arg("token"), req.header("Authorization"))
+        ticket = req.arg("ticket")
         if not token and not ticket:
             raise MissingToken("a Bearer token is required")
         return self.engine.authenticate(token, ticket)
@@ -131,40 +172,43 @@ class McpEndpoint:
 
     # -- routes -------------------------------------------------------------------------------
 
-    def post(self) -> Response:
-        if not self.origin_allowed():
+    def post(self, environ: dict[str, Any]) -> Answer:
+        """POST /proto/mcp, from the WSGI environ."""
+        req = Req(environ)
+        if not self.origin_allowed(req):
             return _rpc_error(None, wire.RpcError(wire.INVALID_REQUEST,
                                                   "Origin not allowed"), 403)
         try:
-            user_id = self.user()
+            user_id = self.user(req)
+            config = self.engine.config
+            body = read_body(environ, config.max_message_size, config.body_timeout)
+        except MessageTooLarge as exc:
+            return _rpc_error(None, wire.RpcError(wire.INVALID_REQUEST, exc.message), 413)
         except ProtoError as exc:
             return _http_error(exc)
-        body = request.get_data(cache=False)
-        if len(body) > self.engine.config.max_message_size:
-            return _rpc_error(None, wire.RpcError(wire.INVALID_REQUEST,
-                                                  "message too large"), 413)
         try:
             message = wire.parse_message(body)
         except wire.RpcError as exc:
             return _rpc_error(None, exc, 400)
         method, request_id = message.get("method"), message.get("id")
         if method is None:  # a response to a request of ours: none are sent
-            return Response(status=202)
+            return ACCEPTED
         params = message.get("params") or {}
         try:
             if method == "initialize":
                 return self._initialize(user_id, request_id, params)
-            session_id = request.headers.get(SESSION_HEADER)
+            session_id = req.header(SESSION_HEADER)
             if not session_id:
                 raise wire.RpcError(wire.INVALID_REQUEST, f"the {SESSION_HEADER} header is "
                                     "required after initialize")
-            version = request.headers.get(VERSION_HEADER) or wire.DEFAULT_VERSION
+            version = req.header(VERSION_HEADER) or wire.DEFAULT_VERSION
             if version not in wire.VERSIONS:
                 raise wire.RpcError(wire.INVALID_REQUEST, f"unsupported {VERSION_HEADER} "
                                     f"{version!r}; served: {', '.join(wire.VERSIONS)}")
             if "id" not in message:
                 return self._notification(method, params, session_id, user_id)
-            return self._request(method, request_id, params, session_id, user_id, version)
+            return self._request(method, request_id, params, session_id, user_id, version,
+                                 "text/event-stream" in (req.header("Accept") or ""))
         except wire.RpcError as exc:
             return _rpc_error(request_id, exc, 400 if exc.code == wire.INVALID_REQUEST else 200)
         except ProtoError as exc:
@@ -173,7 +217,7 @@ class McpEndpoint:
                                                             str(exc.message)), 404)
             return _http_error(exc)
 
-    def _initialize(self, user_id: str, request_id: Any, params: dict[str, Any]) -> Response:
+    def _initialize(self, user_id: str, request_id: Any, params: dict[str, Any]) -> Answer:
         if request_id is None:
             raise wire.RpcError(wire.INVALID_REQUEST, "initialize is a request")
         version = wire.negotiate(params.get("protocolVersion"))
@@ -190,15 +234,15 @@ class McpEndpoint:
                      headers={SESSION_HEADER: live.id})
 
     def _notification(self, method: str, params: dict[str, Any], session_id: str,
-                      user_id: str) -> Response:
+                      user_id: str) -> Answer:
         if method == "notifications/cancelled":
             request_id = params.get("requestId")
             if request_id is not None:
                 self.link_for(session_id, user_id).cancel(call_id_for(request_id))
-        return Response(status=202)  # initialized, progress, roots: nothing to do
+        return ACCEPTED  # initialized, progress, roots: nothing to do
 
     def _request(self, method: str, request_id: Any, params: dict[str, Any],
-                 session_id: str, user_id: str, version: str) -> Response:
+                 session_id: str, user_id: str, version: str, sse: bool) -> Answer:
         if method == "ping":
             return _json(wire.result(request_id, {}))
         if method == "tools/list":
@@ -206,14 +250,14 @@ class McpEndpoint:
             tools = [tool.to_dict() for tool in self.engine.tools]
             return _json(wire.result(request_id, wire.tool_listing(tools, version)))
         if method == "tools/call":
-            return self._call(request_id, params, session_id, user_id, version)
+            return self._call(request_id, params, session_id, user_id, version, sse)
         if method.startswith("tasks/") and wire.at_least(version, wire.TASKS_SINCE):
             return _json(self._task(method, request_id, params,
                                     self.link_for(session_id, user_id), version))
         raise wire.RpcError(wire.METHOD_NOT_FOUND, f"method not found: {method}")
 
     def _call(self, request_id: Any, params: dict[str, Any], session_id: str, user_id: str,
-              version: str) -> Response:
+              version: str, sse: bool) -> Answer:
         name = params.get("name")
         if not isinstance(name, str):
             raise wire.RpcError(wire.INVALID_PARAMS, "tools/call needs a tool name")
@@ -227,7 +271,7 @@ class McpEndpoint:
                                           _answer, version))
         call_id = call_id_for(request_id)
         queue = link.start_call(call_id, name, arguments)
-        if token is None or "text/event-stream" not in request.headers.get("Accept", ""):
+        if token is None or not sse:
             try:
                 while True:
                     kind, payload = queue.get()
@@ -235,8 +279,8 @@ class McpEndpoint:
                         return _json(_answer(request_id, kind, payload, version))
             finally:
                 link.forget(call_id)
-        return Response(self._stream(link, call_id, queue, request_id, token, version),
-                        mimetype="text/event-stream", headers=SSE_HEADERS)
+        return Answer(200, self._stream(link, call_id, queue, request_id, token, version),
+                      "text/event-stream", SSE_HEADERS)
 
     def _task(self, method: str, request_id: Any, params: dict[str, Any], link: McpLink,
               version: str) -> dict[str, Any]:
@@ -271,30 +315,34 @@ class McpEndpoint:
         finally:
             link.forget(call_id)
 
-    def get(self) -> Response:
+    def get(self, environ: dict[str, Any]) -> Answer:
         """The server-to-client stream: notifications/tools/list_changed."""
-        if not self.origin_allowed():
+        req = Req(environ)
+        if not self.origin_allowed(req):
             return _rpc_error(None, wire.RpcError(wire.INVALID_REQUEST,
                                                   "Origin not allowed"), 403)
-        if "text/event-stream" not in request.headers.get("Accept", ""):
+        if "text/event-stream" not in (req.header("Accept") or ""):
             return _json({"error": {"code": "INVALID_MESSAGE", "message":
                                     "GET /proto/mcp is an event stream"}}, 406)
         try:
-            user_id = self.user()
-            session_id = request.headers.get(SESSION_HEADER) or ""
-            self.link_for(session_id, user_id)
+            user_id = self.user(req)
+            self.link_for(req.header(SESSION_HEADER) or "", user_id)
         except ProtoError as exc:
             return _http_error(exc)
         changed = gevent.event.Event()
         listeners = self.engine.tools.listeners
         listeners.append(changed.set)
-        return Response(_notifications(changed, lambda: listeners.remove(changed.set)),
-                        mimetype="text/event-stream", headers=SSE_HEADERS)
+        return Answer(200, _notifications(changed, lambda: listeners.remove(changed.set)),
+                      "text/event-stream", SSE_HEADERS)
 
-    def delete(self) -> Response:
+    def delete(self, environ: dict[str, Any]) -> Answer:
+        req = Req(environ)
+        if not self.origin_allowed(req):
+            return _rpc_error(None, wire.RpcError(wire.INVALID_REQUEST,
+                                                  "Origin not allowed"), 403)
         try:
-            user_id = self.user()
-            session_id = request.headers.get(SESSION_HEADER) or ""
+            user_id = self.user(req)
+            session_id = req.header(SESSION_HEADER) or ""
             link = self.links.get(session_id)
             if link is None:
                 self.engine.find_session(session_id, user_id)  # 404 for none
@@ -304,7 +352,7 @@ class McpEndpoint:
                 link.close(1000, "MCP session ended")
         except ProtoError as exc:
             return _http_error(exc)
-        return Response(status=200)
+        return Answer(200, b"", None)
 
 
 def _answer(request_id: Any, kind: str, payload: Any, version: str) -> dict[str, Any]:
@@ -333,13 +381,16 @@ def _notifications(changed: gevent.event.Event, done: Callable[[], None]) -> Ite
         done()
 
 
-def add_mcp_routes(bp: Blueprint, engine: "Engine",
-                   allowed_origins: "Iterable[str]") -> McpEndpoint:
-    """Mount /proto/mcp on the blueprint."""
-    endpoint = McpEndpoint(engine, allowed_origins)
-    bp.add_url_rule("/proto/mcp", "mcp_post", endpoint.post, methods=["POST"])
-    bp.add_url_rule("/proto/mcp", "mcp_get", endpoint.get, methods=["GET"])
-    bp.add_url_rule("/proto/mcp", "mcp_delete", endpoint.delete, methods=["DELETE"])
-    return endpoint
+def add_mcp_routes(bp: Blueprint, endpoint: McpEndpoint) -> None:
+    """Mount /proto/mcp on the blueprint (on protoflask's own app, post_lane.py answers
+    its POSTs in front of Flask with the same Answer)."""
+    def route(handle: Callable[[dict[str, Any]], Answer]) -> Callable[[], Response]:
+        def view() -> Response:
+            return handle(request.environ).response()
+        return view
+
+    bp.add_url_rule("/proto/mcp", "mcp_post", route(endpoint.post), methods=["POST"])
+    bp.add_url_rule("/proto/mcp", "mcp_get", route(endpoint.get), methods=["GET"])
+    bp.add_url_rule("/proto/mcp", "mcp_delete", route(endpoint.delete), methods=["DELETE"])
 
 
