@@ -107,6 +107,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=5000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = ap.parse_args()
     server = make_server(None)
     server.engine.ensure_running()
@@ -117,6 +118,9 @@ def main() -> None:
     }
     us = {name: min(run() for _ in range(args.repeat)) / args.n * 1e6
           for name, run in rows.items()}
+    if args.json:
+        print(orjson.dumps({"us_per_call": us, "calls": args.n}).decode())
+        return
     for name, value in us.items():
         print(f"{name}: {value:.1f} us/call")
     ratio = us["mcp"] / us["native-http"]

@@ -14,6 +14,7 @@ protoflask session's id, so a request may land on any node of a cluster.
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple
 from urllib.parse import parse_qsl
 
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 IDLE_SECONDS = 300.0
 #: Longest pause between two writes on the GET stream
 KEEPALIVE_SECONDS = 15.0
+#: JSON-RPC ids longer than this (as JSON) name their call by a hash
+MAX_PLAIN_ID = 200
 SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -104,8 +107,11 @@ def _sse(message: dict[str, Any]) -> bytes:
 
 def call_id_for(request_id: Any) -> str:
     """The TOOL_CALL call_id of a tools/call request: derived from its JSON-RPC id, so a
-    cancellation names the call on any node without a lookup."""
-    return "mcp:" + orjson.dumps(request_id).decode()
+    cancellation names the call on any node without a lookup (a long id by its hash)."""
+    text = orjson.dumps(request_id).decode()
+    if len(text) > MAX_PLAIN_ID:
+        return "mcp:sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    return "mcp:" + text
 
 
 class McpEndpoint:

@@ -89,14 +89,19 @@ class McpLink:
     # -- upstream ---------------------------------------------------------------------------
 
     def send(self, type_: str, channel: str, payload: dict[str, Any],
-             message_id: str | None = None) -> None:
-        """Hand the session one envelope, as a client's transport would."""
+             message_id: str | None = None) -> bool:
+        """Hand the session one envelope, as a client's transport would; False (and
+        nothing sent) for one over maxMessageSize, which the session would answer by
+        closing its transport."""
         self._last_used = now_ms()
         core = self.live.core
-        envelope = {"id": message_id or uuid.uuid4().hex, "session": core.id,
-                    "seq": str(core.upstream_seq + 1), "ts": str(now_ms()), "type": type_,
-                    "channel": channel, "payload": payload}
-        self.engine.receive(self.live, orjson.dumps(envelope))
+        envelope = orjson.dumps({"id": message_id or uuid.uuid4().hex, "session": core.id,
+                                 "seq": str(core.upstream_seq + 1), "ts": str(now_ms()),
+                                 "type": type_, "channel": channel, "payload": payload})
+        if len(envelope) > self.engine.config.max_message_size:
+            return False
+        self.engine.receive(self.live, envelope)
+        return True
 
     def hello(self) -> None:
         self.send("HELLO", "SYSTEM", {"proto_version": "1.1.2", "accept_major": [1],
@@ -108,10 +113,27 @@ class McpLink:
         if self.closed:
             queue.put(("closed", "the MCP session's link closed"))
             return queue
-        self._waiting[call_id] = queue
-        self.send("TOOL_CALL", "USER", {"call_id": call_id, "tool": tool, "params": params},
-                  message_id=call_id)
-        self.drain()
+        for attempt in range(2):
+            if not self.send("TOOL_CALL", "USER", {"call_id": call_id, "tool": tool,
+                                                    "params": params}, message_id=call_id):
+                queue.put(("refused", {"code": "MESSAGE_TOO_LARGE", "message":
+                                       "the call's envelope exceeds maxMessageSize"}))
+                return queue
+            self._waiting[call_id] = queue
+            self.drain()
+            if attempt or queue.empty() or queue.peek()[1].get("code") \
+                    != "INSUFFICIENT_CREDITS":
+                break
+            # refused for byte credit while message credit was left: the refusal gave the
+            # channel its bytes back (docs/PROTOCOL.md §5.1), so the call goes again once,
+            # as a client that read the FLOW_UPDATE would send it
+            queue.get()
+        if queue.empty() and call_id not in self.live.core.calls:
+            # the session took the message without opening the call or naming it in an
+            # ERROR (a retransmitted seq, say): never leave the request waiting for nothing
+            self._waiting.pop(call_id, None)
+            queue.put(("refused", {"code": "INVALID_MESSAGE",
+                                   "message": "the session did not accept the call"}))
         return queue
 
     def watch(self, call_id: str) -> "gevent.queue.Queue[Item] | None":

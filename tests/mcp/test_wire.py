@@ -225,3 +225,36 @@ def test_limits_are_the_native_ones(make_server):
                "params": {"requestId": "first"}})
     assert [m for m in sse_messages(first) if isinstance(m, types.JSONRPCResponse)] == []
     assert wait_for(lambda: app.cancelled, 10, "the cancel hook")
+
+
+def test_misbehaving_calls_get_answers_and_leave_the_session_working(app_server):
+    """Arguments that are not an object, a JSON-RPC id of 300 kB, an envelope that would
+    pass maxMessageSize: each is answered (never a hang, never a 500), and the session
+    and its link still serve the next call."""
+    server, _ = app_server
+    wire = Wire(server)
+    wire.initialize("2025-11-25")
+
+    def call(request_id: Any, arguments: Any) -> Any:
+        resp = wire.post({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                          "params": {"name": "echo", "arguments": arguments}})
+        return types.CallToolResult.model_validate(wire.result(resp))
+
+    for arguments in ("text", [1, 2], 5):
+        refused = call(1, arguments)
+        assert refused.is_error and refused.content[0].text.startswith("INVALID_MESSAGE")
+    assert call("y" * 300_000, {"message": "long id"}).structured_content == \
+        {"echoed": "long id"}
+    limit = server.config.max_message_size
+    # near the limit twice: the second runs out of byte credit, whose refusal restores
+    # the channel's bytes (§5.1), and the link sends it again once
+    for request_id in (20, 21):
+        near = call(request_id, {"message": "z" * (limit // 2)})
+        assert near.structured_content == {"echoed": "z" * (limit // 2)}
+    # a body under maxMessageSize whose envelope would not be
+    wrapper = len(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "echo", "arguments": {"message": ""}}}))
+    over = call(2, {"message": "z" * (limit - wrapper - 10)})
+    assert over.is_error and over.content[0].text.startswith("MESSAGE_TOO_LARGE")
+    assert call(3, {"message": "after"}).structured_content == {"echoed": "after"}
+    assert server.get_stats()["activeConnections"] == 1  # the same link throughout
