@@ -166,6 +166,22 @@ class McpEndpoint:
                                         replacing=live.transport is not None)
             return self._open(live)
 
+    def check_session(self, session_id: str, user_id: str) -> None:
+        """SESSION_NOT_FOUND unless the user's session exists here or on another node:
+        for what needs no session of its own (tools/list, the GET stream, DELETE), which
+        therefore never takes a session over from the node that holds it."""
+        link = self.links.get(session_id)
+        if link is not None and not link.closed:
+            if link.live.user_id == user_id:
+                return
+        elif self.engine.held_session(session_id, user_id) is not None:
+            return
+        else:
+            record = self.engine.hub.lookup(session_id) if session_id else None
+            if record is not None and record.get("userId") == user_id:
+                return
+        raise SessionNotFound(f"no session {session_id!r} for this user")
+
     def _open(self, live: "LiveSession") -> McpLink:
         link = McpLink(self.engine, live, IDLE_SECONDS, self._ended)
         self.links[live.id] = link
@@ -252,7 +268,7 @@ class McpEndpoint:
         if method == "ping":
             return _json(wire.result(request_id, {}))
         if method == "tools/list":
-            self.link_for(session_id, user_id)  # the session exists (404 otherwise)
+            self.check_session(session_id, user_id)
             tools = [tool.to_dict() for tool in self.engine.tools]
             return _json(wire.result(request_id, wire.tool_listing(tools, version)))
         if method == "tools/call":
@@ -332,7 +348,7 @@ class McpEndpoint:
                                     "GET /proto/mcp is an event stream"}}, 406)
         try:
             user_id = self.user(req)
-            self.link_for(req.header(SESSION_HEADER) or "", user_id)
+            self.check_session(req.header(SESSION_HEADER) or "", user_id)
         except ProtoError as exc:
             return _http_error(exc)
         changed = gevent.event.Event()
@@ -349,12 +365,9 @@ class McpEndpoint:
         try:
             user_id = self.user(req)
             session_id = req.header(SESSION_HEADER) or ""
+            self.check_session(session_id, user_id)
             link = self.links.get(session_id)
-            if link is None:
-                self.engine.find_session(session_id, user_id)  # 404 for none
-            elif link.live.user_id != user_id:
-                raise SessionNotFound(f"no session {session_id!r} for this user")
-            else:
+            if link is not None:  # held here: let it go (elsewhere its link idles out)
                 link.close(1000, "MCP session ended")
         except ProtoError as exc:
             return _http_error(exc)
