@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
 import gevent.event
+import gevent.lock
 import gevent.queue
 import orjson
 
@@ -57,6 +58,9 @@ class McpLink:
         self.closed = False
         self._waiting: dict[str, gevent.queue.Queue[Item]] = {}
         self._wake = gevent.event.Event()
+        #: taking what the session wrote can wait on Redis in a cluster: the pump and a
+        #: request's own drain take turns, so messages are routed in the order written
+        self._draining = gevent.lock.Semaphore()
         self._last_used = now_ms()
         self._greenlet = gevent.spawn(self._pump)
 
@@ -175,11 +179,12 @@ class McpLink:
         """Route what the session has written. Also called by a request right after its
         TOOL_CALL: an inline tool has answered by then, and the answer need not wait for
         the pump's turn."""
-        ready = self.live.take_writable(now_ms())
-        for _, data in ready:
-            self._route(orjson.loads(data))
-        if ready:
-            self.live.written()
+        with self._draining:  # one reader at a time: a call's updates before its end
+            ready = self.live.take_writable(now_ms())
+            for _, data in ready:
+                self._route(orjson.loads(data))
+            if ready:
+                self.live.written()
 
     def _route(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
