@@ -125,8 +125,8 @@ class McpLink:
                 return queue
             self._waiting[call_id] = queue
             self.drain()
-            if attempt or queue.empty() or queue.peek()[1].get("code") \
-                    != "INSUFFICIENT_CREDITS":
+            if attempt or queue.empty() or queue.peek()[0] != "refused" \
+                    or queue.peek()[1].get("code") != "INSUFFICIENT_CREDITS":
                 break
             # refused for byte credit while message credit was left: the refusal gave the
             # channel its bytes back (docs/PROTOCOL.md §5.1), so the call goes again once,
