@@ -41,6 +41,8 @@ IDLE_SECONDS = 300.0
 KEEPALIVE_SECONDS = 15.0
 #: JSON-RPC ids longer than this (as JSON) name their call by a hash
 MAX_PLAIN_ID = 200
+#: The requests served besides initialize and tasks/* (2025-11-25 sessions)
+SERVED = frozenset({"ping", "tools/list", "tools/call"})
 SESSION_HEADER = "Mcp-Session-Id"
 VERSION_HEADER = "MCP-Protocol-Version"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -219,6 +221,10 @@ class McpEndpoint:
         try:
             if method == "initialize":
                 return self._initialize(user_id, request_id, params)
+            if "id" in message and method not in SERVED and not method.startswith("tasks/"):
+                # before any session rule: a 2026-07-28 client's server/discover probe (no
+                # session, a revision not served) learns here to fall back to initialize
+                raise wire.RpcError(wire.METHOD_NOT_FOUND, f"method not found: {method}")
             session_id = req.header(SESSION_HEADER)
             if not session_id:
                 raise wire.RpcError(wire.INVALID_REQUEST, f"the {SESSION_HEADER} header is "

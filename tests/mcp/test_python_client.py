@@ -191,3 +191,20 @@ def test_session_ends_on_delete(app_server):
 
     anyio.run(main)
     wait_for(lambda: server.get_stats()["activeConnections"] == 0, 10, "the link to close")
+
+
+def test_the_sdk_high_level_client_probes_then_initializes(app_server):
+    """mcp.Client in its default mode ("auto") first probes the stateless 2026-07-28
+    revision (server/discover), which is not served: the -32601 sends it to initialize.
+    Its URL carries the token (a client that cannot set headers)."""
+    server, _ = app_server
+    from mcp import Client
+
+    async def main() -> tuple[str, Any]:
+        url = f"{mcp_url(server)}?token={server.issue_token('alice')}"
+        async with Client(url) as client:
+            return client.protocol_version, await client.call_tool("add", {"a": 1, "b": 2})
+
+    version, added = anyio.run(main)
+    assert version == "2025-11-25"
+    assert added.structured_content == {"result": 3}

@@ -12,8 +12,12 @@ import pytest
 import requests
 from pydantic import TypeAdapter
 
+import gevent
+
+from protoflask import Tool
+
 from ..support import timeout, wait_for
-from .conftest import STEPS, App, mcp_url
+from .conftest import STEPS, App, mcp_url, native_done
 
 types = pytest.importorskip("mcp.types")
 MESSAGE = TypeAdapter(types.JSONRPCMessage)
@@ -258,3 +262,36 @@ def test_misbehaving_calls_get_answers_and_leave_the_session_working(app_server)
     assert over.is_error and over.content[0].text.startswith("MESSAGE_TOO_LARGE")
     assert call(3, {"message": "after"}).structured_content == {"echoed": "after"}
     assert server.get_stats()["activeConnections"] == 1  # the same link throughout
+
+
+def test_a_client_that_leaves_does_not_cancel(app_server):
+    """MCP: disconnecting is not cancelling. A client drops the SSE response of a running
+    call; the tool's next progress finds the response gone, and the call runs to its end:
+    the session's TOOL_DONE is OK, the cancel hook never ran."""
+    server, app = app_server
+    release: list[bool] = []
+
+    def hold(params: Any, session_id: str, call_id: str, srv: Any) -> Any:
+        srv.send_tool_update(session_id, call_id, "RUNNING", 10, partial="holding")
+        while not release:
+            gevent.sleep(0.01)
+        return {"finished": True}
+
+    server.register_tool(Tool("hold", "Holds until released.", {"type": "object"},
+                              {"type": "object"}, hold))
+    wire = Wire(server)
+    wire.initialize("2025-11-25")
+    resp = wire.post({"jsonrpc": "2.0", "id": "left", "method": "tools/call",
+                      "params": {"name": "hold", "arguments": {}, "_meta": {"progressToken": 7}}})
+    first = next(sse_messages(resp))
+    assert types.ProgressNotification.model_validate(first.model_dump(by_alias=True))
+    resp.close()  # the client goes away
+    call_id = 'mcp:"left"'
+    session_id = app.calls[call_id]
+    for progress in (20, 30):  # written to the response that is gone
+        server.send_tool_update(session_id, call_id, "RUNNING", progress)
+        assert wire.result(wire.request("ping")) == {}
+    release.append(True)
+    assert wait_for(lambda: native_done(server, session_id, call_id), 10, "the TOOL_DONE") == \
+        [{"call_id": call_id, "status": "OK", "result": {"finished": True}}]
+    assert app.cancelled == []
