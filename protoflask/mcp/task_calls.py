@@ -87,8 +87,7 @@ def cancel(link: McpLink, request_id: Any, params: dict[str, Any],
                             f"{state.status}")
     link.cancel(tasks.call_id(state.task_id))
     view = state.view(ttl_ms)
-    view.update(status="cancelled", lastUpdatedAt=tasks.TaskState(
-        state.task_id, "cancelled", state.created, now_ms()).view(ttl_ms)["lastUpdatedAt"])
+    view.update(status="cancelled", lastUpdatedAt=tasks.iso(now_ms()))
     return wire.result(request_id, view)
 
 

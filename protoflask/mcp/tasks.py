@@ -58,8 +58,8 @@ class TaskState:
 
     def view(self, ttl_ms: int) -> dict[str, Any]:
         out: dict[str, Any] = {"taskId": self.task_id, "status": self.status,
-                               "createdAt": _iso(self.created),
-                               "lastUpdatedAt": _iso(self.updated), "ttl": ttl_ms,
+                               "createdAt": iso(self.created),
+                               "lastUpdatedAt": iso(self.updated), "ttl": ttl_ms,
                                "pollInterval": POLL_INTERVAL_MS}
         error = (self.done or {}).get("error")
         if error:
@@ -67,7 +67,8 @@ class TaskState:
         return out
 
 
-def _iso(ms: int) -> str:
+def iso(ms: int) -> str:
+    """A time in ms since the epoch as MCP writes it: ISO 8601, UTC, milliseconds."""
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(
         timespec="milliseconds").replace("+00:00", "Z")
 
