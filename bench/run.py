@@ -802,6 +802,7 @@ def compute_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                             "goal": "<= 2x", "verdict": "PASS" if r <= 2 else "FAIL",
                             "ratio": round(r, 2), "connections": n})
     targets += issue16_targets(results)
+    targets += mcp_targets(results)
     tool = results.get("tool", {}).get("protoflask")
     if tool and tool.get("p50_ms") is not None:
         targets.append({"target": f"tool call p50 @{tool['connections']}",
@@ -816,6 +817,31 @@ def compute_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         targets.append({"target": f"idle sessions held @{n}", "value": f"{r.get('held')}",
                         "goal": f"{n}", "verdict": "PASS" if r.get("held") == int(n) else "FAIL"})
     return targets
+
+
+def measure_mcp(args: argparse.Namespace) -> dict[str, Any]:
+    """bench/micro_mcp.py's CPU per call: MCP tools/call echo, and a native TOOL_CALL of
+    echo over HTTP and over WebSocket, in one process, one run."""
+    n = "1000" if args.quick else "5000"
+    proc = subprocess.run([sys.executable, str(BENCH / "micro_mcp.py"),
+                           "--n", n, "--repeat", "3", "--json"],
+                          capture_output=True, text=True, timeout=600, check=True)
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def mcp_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 27: an MCP tools/call of echo at most 2x a native TOOL_CALL's server CPU."""
+    us = (results.get("mcp") or {}).get("us_per_call")
+    if not us:
+        return []
+    http, ws = us["mcp"] / us["native-http"], us["mcp"] / us["native-ws"]
+    return [{"target": "MCP tools/call echo CPU/call, x native TOOL_CALL over HTTP",
+             "value": f"{http:.2f}x ({us['mcp']:.0f} / {us['native-http']:.0f} µs)",
+             "goal": "<= 2x", "verdict": _verdict(http <= 2), "ratio": round(http, 2)},
+            {"target": "  same, x native TOOL_CALL over WebSocket (info)",
+             "value": f"{ws:.2f}x ({us['mcp']:.0f} / {us['native-ws']:.0f} µs)",
+             "goal": "-", "verdict": "info", "ratio": round(ws, 2)}]
 
 
 def _verdict(ok: bool) -> str:
@@ -984,7 +1010,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="a few-second smoke: short windows, small idle levels")
     p.add_argument("--only", default="",
-                   help="comma list of sections: gencheck,ping,tool,stream,idle,http "
+                   help="comma list of sections: gencheck,ping,tool,stream,idle,http,mcp "
                         "(default: all)")
     p.add_argument("--servers", default="",
                    help="comma list (default: protoflask,flask-sock,gevent-simple-ws,"
@@ -1024,7 +1050,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.levels = [int(x) for x in (args.levels or "1,10,100").split(",") if x]
     args.idle_levels = [int(x) for x in (args.idle_levels or ("200" if q else "1000,10000"))
                         .split(",") if x]
-    all_sections = ["gencheck", "ping", "tool", "stream", "idle", "http"]
+    all_sections = ["gencheck", "ping", "tool", "stream", "idle", "http", "mcp"]
     args.sections = [s for s in (args.only.split(",") if args.only else all_sections) if s]
     if q and not args.only:
         args.sections.remove("gencheck")
@@ -1159,6 +1185,11 @@ def main(argv: list[str] | None = None) -> int:
         def run_http() -> None:
             results["http_transports"] = measure_http(bench, live["protoflask"], args)
         steps.append(("downstream: websocket, SSE, HTTP stream", 3 * cell + 1, run_http))
+
+    if "mcp" in args.sections:
+        def run_mcp() -> None:
+            results["mcp"] = measure_mcp(args)
+        steps.append(("MCP tools/call vs native TOOL_CALL (in process)", 15.0, run_mcp))
 
     def stop_live() -> None:
         for srv in live.values():

@@ -1,7 +1,8 @@
 """protoflask's own app answers the session POSTs without Flask's request cycle.
 
 ``POST /proto/sse?session=<id>`` and ``POST /proto/stream?session=<id>`` carry every
-upstream message of the two HTTP transports, one request per batch. Flask's request
+upstream message of the two HTTP transports, one request per batch; ``POST /proto/mcp``
+every MCP request (docs/MCP.md), one per call. Flask's request
 context, URL matching, hooks and response object cost about as much per request as the
 protocol work of a dozen messages (docs/PERFORMANCE.md, "p5-http"). On protoflask's own
 app (``create_app()``, a ``ProtoServer`` given no app) this WSGI middleware answers them
@@ -23,10 +24,12 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+import orjson
 from flask import signals as flask_signals
 from werkzeug.exceptions import InternalServerError
 from werkzeug.http import HTTP_STATUS_CODES
 
+from .mcp import Answer
 from .origins import OriginPolicy
 from .transports.http import PostAnswer, answer_post
 from .web import BLUEPRINT_NAME, WebContext, cors_headers, gzipped_json, log_access
@@ -38,6 +41,8 @@ log = logging.getLogger("protoflask.web")
 
 #: The paths whose POST with ``?session=`` is a session's upstream batch.
 LANE_PATHS = frozenset({"/proto/sse", "/proto/stream"})
+#: The MCP endpoint, whose POSTs the lane also answers (its own Origin rule included)
+MCP_PATH = "/proto/mcp"
 #: Flask's signals sent during a request's cycle: a receiver would miss the lane's requests.
 REQUEST_SIGNALS = (flask_signals.request_started, flask_signals.request_finished,
                    flask_signals.request_tearing_down, flask_signals.got_request_exception,
@@ -72,6 +77,7 @@ class SessionPostLane:
         self.app = app
         self.flask_wsgi_app: WSGIApp = app.wsgi_app
         self.engine = ctx.engine
+        self.mcp = ctx.mcp
         self.config = ctx.config
         self.origins = OriginPolicy(ctx.config.allowed_origins)
         # protoflask's own hooks, as registered: anything beyond them sends requests to Flask
@@ -98,6 +104,9 @@ class SessionPostLane:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD") != "POST" or environ.get("PATH_INFO") not in LANE_PATHS:
+            if environ.get("PATH_INFO") == MCP_PATH and environ.get("REQUEST_METHOD") == "POST" \
+                    and self.app_is_plain():
+                return self._mcp(environ, start_response)
             return self.flask_wsgi_app(environ, start_response)
         args = plain_query(environ.get("QUERY_STRING", ""))
         origin = environ.get("HTTP_ORIGIN")
@@ -129,3 +138,34 @@ class SessionPostLane:
             log_access("POST", environ["PATH_INFO"], environ["QUERY_STRING"].encode("latin-1"),
                        answer.status, time.perf_counter() - started)
         return [body]
+
+    def _mcp(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        """POST /proto/mcp: the endpoint's Answer, with the headers Flask's cycle adds."""
+        started = time.perf_counter()
+        try:
+            answer = self.mcp.post(environ)
+        except Exception:  # what Flask logs and answers 500 for
+            log.exception("Exception on %s [POST]", MCP_PATH)
+            answer = Answer(500, orjson.dumps({"error": {
+                "code": "INTERNAL_ERROR", "message": InternalServerError.description}}))
+        body = answer.body
+        headers: list[tuple[str, str]] = []
+        if answer.mimetype is not None:
+            headers.append(("Content-Type", answer.mimetype if answer.mimetype
+                            == "application/json" else f"{answer.mimetype}; charset=utf-8"))
+        config = self.config
+        if isinstance(body, bytes):
+            if config.enable_compression and answer.mimetype == "application/json":
+                compressed = gzipped_json(body, environ.get("HTTP_ACCEPT_ENCODING"))
+                if compressed is not None:
+                    body = compressed
+                    headers += [("Content-Encoding", "gzip"), ("Vary", "Accept-Encoding")]
+            headers.append(("Content-Length", str(len(body))))
+        headers += list((answer.headers or {}).items())
+        if config.enable_cors:
+            headers += cors_headers(environ.get("HTTP_ORIGIN"), self.origins)
+        start_response(status_line(answer.status), headers)
+        if config.enable_logging:
+            log_access("POST", MCP_PATH, environ.get("QUERY_STRING", "").encode("latin-1"),
+                       answer.status, time.perf_counter() - started)
+        return [body] if isinstance(body, bytes) else body

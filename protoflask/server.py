@@ -39,6 +39,7 @@ from .serving import EmbeddedServer
 from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools
 from .streaming import StreamedText, stream_chunks
 from .post_lane import SessionPostLane
+from .mcp import McpEndpoint
 from .web import WebContext, create_blueprint
 
 log = logging.getLogger("protoflask")
@@ -123,7 +124,8 @@ class ProtoServer:
                     "configured by its first app; a server has one configuration")
             self._configure(loaded)
         app.extensions["protoflask"] = self
-        ctx = WebContext(self.engine, self.config, self.metrics_registry, own_app=self._own_app)
+        ctx = WebContext(self.engine, self.config, self.metrics_registry, own_app=self._own_app,
+                         mcp=McpEndpoint(self.engine, self.config.allowed_origins))
         app.register_blueprint(create_blueprint(ctx))
         if self._own_app:  # the session POSTs skip Flask's request cycle (post_lane.py)
             app.wsgi_app = SessionPostLane(app, ctx)  # type: ignore[method-assign]

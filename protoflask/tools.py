@@ -162,14 +162,25 @@ def builtin_tools() -> list[Tool]:
 class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        #: called (no arguments, must not block) after every register / unregister: the
+        #: MCP endpoint's tools/list_changed follows the registry through it
+        self.listeners: list[Callable[[], None]] = []
 
     def register(self, tool: Tool) -> None:
         if not isinstance(tool, Tool):
             raise TypeError("register_tool takes a protoflask.Tool")
         self._tools[tool.name] = tool
+        self._changed()
 
     def unregister(self, name: str) -> bool:
-        return self._tools.pop(name, None) is not None
+        removed = self._tools.pop(name, None) is not None
+        if removed:
+            self._changed()
+        return removed
+
+    def _changed(self) -> None:
+        for listener in list(self.listeners):
+            listener()
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)

@@ -24,6 +24,7 @@ from .core.errors import InvalidMessage, OriginNotAllowed, ProtoError
 from .dashboard import add_dashboard_routes
 from .clock import now_ms
 from .logs import redacted_query
+from .mcp import McpEndpoint, add_mcp_routes
 from .metrics import metrics_response
 from .origins import OriginPolicy
 from .transports import sse, stream, websocket as ws
@@ -70,6 +71,8 @@ class WebContext:
     #: the Flask app is the server's own (not an application's): the page may take "/"
     #: and every error is answered as JSON
     own_app: bool
+    #: /proto/mcp (docs/MCP.md): its routes here, its POSTs also in post_lane.py
+    mcp: McpEndpoint
 
 
 class ConnectionTakenOver(StopIteration):
@@ -207,6 +210,8 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
     def http_stream() -> Response:
         return _live(stream.handle_post(engine, request))
 
+    add_mcp_routes(bp, ctx.mcp)  # /proto/mcp (docs/MCP.md)
+
     @bp.after_request
     def _finish(response: Response) -> Response:
         if config.enable_cors:
@@ -283,9 +288,10 @@ def cors_headers(origin: str | None, origins: OriginPolicy) -> list[tuple[str, s
 
 VARY_ORIGIN = ("Vary", "Origin")
 CORS_CONSTANT_HEADERS = (
-    ("Access-Control-Allow-Methods", "GET, POST, OPTIONS"),
-    ("Access-Control-Allow-Headers", "Authorization, Content-Type, Last-Event-ID"),
-    ("Access-Control-Expose-Headers", "Proto-Session"),
+    ("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS"),
+    ("Access-Control-Allow-Headers", "Authorization, Content-Type, Last-Event-ID, "
+                                     "Mcp-Session-Id, MCP-Protocol-Version"),
+    ("Access-Control-Expose-Headers", "Proto-Session, Mcp-Session-Id"),
     ("Access-Control-Max-Age", "600"),
 )
 
