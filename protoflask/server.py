@@ -40,6 +40,7 @@ from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_too
 from .streaming import StreamedText, stream_chunks
 from .post_lane import SessionPostLane
 from .web import WebContext, create_blueprint
+from .agui.run import AguiRun, AguiServices
 
 log = logging.getLogger("protoflask")
 
@@ -58,6 +59,7 @@ class ProtoServer:
         self._app: Flask | None = None
         self._own_app = False  # the app was created here: the page may take "/"
         self._listeners: list[Callable[..., Any]] = []
+        self._agui_handler: Callable[[AguiRun], Any] | None = None
         self._serving = EmbeddedServer()
         if app is not None:
             self.init_app(app)
@@ -123,7 +125,8 @@ class ProtoServer:
                     "configured by its first app; a server has one configuration")
             self._configure(loaded)
         app.extensions["protoflask"] = self
-        ctx = WebContext(self.engine, self.config, self.metrics_registry, own_app=self._own_app)
+        ctx = WebContext(self.engine, self.config, self.metrics_registry, own_app=self._own_app,
+                         agui=self._agui_services)
         app.register_blueprint(create_blueprint(ctx))
         if self._own_app:  # the session POSTs skip Flask's request cycle (post_lane.py)
             app.wsgi_app = SessionPostLane(app, ctx)  # type: ignore[method-assign]
@@ -244,6 +247,33 @@ class ProtoServer:
 
     def get_tools(self) -> list[Tool]:
         return list(self.tools)
+
+    # -- AG-UI (docs/AGUI.md) ---------------------------------------------------------
+
+    def agui_handler(self, fn: Callable[[AguiRun], Any]) -> Callable[[AguiRun], Any]:
+        """Decorator: ``fn(run)`` answers every AG-UI run (POST /proto/agui), in a
+        greenlet of its own, with ``run.stream_text``, ``run.call_tool``,
+        ``run.call_frontend_tool``, ``run.set_state``...; its return value is the run's
+        result, an exception it raises ends the run with RUN_ERROR. Without one the
+        built-in echo (echoMessages) answers the last user message."""
+        self._agui_handler = fn
+        return fn
+
+    def _agui_services(self) -> AguiServices:
+        def run_status(session_id: str, run_id: str) -> str | None:
+            def read() -> str | None:
+                live = self.hub.get(session_id)
+                run = live.core.runs.get(run_id) if live is not None else None
+                return run.status if run is not None else None
+            return self._call(read)
+
+        def report_error(exc: BaseException, session_id: str) -> None:
+            self._emit_error(exc, session_id=session_id)
+
+        return AguiServices(stream_text=self.stream_text, call_tool=self.call_tool,
+                            send_message=self.send_message, finish_run=self.finish_run,
+                            run_status=run_status, report_error=report_error,
+                            handler=self._agui_handler, echo=self.config.echo_messages)
 
     def tool(self, name: str | None = None, *, description: str | None = None,
              input_schema: dict[str, Any] | None = None,
