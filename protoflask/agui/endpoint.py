@@ -33,11 +33,9 @@ if TYPE_CHECKING:
 
 #: Live transports of this kind count against the connection limits like the others.
 KIND = "agui"
-#: The native version the stream's HELLO speaks for the AG-UI client.
-NATIVE_HELLO = {"proto_version": "1.1.2", "accept_major": [1],
-                "accept_events": ["MESSAGE_START", "MESSAGE_PART", "MESSAGE_END",
-                                  "TOOL_UPDATE", "TOOL_DONE", "RUN_STARTED",
-                                  "RUN_FINISHED", "AGUI_EVENT"]}
+#: The HELLO a thread's session gets for its AG-UI client: every type (an accept_events
+#: list would drop AGUI_EVENT, which the server does not know as a type of its own).
+NATIVE_HELLO = {"proto_version": "1.1.2", "accept_major": [1]}
 
 
 class AguiStream(HTTPDownstream):
