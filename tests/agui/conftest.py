@@ -87,10 +87,8 @@ def agent_handler(server: Any) -> Callable[[Any], Any]:
     return handle
 
 
-@pytest.fixture
-def agui_server(make_server: Callable[..., Any]) -> Any:
-    server = make_server(**QUIET)
-
+def weather_tool(server: Any) -> None:
+    """A server tool that reports progress before its result."""
     @server.tool("weather", input_schema={"type": "object", "required": ["city"],
                                           "properties": {"city": {"type": "string"}}})
     def weather(params: dict[str, Any], session_id: str, call_id: str, srv: Any) -> Any:
@@ -98,5 +96,10 @@ def agui_server(make_server: Callable[..., Any]) -> Any:
         gevent.sleep(0.05)
         return {"temp": 21}
 
+
+@pytest.fixture
+def agui_server(make_server: Callable[..., Any]) -> Any:
+    server = make_server(**QUIET)
+    weather_tool(server)
     server.agui_handler(agent_handler(server))
     return server
