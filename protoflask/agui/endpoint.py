@@ -168,16 +168,40 @@ def stop(engine: "Engine", request: Request) -> Response:
         run_id = obj.get("runId") if isinstance(obj, dict) else None
         if not isinstance(thread_id, str) or not isinstance(run_id, str):
             raise InvalidMessage("stop needs {\"threadId\": string, \"runId\": string}")
-        live = engine.find_session(thread_session_id(user_id, thread_id), user_id)
-        run = live.core.runs.get(run_id)
-        if run is None or run.status != "active":
-            raise RunNotFound(f"no active run {run_id!r} in thread {thread_id!r}")
-        upstream(engine, live, "RUN_CANCEL", "USER", {"run_id": run_id})
+        session_id = thread_session_id(user_id, thread_id)
+        live = engine.held_session(session_id, user_id)
+        if live is None:  # clustered: the worker that holds the thread cancels it
+            _stop_elsewhere(engine, session_id, user_id, run_id)
+        else:
+            run = live.core.runs.get(run_id)
+            if run is None or run.status != "active":
+                raise RunNotFound(f"no active run {run_id!r} in thread {thread_id!r}")
+            upstream(engine, live, "RUN_CANCEL", "USER", {"run_id": run_id})
     except orjson.JSONDecodeError:
         return error_response(InvalidMessage("the stop body is not JSON"))
     except ProtoError as exc:
         return error_response(exc)
     return json_response({"stopped": True})
+
+
+#: How far above the upstream seq another worker last recorded a stop's RUN_CANCEL goes:
+#: the holder may have taken a few PONGs since (a seq it saw is dropped as a resend), and
+#: one above the highest is always new (docs/PROTOCOL.md §2.2).
+STOP_SEQ_GAP = 512
+
+
+def _stop_elsewhere(engine: "Engine", session_id: str, user_id: str, run_id: str) -> None:
+    """RUN_CANCEL to the thread's session on the worker that holds it (a cluster)."""
+    info = engine.hub.lookup(session_id)
+    if info is None or info.get("userId") != user_id:
+        raise SessionNotFound(f"no session {session_id!r} for this user")
+    if run_id not in info.get("activeRuns", ()):
+        raise RunNotFound(f"no active run {run_id!r} in this thread")
+    seq = int(info.get("lastClientSeq") or 0) + STOP_SEQ_GAP
+    engine.post_body(session_id, user_id, orjson.dumps({
+        "id": f"agui-stop-{seq}", "session": session_id, "seq": str(seq),
+        "ts": str(now_ms()), "type": "RUN_CANCEL", "channel": "USER",
+        "payload": {"run_id": run_id}}), None)
 
 
 def run_start_seq(live: "LiveSession", run_id: str) -> int | None:

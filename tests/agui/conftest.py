@@ -38,6 +38,19 @@ def need_agui_node() -> str:
     return node
 
 
+def client_bundle(fmt: str = "iife") -> str:
+    """@ag-ui/client for a browser, by tests/agui/node's pinned esbuild: an IIFE whose
+    global is ``AGUI``, or an ES module (``fmt="esm"``)."""
+    need_agui_node()
+    args = [str(NODE_DIR / "node_modules" / ".bin" / "esbuild"), "browser-entry.mjs",
+            "--bundle", f"--format={fmt}", "--platform=browser", "--log-level=warning"]
+    if fmt == "iife":
+        args.append("--global-name=AGUI")
+    proc = subprocess.run(args, cwd=NODE_DIR, capture_output=True, text=True, timeout=120,
+                          check=True)
+    return proc.stdout
+
+
 def run_node(*args: str, within: float = 60) -> list[dict[str, Any]]:
     """``node agent.mjs args...``: its JSON lines (it exits when done)."""
     node = need_agui_node()

@@ -5,14 +5,13 @@ stopped run, a failing run, and 100 runs on one thread."""
 
 from __future__ import annotations
 
-import subprocess
 from typing import Any, Iterator
 
 import pytest
 
 from ..interop.conftest import CHROMIUM_ARGS, QUIET, PageServer, need_chromium
 from ..support import timeout
-from .conftest import NODE_DIR, agent_handler, need_agui_node, validate, weather_tool
+from .conftest import agent_handler, client_bundle, validate, weather_tool
 
 #: What the page runs: n runs of one HttpAgent (a text of null: no new user message, e.g.
 #: after a frontend tool's answer), and what each saw: its events and its end.
@@ -56,13 +55,9 @@ window.runs = async (base, token, thread, texts, opts) => {
 
 @pytest.fixture(scope="module")
 def bundle() -> str:
-    need_agui_node()
-    proc = subprocess.run(
-        [str(NODE_DIR / "node_modules" / ".bin" / "esbuild"), "browser-entry.mjs", "--bundle",
-         "--format=iife", "--global-name=AGUI", "--platform=browser", "--log-level=warning"],
-        cwd=NODE_DIR, capture_output=True, text=True, timeout=120, check=True)
-    assert "</script" not in proc.stdout
-    return proc.stdout
+    code = client_bundle("iife")
+    assert "</script" not in code
+    return code
 
 
 @pytest.fixture
