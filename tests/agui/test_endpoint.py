@@ -183,3 +183,23 @@ def test_stop_errors(agui_server):
     assert r.status_code == 404 and r.json()["error"]["code"] == "RUN_NOT_FOUND"
     r = requests.post(url, json={"threadId": "t", "runId": "r1"}, timeout=10)
     assert r.status_code == 401
+
+
+def test_the_stream_answers_the_heartbeat_for_its_client(make_server):
+    """A run longer than several heartbeats: the stream answers each PING (AG-UI clients
+    know nothing of them), so the heartbeat never closes it, and no PING reaches the
+    client."""
+    from .conftest import agent_handler, weather_tool
+
+    server = make_server(heartbeatInterval=60, heartbeatTimeout=200)
+    weather_tool(server)
+    server.agui_handler(agent_handler(server))
+    token = server.issue_token("u")
+    got = blocks(run_raw(server, token, "hb", "r1", "slow").content)  # about 0.7 s
+    assert got[-1][1]["type"] == "RUN_FINISHED" and "outcome" not in got[-1][1]
+    assert [e["delta"] for _, e in got if e["type"] == "TEXT_MESSAGE_CONTENT"][:12] == \
+        [f"chunk{i} " for i in range(12)]
+    window = server.get_session(thread_session_id("u", "hb"))["replayWindow"]
+    pings = [m for m in window.values() if b'"type":"PING"' in (
+        m if isinstance(m, bytes) else json.dumps(m, separators=(",", ":")).encode())]
+    assert len(pings) >= 3  # the session did ping, and the stream answered every one
