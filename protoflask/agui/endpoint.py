@@ -184,7 +184,8 @@ def stop(engine: "Engine", request: Request) -> Response:
     return json_response({"stopped": True})
 
 
-#: How far above the upstream seq another worker last recorded a stop's RUN_CANCEL goes:
+#: How far above the upstream seq another worker last recorded a message sent from here
+#: into the session it holds goes (a stop's RUN_CANCEL, a moved run's RUN_FINISHED):
 #: the holder may have taken a few PONGs since (a seq it saw is dropped as a resend), and
 #: one above the highest is always new (docs/PROTOCOL.md §2.2).
 STOP_SEQ_GAP = 512
@@ -197,11 +198,34 @@ def _stop_elsewhere(engine: "Engine", session_id: str, user_id: str, run_id: str
         raise SessionNotFound(f"no session {session_id!r} for this user")
     if run_id not in info.get("activeRuns", ()):
         raise RunNotFound(f"no active run {run_id!r} in this thread")
+    upstream_elsewhere(engine, session_id, info, "RUN_CANCEL", {"run_id": run_id})
+
+
+def finish_elsewhere(engine: "Engine", session_id: str, run_id: str, summary: Any,
+                     error: Any) -> None:
+    """End a run whose session moved to another worker while its handler ran here (a
+    re-attach there): a RUN_FINISHED from the client's side, which the holder answers
+    like its own. The native message has no error, so a failure's goes in the summary
+    (RUN_FINISHED ``result: {"error": ...}``, docs/AGUI.md)."""
+    info = engine.hub.lookup(session_id)
+    if info is None or run_id not in info.get("activeRuns", ()):
+        return  # ended meanwhile (stopped), or the session is gone
+    payload: dict[str, Any] = {"run_id": run_id}
+    if error is not None:
+        payload["summary"] = {"error": error}
+    elif summary is not None:
+        payload["summary"] = summary
+    upstream_elsewhere(engine, session_id, info, "RUN_FINISHED", payload)
+
+
+def upstream_elsewhere(engine: "Engine", session_id: str, info: dict[str, Any], mtype: str,
+                       payload: dict[str, Any]) -> None:
+    """A native USER message into a session another worker holds (``info``: its
+    ``hub.lookup``), forwarded there; its seq is a new one (STOP_SEQ_GAP)."""
     seq = int(info.get("lastClientSeq") or 0) + STOP_SEQ_GAP
-    engine.post_body(session_id, user_id, orjson.dumps({
-        "id": f"agui-stop-{seq}", "session": session_id, "seq": str(seq),
-        "ts": str(now_ms()), "type": "RUN_CANCEL", "channel": "USER",
-        "payload": {"run_id": run_id}}), None)
+    engine.post_body(session_id, info["userId"], orjson.dumps({
+        "id": f"agui-{mtype.lower()}-{seq}", "session": session_id, "seq": str(seq),
+        "ts": str(now_ms()), "type": mtype, "channel": "USER", "payload": payload}), None)
 
 
 def run_start_seq(live: "LiveSession", run_id: str) -> int | None:

@@ -17,8 +17,10 @@ from typing import Any, Callable, Iterable, Mapping
 import gevent
 import orjson
 
+from ..core import messages
+from ..core.coalesce import DEFAULT_MAX_CHARS, DEFAULT_MAX_DELAY_MS
 from ..core.errors import ProtoError, ToolCancelled
-from ..streaming import StreamedText
+from ..streaming import StreamedText, stream_chunks
 from .input import RunInput
 from .mapping import AGUI_EVENT
 
@@ -29,7 +31,8 @@ log = logging.getLogger("protoflask.agui")
 class AguiServices:
     """What a run needs of the server above (its bound methods; never the server)."""
 
-    stream_text: Callable[..., StreamedText]  # (session_id, chunks, run_id=, ...)
+    #: (session_id, message): deliver to the session wherever it lives; False if gone
+    deliver: Callable[[str, messages.Outbound], bool]
     call_tool: Callable[..., Any]  # (session_id, name, params, run_id=, call_id=)
     send_message: Callable[[str, Mapping[str, Any]], None]
     finish_run: Callable[..., Any]  # (session_id, run_id, summary=, error=)
@@ -38,6 +41,7 @@ class AguiServices:
     #: the application's handler, or None: the built-in echo (echoMessages) answers
     handler: Callable[["AguiRun"], Any] | None
     echo: bool
+    max_message_size: int
 
 
 class AguiRun:
@@ -69,11 +73,25 @@ class AguiRun:
     def last_user_text(self) -> str | None:
         return self.input.last_user_text()
 
-    def stream_text(self, chunks: Iterable[Any], **kwargs: Any) -> StreamedText:
-        """Stream a reply (TEXT_MESSAGE_START, CONTENTs, END): ``ProtoServer.stream_text``
-        in this run; it stops within one chunk when the run is stopped."""
-        return self._services.stream_text(self.session_id, chunks, run_id=self.run_id,
-                                          **kwargs)
+    def stream_text(self, chunks: Iterable[Any], content_type: str = "text/plain", *,
+                    max_chars: int = DEFAULT_MAX_CHARS,
+                    max_delay_ms: int = DEFAULT_MAX_DELAY_MS) -> StreamedText:
+        """Stream a reply (TEXT_MESSAGE_START, CONTENTs, END) as ``ProtoServer.stream_text``
+        does, in this run: it stops within one chunk when the run is stopped. Unlike it,
+        it goes on when the thread's session moves to another node of a cluster (a
+        re-attach there), delivering through the cluster."""
+        services, session_id, run_id = self._services, self.session_id, self.run_id
+        # no PART may exceed maxMessageSize: a character is at most 6 bytes of JSON
+        max_chars = min(max_chars, max(1, (services.max_message_size - 1024) // 6))
+
+        def stop_reason() -> str | None:
+            status = services.run_status(session_id, run_id)
+            return None if status == "active" else f"run_{status or 'finished'}"
+
+        return stream_chunks(chunks, uuid.uuid4().hex, content_type,
+                             send=lambda out: services.deliver(session_id, out),
+                             stop_reason=stop_reason, max_chars=max_chars,
+                             max_delay_ms=max_delay_ms)
 
     def call_tool(self, name: str, params: Mapping[str, Any] | None = None, *,
                   parent_message_id: str | None = None) -> Any:

@@ -88,6 +88,9 @@ def agent_handler(server: Any) -> Callable[[Any], Any]:
             run.call_tool("weather", {"city": "Oslo"})
             run.stream_text(slow_chunks(4), max_delay_ms=0)
             return None
+        if text == "long":  # text only, 20 chunks 40 ms apart
+            run.stream_text(slow_chunks(20), max_delay_ms=0)
+            return {"chunks": 20}
         if text == "fail":
             run.stream_text(["about to fail"], max_delay_ms=0)
             raise RuntimeError("the model is unavailable")

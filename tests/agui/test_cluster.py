@@ -52,3 +52,32 @@ def test_stop_through_the_node_that_does_not_hold_the_thread(make_server, redis_
         assert r.status_code == 200, r.text
         rest = b"\n".join(lines)
     assert rest.rstrip().endswith(b'"outcome":{"type":"cancelled"}}')
+
+
+def test_a_stream_cut_mid_run_reattached_on_the_other_node(make_server, redis_url, prefix):
+    """The run's handler goes on on node a while its session moves to node b (the
+    re-attach): what it streams reaches b through the cluster, and the client ends with
+    exactly the events of an uncut run."""
+    a, b = node(make_server, redis_url, prefix), node(make_server, redis_url, prefix)
+    token = a.issue_token("u")
+    uncut = blocks(run_raw(a, token, "uncut", "r1", "long").content)
+    with requests.post(f"{a.base_url}/proto/agui", stream=True, timeout=20,
+                       json={"threadId": "moved", "runId": "r1", "messages": [
+                           {"id": "m", "role": "user", "content": "long"}]},
+                       headers={"Authorization": f"Bearer {token}"}) as stream:
+        buffer = b""
+        for chunk in stream.iter_content(None):
+            buffer += chunk
+            if buffer.count(b"\n\n") >= 5:
+                break
+    before = blocks(b"".join(block + b"\n\n" for block in buffer.split(b"\n\n")[:5]))
+    after = blocks(reattach(b, token, "moved", "r1", before[-1][0]).content)
+    prelude = [e for i, e in after if i is None]
+    assert [e["type"] for e in prelude] == ["RUN_STARTED", "TEXT_MESSAGE_START"]
+    events = [e for _, e in before] + [e for i, e in after if i is not None]
+
+    def shape(evs: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+        return [(e["type"], e.get("delta"), e.get("result")) for e in evs]
+    assert shape(events) == shape([e for _, e in uncut])
+    ids = [i for i, _ in before] + [i for i, _ in after if i is not None]
+    assert ids == sorted(set(ids))
