@@ -91,6 +91,13 @@ def agent_handler(server: Any) -> Callable[[Any], Any]:
         if text == "long":  # text only, 20 chunks 40 ms apart
             run.stream_text(slow_chunks(20), max_delay_ms=0)
             return {"chunks": 20}
+        if text == "pause":  # 6 chunks, a pause of 1.5 s, 6 more
+            def paused() -> Any:
+                yield from slow_chunks(6)
+                gevent.sleep(1.5)
+                yield from (f"later{i} " for i in range(6))
+            run.stream_text(paused(), max_delay_ms=0)
+            return {"chunks": 12}
         if text == "fail":
             run.stream_text(["about to fail"], max_delay_ms=0)
             raise RuntimeError("the model is unavailable")
