@@ -40,8 +40,8 @@ from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_too
 from .streaming import StreamedText, stream_chunks
 from .post_lane import SessionPostLane
 from .web import WebContext, create_blueprint
-from .agui.endpoint import finish_elsewhere
 from .agui.run import AguiRun, AguiServices
+from .agui.services import agui_services
 
 log = logging.getLogger("protoflask")
 
@@ -261,39 +261,11 @@ class ProtoServer:
         return fn
 
     def _agui_services(self) -> AguiServices:
-        """What an AG-UI run needs, wherever its thread's session lives: a re-attach on
-        another node of a cluster moves the session there while the handler runs here."""
-        def run_status(session_id: str, run_id: str) -> str | None:
-            def read() -> str | None:
-                live = self.hub.get(session_id)
-                if live is None:  # moved to another node (or gone)
-                    info = self.hub.lookup(session_id)
-                    return "active" if info and run_id in info["activeRuns"] else None
-                run = live.core.runs.get(run_id)
-                return run.status if run is not None else None
-            return self._call(read)
-
-        def deliver(session_id: str, out: messages.Outbound) -> bool:
-            try:
-                return bool(self._call(self.hub.deliver, session_id, Send(out)))
-            except ProtoError:  # SessionNotFound: expired meanwhile
-                return False
-
-        def finish_run(session_id: str, run_id: str, summary: Any = None,
-                       error: Any = None) -> None:
-            if self._call(self.hub.get, session_id) is not None:
-                self.finish_run(session_id, run_id, summary=summary, error=error)
-                return
-            self._call(finish_elsewhere, self.engine, session_id, run_id, summary, error)
-
-        def report_error(exc: BaseException, session_id: str) -> None:
-            self._emit_error(exc, session_id=session_id)
-
-        return AguiServices(deliver=deliver, call_tool=self.call_tool,
-                            send_message=self.send_message, finish_run=finish_run,
-                            run_status=run_status, report_error=report_error,
-                            handler=self._agui_handler, echo=self.config.echo_messages,
-                            max_message_size=self.config.max_message_size)
+        return agui_services(
+            self.engine, call=self._call, call_tool=self.call_tool,
+            send_message=self.send_message, finish_run=self.finish_run,
+            report_error=lambda exc, session_id: self._emit_error(exc, session_id=session_id),
+            handler=self._agui_handler)
 
     def tool(self, name: str | None = None, *, description: str | None = None,
              input_schema: dict[str, Any] | None = None,
