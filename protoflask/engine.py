@@ -168,9 +168,11 @@ class Engine:
         last_seq = admission.last_seq
         return admission.resume, admission.resume.core.last_ack if last_seq is None else last_seq
 
-    def new_session(self, user_id: str) -> LiveSession:
-        live = self.adopt(ProtocolSession(uuid.uuid4().hex, user_id, self.settings, now_ms(),
-                                          self.stats.traffic))
+    def new_session(self, user_id: str, session_id: str | None = None) -> LiveSession:
+        """A new session of the user's; ``session_id`` names it (an AG-UI thread's
+        session, agui/input.py), else it gets a random id."""
+        live = self.adopt(ProtocolSession(session_id or uuid.uuid4().hex, user_id,
+                                          self.settings, now_ms(), self.stats.traffic))
         self.hub.add(live)
         return live
 

@@ -41,6 +41,8 @@ from .streaming import StreamedText, stream_chunks
 from .post_lane import SessionPostLane
 from .mcp import McpEndpoint
 from .web import WebContext, create_blueprint
+from .agui.run import AguiRun, AguiServices
+from .agui.services import agui_services
 
 log = logging.getLogger("protoflask")
 
@@ -59,6 +61,7 @@ class ProtoServer:
         self._app: Flask | None = None
         self._own_app = False  # the app was created here: the page may take "/"
         self._listeners: list[Callable[..., Any]] = []
+        self._agui_handler: Callable[[AguiRun], Any] | None = None
         self._serving = EmbeddedServer()
         if app is not None:
             self.init_app(app)
@@ -125,7 +128,8 @@ class ProtoServer:
             self._configure(loaded)
         app.extensions["protoflask"] = self
         ctx = WebContext(self.engine, self.config, self.metrics_registry, own_app=self._own_app,
-                         mcp=McpEndpoint(self.engine, self.config.allowed_origins))
+                         mcp=McpEndpoint(self.engine, self.config.allowed_origins),
+                         agui=self._agui_services)
         app.register_blueprint(create_blueprint(ctx))
         if self._own_app:  # the session POSTs skip Flask's request cycle (post_lane.py)
             app.wsgi_app = SessionPostLane(app, ctx)  # type: ignore[method-assign]
@@ -246,6 +250,24 @@ class ProtoServer:
 
     def get_tools(self) -> list[Tool]:
         return list(self.tools)
+
+    # -- AG-UI (docs/AGUI.md) ---------------------------------------------------------
+
+    def agui_handler(self, fn: Callable[[AguiRun], Any]) -> Callable[[AguiRun], Any]:
+        """Decorator: ``fn(run)`` answers every AG-UI run (POST /proto/agui), in a
+        greenlet of its own, with ``run.stream_text``, ``run.call_tool``,
+        ``run.call_frontend_tool``, ``run.set_state``...; its return value is the run's
+        result, an exception it raises ends the run with RUN_ERROR. Without one the
+        built-in echo (echoMessages) answers the last user message."""
+        self._agui_handler = fn
+        return fn
+
+    def _agui_services(self) -> AguiServices:
+        return agui_services(
+            self.engine, call=self._call, call_tool=self.call_tool,
+            send_message=self.send_message, finish_run=self.finish_run,
+            report_error=lambda exc, session_id: self._emit_error(exc, session_id=session_id),
+            handler=self._agui_handler)
 
     def tool(self, name: str | None = None, *, description: str | None = None,
              input_schema: dict[str, Any] | None = None,

@@ -9,7 +9,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
 from flask import Blueprint, Response, g, request
@@ -17,6 +17,8 @@ from flask.sansio.app import App
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import WebsocketMismatch
 
+from .agui.endpoint import add_agui_routes
+from .agui.run import AguiServices
 from .vitals import snapshot as vitals_snapshot
 from .auth import token_from_request
 from .core.bodies import parse_seq_arg
@@ -47,7 +49,8 @@ BLUEPRINT_NAME = "protoflask"
 #: The endpoints an Origin outside allowedOrigins is refused on (403 ORIGIN_NOT_ALLOWED).
 TRANSPORT_ENDPOINTS = frozenset({"protoflask.websocket", "protoflask.sse_stream",
                                  "protoflask.sse_post", "protoflask.http_stream",
-                                 "protoflask.ticket"})
+                                 "protoflask.ticket", "protoflask.agui_run",
+                                 "protoflask.agui_reattach", "protoflask.agui_stop"})
 #: What the public /stats leaves out of each node of a cluster (where it runs).
 PRIVATE_NODE_FIELDS = frozenset({"host", "pid"})
 #: A Host header value: a name, an IPv4 address or a bracketed IPv6 address, and a port.
@@ -73,6 +76,8 @@ class WebContext:
     own_app: bool
     #: /proto/mcp (docs/MCP.md): its routes here, its POSTs also in post_lane.py
     mcp: McpEndpoint
+    #: what an AG-UI run needs of the server (docs/AGUI.md); None: no /proto/agui
+    agui: Callable[[], AguiServices] | None = None
 
 
 class ConnectionTakenOver(StopIteration):
@@ -184,6 +189,9 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
         g.protoflask_live = True  # logged as open/closed, not as a request
         _serve_apart(engine, admission, sock, request.environ, config.enable_compression)
         return _TakenOverResponse()
+
+    if ctx.agui is not None:
+        add_agui_routes(bp, engine, ctx.agui)
 
     @bp.post("/proto/ticket")
     def ticket() -> Response:

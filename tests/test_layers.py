@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hub", "cluster"),
     ("engine", "dispatch", "kept"),
     ("transports",),
-    ("web", "post_lane", "dashboard", "metrics", "vitals", "blueprints", "mcp"),
+    ("web", "post_lane", "dashboard", "metrics", "vitals", "blueprints", "mcp", "agui"),
     ("server", "serving", "cli", "wsgi", ""),  # "": the package itself (its lazy public names)
 )
 #: The client sits beside the core's users: it imports the core only.

@@ -1,0 +1,4 @@
+"""AG-UI (https://docs.ag-ui.com) for protoflask: an adapter on the engine's public
+surface (docs/AGUI.md). ``mapping`` turns a session's messages into one run's AG-UI
+events, ``input`` checks a RunAgentInput, ``run`` is the application's side of a run,
+``endpoint`` the routes and the event stream."""

@@ -1,0 +1,213 @@
+"""The mapping of a session's downstream messages to one AG-UI run's events, written once
+(docs/AGUI.md, "Mapping").
+
+A ``RunTranslator`` reads the stamped envelopes a session sends, in seq order, and returns
+the AG-UI events of one run as SSE bytes: nothing before the run's own ``RUN_STARTED``,
+nothing after its ``RUN_FINISHED``. Every event made from a message carries that
+message's seq as its ``id:``; the events the translator makes up itself (the join
+prelude of a re-attach, the ENDs that close what a cancelled run left open) carry none,
+so a Last-Event-ID always names a message of the session.
+
+A re-attach (``resume_after=N``) replays the run from its start: events up to seq ``N``
+only update what is open (the client has them), then the join prelude re-opens the run
+and every text and tool call still open at ``N``, so that a client's event verifier,
+which starts from nothing, accepts what follows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+#: The application's own message type that carries one AG-UI event, camelCase, verbatim
+#: (state, custom events, frontend tool calls, a server tool call's announcement).
+AGUI_EVENT = "AGUI_EVENT"
+#: The CUSTOM event a server tool call's TOOL_UPDATE becomes.
+PROGRESS_EVENT = "protoflask.tool_progress"
+
+#: A text part as the session stamps it (core/outbound.py: the envelope's keys in order,
+#: payload {message_id, content}), and the event it becomes
+_PART_HEAD = b'"type":"MESSAGE_PART","channel":"AGENT","payload":{"message_id":"'
+_PART_HEAD_LEN = len(_PART_HEAD)
+_CONTENT = b'id: %d\ndata: {"type":"TEXT_MESSAGE_CONTENT","messageId":"%s","delta":%s}\n\n'
+
+_OPENS = {"TEXT_MESSAGE_START": "text", "TOOL_CALL_START": "tool"}
+_CLOSES = {"TEXT_MESSAGE_END": "text", "TOOL_CALL_END": "tool"}
+_KEY = {"text": "messageId", "tool": "toolCallId"}
+
+
+def sse_event(event: dict[str, Any], seq: int | None) -> bytes:
+    """One AG-UI event in AG-UI's SSE framing: one ``data:`` line, LF; ``id:`` first."""
+    data = orjson.dumps(event)
+    if seq is None:
+        return b"data: " + data + b"\n\n"
+    return b"id: %d\ndata: %s\n\n" % (seq, data)
+
+
+class RunTranslator:
+    """The AG-UI events of run ``run_id`` of thread ``thread_id`` (see the module doc)."""
+
+    def __init__(self, thread_id: str, run_id: str, resume_after: int | None = None) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.started = False
+        self.ended = False
+        #: seqs up to this one are not written (a re-attach: the client has them)
+        self.resume_after = resume_after
+        #: open constructs, in the order they opened: (kind, id) -> the START event
+        self.open: dict[tuple[str, str], dict[str, Any]] = {}
+        #: tool calls announced in this run whose result has not come (a server tool's
+        #: TOOL_DONE becomes TOOL_CALL_RESULT; a frontend tool's result comes next run)
+        self.calls: set[str] = set()
+        #: the nonces of the heartbeat PINGs read, for the stream to answer
+        self.pings: list[str] = []
+
+    def translate(self, ready: list[tuple[int, bytes]]) -> bytes:
+        out: list[bytes] = []
+        open_ = self.open
+        for seq, data in ready:
+            if self.ended:
+                break
+            resume = self.resume_after
+            if resume is None and self.started:
+                # the common message, a text's part, without decoding it: its content is
+                # already a JSON string, which is what the delta is (docs/PERFORMANCE.md, AG-UI)
+                at = data.find(_PART_HEAD)
+                if at >= 0 and data.endswith(b"}}"):
+                    start = at + _PART_HEAD_LEN
+                    end = data.find(b'","content":', start)
+                    mid = data[start:end]
+                    if end > 0 and b"\\" not in mid and ("text", mid.decode()) in open_:
+                        out.append(_CONTENT % (seq, mid, data[end + 12:-2]))
+                        continue
+            if resume is not None and seq > resume:
+                self._prelude(out)
+                resume = None
+            self._message(seq, orjson.loads(data), out, resume is None)
+            if resume is not None and seq >= resume:
+                self._prelude(out)
+        return b"".join(out)
+
+    # -- one message -------------------------------------------------------------------
+
+    def _message(self, seq: int, env: dict[str, Any], out: list[bytes], write: bool) -> None:
+        mtype = env.get("type")
+        payload = env.get("payload") or {}
+        if mtype == "PING":
+            self.pings.append(str(payload.get("nonce", "")))
+            return
+        if not self.started:
+            if mtype == "RUN_STARTED" and payload.get("run_id") == self.run_id:
+                self.started = True
+                self._emit({"type": "RUN_STARTED", "threadId": self.thread_id,
+                            "runId": self.run_id}, seq, out, write)
+            return
+        if mtype == "MESSAGE_PART":
+            mid = payload.get("message_id")
+            if ("text", mid) in self.open:
+                self._emit({"type": "TEXT_MESSAGE_CONTENT", "messageId": mid,
+                            "delta": payload.get("content", "")}, seq, out, write)
+        elif mtype == AGUI_EVENT:
+            self._emit(payload, seq, out, write)
+        elif mtype == "MESSAGE_START":
+            self._emit({"type": "TEXT_MESSAGE_START", "messageId": payload.get("message_id"),
+                        "role": "assistant"}, seq, out, write)
+        elif mtype == "MESSAGE_END":
+            mid = payload.get("message_id")
+            if ("text", mid) in self.open:
+                self._emit({"type": "TEXT_MESSAGE_END", "messageId": mid}, seq, out, write)
+        elif mtype == "TOOL_UPDATE":
+            call_id = payload.get("call_id")
+            if call_id in self.calls:
+                self._emit({"type": "CUSTOM", "name": PROGRESS_EVENT,
+                            "value": progress_value(call_id, payload)}, seq, out, write)
+        elif mtype == "TOOL_DONE":
+            call_id = payload.get("call_id")
+            if call_id in self.calls:
+                self.calls.discard(call_id)
+                self._emit({"type": "TOOL_CALL_RESULT", "messageId": f"{call_id}-result",
+                            "toolCallId": call_id, "role": "tool",
+                            "content": result_content(payload)}, seq, out, write)
+        elif mtype == "RUN_FINISHED" and payload.get("run_id") == self.run_id:
+            self._finish(seq, payload, out, write)
+
+    def _emit(self, event: dict[str, Any], seq: int | None, out: list[bytes],
+              write: bool) -> None:
+        etype = event.get("type")
+        kind = _OPENS.get(etype)  # type: ignore[arg-type]
+        if kind is not None:
+            key = str(event.get(_KEY[kind]))
+            self.open[(kind, key)] = event
+            if kind == "tool":  # a native TOOL_DONE of this id is its result
+                self.calls.add(key)
+        else:
+            kind = _CLOSES.get(etype)  # type: ignore[arg-type]
+            if kind is not None:
+                self.open.pop((kind, str(event.get(_KEY[kind]))), None)
+        if write:
+            out.append(sse_event(event, seq))
+
+    def _finish(self, seq: int, payload: dict[str, Any], out: list[bytes],
+                write: bool) -> None:
+        """The run's end: close what is open (id-less), then the one terminal event."""
+        for (kind, key), _ in list(self.open.items()):
+            end = "TEXT_MESSAGE_END" if kind == "text" else "TOOL_CALL_END"
+            self._emit({"type": end, _KEY[kind]: key}, None, out, write)
+        status = payload.get("status")
+        terminal: dict[str, Any]
+        if status == "error":
+            error = payload.get("error")
+            message, code = _error_text(error)
+            terminal = {"type": "RUN_ERROR", "message": message}
+            if code:
+                terminal["code"] = code
+        else:
+            terminal = {"type": "RUN_FINISHED", "threadId": self.thread_id,
+                        "runId": self.run_id}
+            if status == "cancelled":
+                terminal["outcome"] = {"type": "cancelled"}
+            elif payload.get("summary") is not None:
+                terminal["result"] = payload["summary"]
+        self._emit(terminal, seq, out, write)
+        self.ended = True
+
+    def _prelude(self, out: list[bytes]) -> None:
+        """A re-attach reached the client's Last-Event-ID: re-open the run and what is
+        open in it (id-less), unless the client has the run's end already."""
+        self.resume_after = None
+        if not self.started or self.ended:
+            return
+        out.append(sse_event({"type": "RUN_STARTED", "threadId": self.thread_id,
+                              "runId": self.run_id}, None))
+        for event in self.open.values():
+            out.append(sse_event(event, None))
+
+
+def progress_value(call_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """The value of a tool's progress event: its TOOL_UPDATE, camelCase."""
+    value: dict[str, Any] = {"toolCallId": call_id, "status": payload.get("status")}
+    if payload.get("progress") is not None:
+        value["progress"] = payload["progress"]
+    if "partial" in payload:
+        value["partial"] = payload["partial"]
+    return value
+
+
+def result_content(payload: dict[str, Any]) -> str:
+    """TOOL_CALL_RESULT's content: the tool's result as JSON text; a failed call's
+    ``{"error": {code, message}}``, a cancelled one's ``{"cancelled": true}``."""
+    status = payload.get("status")
+    if status == "OK":
+        return orjson.dumps(payload.get("result")).decode()
+    if status == "CANCELLED":
+        return '{"cancelled":true}'
+    return orjson.dumps({"error": payload.get("error")}).decode()
+
+
+def _error_text(error: Any) -> tuple[str, str | None]:
+    if isinstance(error, dict):
+        code = error.get("code")
+        return str(error.get("message") or code or "run failed"), \
+            (str(code) if code else None)
+    return (str(error) if error is not None else "run failed"), None

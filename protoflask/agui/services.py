@@ -1,0 +1,53 @@
+"""What an AG-UI run needs of the server (``AguiServices``), built from the server's bound
+methods and the engine below it, wherever the run's thread session lives: a re-attach on
+another node of a cluster moves the session there while the handler runs here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..core import messages
+from ..core.errors import ProtoError
+from ..hub import Send
+from .endpoint import finish_elsewhere
+from .run import AguiRun, AguiServices
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+
+def agui_services(engine: "Engine", *, call: Callable[..., Any],
+                  call_tool: Callable[..., Any], send_message: Callable[..., None],
+                  finish_run: Callable[..., Any],
+                  report_error: Callable[[BaseException, str], None],
+                  handler: Callable[[AguiRun], Any] | None) -> AguiServices:
+    """``call(fn, *args)`` runs ``fn`` in the server's hub (ProtoServer._call); the others
+    are the server's own methods of those names."""
+    hub = engine.hub
+
+    def run_status(session_id: str, run_id: str) -> str | None:
+        def read() -> str | None:
+            live = hub.get(session_id)
+            if live is None:  # moved to another node (or gone)
+                info = hub.lookup(session_id)
+                return "active" if info and run_id in info["activeRuns"] else None
+            run = live.core.runs.get(run_id)
+            return run.status if run is not None else None
+        return call(read)
+
+    def deliver(session_id: str, out: messages.Outbound) -> bool:
+        try:
+            return bool(call(hub.deliver, session_id, Send(out)))
+        except ProtoError:  # SessionNotFound: expired meanwhile
+            return False
+
+    def finish(session_id: str, run_id: str, summary: Any = None, error: Any = None) -> None:
+        if call(hub.get, session_id) is not None:
+            finish_run(session_id, run_id, summary=summary, error=error)
+        else:
+            call(finish_elsewhere, engine, session_id, run_id, summary, error)
+
+    return AguiServices(deliver=deliver, call_tool=call_tool, send_message=send_message,
+                        finish_run=finish, run_status=run_status, report_error=report_error,
+                        handler=handler, echo=engine.config.echo_messages,
+                        max_message_size=engine.config.max_message_size)
