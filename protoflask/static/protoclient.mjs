@@ -419,6 +419,8 @@ var CONTROL = /* @__PURE__ */ new Set([
   "REPLAY_REQUEST",
   "ERROR"
 ]);
+var NOT_RESENT = /* @__PURE__ */ new Set(["PONG", "ACK", "FLOW_UPDATE"]);
+var HEARTBEAT = /* @__PURE__ */ new Set(["PING", "PONG"]);
 var NEEDED_EVENTS = ["HELLO", "ERROR", "PING", "PONG", "FLOW_UPDATE", "PAUSE_CHANNEL", "RESUME_CHANNEL"];
 var UNLIMITED = Number.MAX_SAFE_INTEGER;
 var ACK_EVERY = 32;
@@ -840,7 +842,10 @@ var ProtoClient = class {
       acct.messages -= 1;
       acct.bytes -= bytes;
     }
-    this.unconfirmed.push({ ...item, seq: this.seq, bytes, spent: !!acct });
+    const confirming = item.type === "PING" && String(item.payload.nonce).startsWith("confirm-");
+    if (!NOT_RESENT.has(item.type) && !confirming) {
+      this.unconfirmed.push({ ...item, seq: this.seq, bytes, spent: !!acct });
+    }
     this.write(raw);
   }
   /** The server has seen the upstream messages `first`..`last`. (A POST confirms only
@@ -892,7 +897,7 @@ var ProtoClient = class {
     const p = msg.payload || {};
     if (this.failing.size) this.flushFailing(msg.type === "ERROR" ? p.related_id : void 0);
     if (!CONTROL.has(msg.type)) this.spendDown(msg.channel, byteLength(raw));
-    this.scheduleAck();
+    if (!HEARTBEAT.has(msg.type)) this.scheduleAck();
     switch (msg.type) {
       case "HELLO":
         this.onHello(p);
@@ -979,8 +984,6 @@ var ProtoClient = class {
     this.unconfirmed = this.unconfirmed.filter((m) => m.seq >= this.helloSeq);
     const resend = [];
     for (const m of lost) {
-      if (m.type === "PING" && String(m.payload.nonce).startsWith("confirm-")) continue;
-      if (m.type === "PONG" || m.type === "ACK" || m.type === "FLOW_UPDATE") continue;
       this.refund(m);
       resend.push({ id: m.id, type: m.type, channel: m.channel, payload: m.payload });
     }
@@ -1158,7 +1161,8 @@ var ProtoClient = class {
       acct.bytes = credit.bytes;
     }
   }
-  /** ACK after every 32 messages and whenever the downstream falls idle. */
+  /** ACK after every 32 messages and whenever the downstream falls idle (the heartbeat
+   * itself is acknowledged only along with other messages). */
   scheduleAck() {
     this.sinceAck += 1;
     const ack = () => {

@@ -149,6 +149,12 @@ type Events = {
 const CONTROL = new Set([
   "HELLO", "PING", "PONG", "ACK", "FLOW_UPDATE", "PAUSE_CHANNEL", "RESUME_CHANNEL", "REPLAY_REQUEST", "ERROR",
 ]);
+/** Sent for the link of the moment, never again after a resume: nothing waits for their
+ * confirmation (so they never cause a confirming PING, which would bring a PONG, an ACK ...). */
+const NOT_RESENT = new Set(["PONG", "ACK", "FLOW_UPDATE"]);
+/** The heartbeat (and a PING's answer): not acknowledged by themselves, so an idle client
+ * sends nothing but its PONG to each server PING. */
+const HEARTBEAT = new Set(["PING", "PONG"]);
 const NEEDED_EVENTS = ["HELLO", "ERROR", "PING", "PONG", "FLOW_UPDATE", "PAUSE_CHANNEL", "RESUME_CHANNEL"];
 /** Announced when the application did not ask for downstream credit: an older server
  * that counts downstream credit for every client then never holds messages back. */
@@ -655,7 +661,10 @@ export class ProtoClient {
       acct.messages -= 1;
       acct.bytes -= bytes;
     }
-    this.unconfirmed.push({ ...item, seq: this.seq, bytes, spent: !!acct });
+    const confirming = item.type === "PING" && String(item.payload.nonce).startsWith("confirm-");
+    if (!NOT_RESENT.has(item.type) && !confirming) {
+      this.unconfirmed.push({ ...item, seq: this.seq, bytes, spent: !!acct });
+    }
     this.write(raw);
   }
 
@@ -712,7 +721,7 @@ export class ProtoClient {
     const p = msg.payload || {};
     if (this.failing.size) this.flushFailing(msg.type === "ERROR" ? p.related_id : undefined);
     if (!CONTROL.has(msg.type)) this.spendDown(msg.channel, byteLength(raw));
-    this.scheduleAck();
+    if (!HEARTBEAT.has(msg.type)) this.scheduleAck();
     switch (msg.type) {
       case "HELLO":
         this.onHello(p as ServerHello);
@@ -803,8 +812,6 @@ export class ProtoClient {
     this.unconfirmed = this.unconfirmed.filter((m) => m.seq >= this.helloSeq);
     const resend: Outgoing[] = [];
     for (const m of lost) {
-      if (m.type === "PING" && String(m.payload.nonce).startsWith("confirm-")) continue;
-      if (m.type === "PONG" || m.type === "ACK" || m.type === "FLOW_UPDATE") continue;
       this.refund(m);
       resend.push({ id: m.id, type: m.type, channel: m.channel, payload: m.payload });
     }
@@ -986,7 +993,8 @@ export class ProtoClient {
     }
   }
 
-  /** ACK after every 32 messages and whenever the downstream falls idle. */
+  /** ACK after every 32 messages and whenever the downstream falls idle (the heartbeat
+   * itself is acknowledged only along with other messages). */
   private scheduleAck(): void {
     this.sinceAck += 1;
     const ack = () => {
