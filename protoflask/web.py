@@ -168,10 +168,7 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
                                                  "header"))
         sock = raw_socket(request.environ)
         if sock is None:
-            return json_response({"error": {
-                "code": "UNSUPPORTED_SERVER",
-                "message": "WebSocket needs gunicorn's gevent worker or ProtoServer.start()"}},
-                500)
+            return _unsupported_server("WebSocket")
         try:
             admission = admit(engine, request, ws.WebSocketConnection.kind,
                               request.args.get("session") or None,
@@ -197,6 +194,8 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
 
     @bp.get("/proto/sse")
     def sse_stream() -> Response:
+        if raw_socket(request.environ) is None:
+            return _unsupported_server("An SSE stream")
         return _live(sse.open_stream(engine, request))
 
     @bp.post("/proto/sse")
@@ -205,6 +204,8 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
 
     @bp.post("/proto/stream")
     def http_stream() -> Response:
+        if stream.opens_stream(request) and raw_socket(request.environ) is None:
+            return _unsupported_server("An NDJSON stream")
         return _live(stream.handle_post(engine, request))
 
     @bp.after_request
@@ -252,6 +253,16 @@ def _serve_apart(engine: "Engine", admission: Any, sock: Any, environ: dict[str,
             own.close()
 
     gevent.spawn(run)
+
+
+def _unsupported_server(what: str) -> Response:
+    """A live transport on a WSGI server that does not hand over its socket (the Flask dev
+    server, a thread pool): it could not keep the response streaming, so it is refused
+    at once, before any session is made, instead of ending after its first bytes."""
+    return json_response({"error": {
+        "code": "UNSUPPORTED_SERVER",
+        "message": f"{what} needs gunicorn's gevent worker or ProtoServer.start() "
+                   "(`protoflask serve`), not this WSGI server"}}, 500)
 
 
 def _live(response: Response) -> Response:
