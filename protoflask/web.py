@@ -20,7 +20,7 @@ from werkzeug.routing import WebsocketMismatch
 from .vitals import snapshot as vitals_snapshot
 from .auth import token_from_request
 from .core.bodies import parse_seq_arg
-from .core.errors import InvalidMessage, OriginNotAllowed, ProtoError
+from .core.errors import InvalidMessage, OriginNotAllowed, ProtoError, ShuttingDown
 from .dashboard import add_dashboard_routes
 from .clock import now_ms
 from .logs import redacted_query
@@ -182,7 +182,10 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
     @bp.post("/proto/ticket")
     def ticket() -> Response:
         """A single-use connect ticket for the Bearer token's user (``?ticket=`` on the
-        transports instead of ``?token=``, which proxies would log)."""
+        transports instead of ``?token=``, which proxies would log). None while draining:
+        it could only open a connection that would be refused."""
+        if engine.shutting_down:
+            return error_response(ShuttingDown())
         try:
             ticket, lifetime_ms = engine.issue_ticket(
                 token_from_request(None, request.headers.get("Authorization")))

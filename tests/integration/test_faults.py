@@ -207,6 +207,10 @@ def test_new_connections_are_refused_while_draining(make_server):
                              headers={"Authorization": f"Bearer {server.issue_token('b')}"},
                              timeout=timeout(5))
         assert (resp.status_code, resp.json()["error"]["code"]) == (503, "SHUTTING_DOWN")
+        # nor a connect ticket, which could only be used for a refused connection
+        ticket = requests.post(server.base_url + "/proto/ticket", timeout=timeout(5),
+                               headers={"Authorization": f"Bearer {server.issue_token('b')}"})
+        assert (ticket.status_code, ticket.json()["error"]["code"]) == (503, "SHUTTING_DOWN")
         done = client.recv_type("TOOL_DONE", within=5)
         assert done["payload"]["status"] == "OK"
     finally:
