@@ -17,9 +17,26 @@ from .usage import UsageError
 def _token_for(args: argparse.Namespace) -> str:
     token = args.token or os.environ.get("PROTOFLASK_TOKEN") or dev_token_for(args.url)
     if not token:
+        _check_reachable(args.url, args.timeout)  # a dead server first: the token is moot
         raise UsageError("no token: pass --token, set PROTOFLASK_TOKEN, or start the server "
                          "with `protoflask serve --dev` (its token is picked up)")
     return token
+
+
+def _check_reachable(url: str, timeout: float) -> None:
+    """ConnectionFailed (the CLI's "server unreachable") when nothing listens at ``url``."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from ..client.errors import ConnectionFailed
+
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme in ("https", "wss") else 80)
+    try:
+        socket.create_connection((host, port), timeout=min(timeout, 3.0)).close()
+    except OSError as exc:
+        raise ConnectionFailed(f"cannot reach {host}:{port}: {exc.strerror or exc}") from None
 
 
 def _client(args: argparse.Namespace, **options: Any) -> Any:
@@ -39,7 +56,8 @@ def ping(args: argparse.Namespace) -> int:
             print(f"pong {n}: time={rtt:.2f} ms", flush=True)
             if n < args.count:
                 time.sleep(args.interval)
-    print(f"{len(rtts)} pongs, min/avg/max = {min(rtts):.2f}/{sum(rtts) / len(rtts):.2f}/"
+    pongs = f"{len(rtts)} pong" + ("" if len(rtts) == 1 else "s")
+    print(f"{pongs}, min/avg/max = {min(rtts):.2f}/{sum(rtts) / len(rtts):.2f}/"
           f"{max(rtts):.2f} ms")
     return 0
 
