@@ -6,6 +6,7 @@
 
 import {
   ClientTimeout,
+  ConnectionFailed,
   ConnectionLost,
   ConnectionRefused,
   ProtoError,
@@ -272,6 +273,10 @@ export class ProtoClient {
     if (!["websocket", "sse", "stream"].includes(this.transport)) {
       throw new TypeError(`ProtoClient: unknown transport ${JSON.stringify(this.transport)}`);
     }
+    if (options.duplex === true && this.transport === "stream" && !isNode()) {
+      throw new TypeError("ProtoClient: duplex: true needs Node (its node:http): a browser's fetch "
+        + "cannot write a request body while reading the response; leave duplex out (follow-up POSTs)");
+    }
     const here = (globalThis as any).location?.href;
     const base = new URL(options.url, here);
     if (!base.pathname.endsWith("/")) base.pathname += "/";
@@ -345,7 +350,12 @@ export class ProtoClient {
       waiter.timer = setTimeout(() => {
         if (this.connectWaiter !== waiter) return;
         this.connectWaiter = undefined;
-        const error = new ClientTimeout(`no handshake within ${this.timeoutMs} ms`);
+        const error = this.transport === "stream" && (this.opts.duplex ?? isNode()) && !this.linkOpened
+          ? new ConnectionFailed(`no response to the duplex stream within ${this.timeoutMs} ms: a proxy on `
+            + "the way probably holds the request body until it ends (nginx: proxy_request_buffering off), "
+            + "which a duplex stream never does; pass duplex: false to send follow-up POSTs instead",
+          new ClientTimeout(`no handshake within ${this.timeoutMs} ms`))
+          : new ClientTimeout(`no handshake within ${this.timeoutMs} ms`);
         this.shutdown(error);
         reject(error);
       }, this.timeoutMs);
@@ -373,7 +383,7 @@ export class ProtoClient {
         headers: { Authorization: `Bearer ${token}` },
       });
     } catch (exc) {
-      throw new ProtoError("UNREACHABLE", `cannot reach ${this.base.href}: ${exc}`);
+      throw new ConnectionFailed(`cannot reach ${this.base.href}: ${exc}`, exc);
     }
     if (resp.status === 404 || resp.status === 405) {
       await resp.body?.cancel().catch(() => undefined);
@@ -392,6 +402,7 @@ export class ProtoClient {
     const credential = this.transport === "websocket" ? await this.credential(token) : undefined;
     if (this._state === "closed") return;
     this.linkReady = false;
+    this.linkOpened = false;
     this.helloSeq = 0;
     let link: Link | undefined = undefined;
     const current = () => link !== undefined && this.link === link;
@@ -414,6 +425,7 @@ export class ProtoClient {
       {
         open: (session) => {
           if (!current()) return;
+          this.linkOpened = true;
           if (session) this._session = session;
           if (!this.helloSeq) this.write(this.buildHello());
           this.kickWatchdog();
@@ -439,6 +451,8 @@ export class ProtoClient {
   }
 
   private lastHelloRaw = "";
+  /** The current connection's response (or upgrade) came: the server answers. */
+  private linkOpened = false;
 
   private buildHello(): string {
     const accept = this.opts.acceptEvents?.length
@@ -500,7 +514,7 @@ export class ProtoClient {
     const detail = `${info.code}${info.reason ? " " + info.reason : ""}`;
     if (this.connectWaiter) {
       // the first connection: no retries, the caller hears why
-      this.connectionFailed(info.error ?? new ConnectionLost("UNREACHABLE", `connection closed ${detail}`));
+      this.connectionFailed(info.error ?? new ConnectionFailed(`cannot connect to ${this.base.href}: ${detail}`, info.reason));
       return;
     }
     let fatal: ProtoError | undefined;
