@@ -69,10 +69,15 @@ def chat(args: argparse.Namespace) -> int:
     replies = threading.Semaphore(0)
     last_activity = [time.monotonic()]
     open_texts: set[str] = set()
+    runs: set[str] = set()  # the server's runs in progress (a reply in a run)
 
     def on_message(msg: dict[str, Any]) -> None:
         last_activity[0] = time.monotonic()
         mtype, payload = msg["type"], msg["payload"]
+        if mtype == "RUN_STARTED":
+            runs.add(payload.get("run_id"))
+        elif mtype == "RUN_FINISHED":
+            runs.discard(payload.get("run_id"))
         if mtype == "MESSAGE_START":
             open_texts.add(payload.get("message_id"))
             sys.stdout.write(prefix)
@@ -107,7 +112,10 @@ def chat(args: argparse.Namespace) -> int:
             client.send_text(text)
             sent += 1
             if interactive:  # wait for the reply before the next prompt
-                replies.acquire(timeout=args.wait)
+                try:
+                    replies.acquire(timeout=args.wait)
+                except KeyboardInterrupt:  # stop this reply; Ctrl-C at the prompt quits
+                    _stop_reply(client, runs, open_texts)
         if not interactive:  # stdin ended: wait for the replies (until idle for --wait s)
             got = 0
             while got < sent:
@@ -116,6 +124,19 @@ def chat(args: argparse.Namespace) -> int:
                 elif time.monotonic() - last_activity[0] > args.wait:
                     break
     return 0
+
+
+def _stop_reply(client: Any, runs: set[str], open_texts: set[str]) -> None:
+    """Ctrl-C during a reply: cancel the runs in progress (RUN_CANCEL: the server stops
+    streaming a reply of that run) and stop printing the texts still open."""
+    cancelled = list(runs)  # the reader thread drops each one as its RUN_FINISHED comes
+    for run_id in cancelled:
+        client.send("RUN_CANCEL", "USER", {"run_id": run_id})
+    open_texts.clear()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    what = f"{len(cancelled)} run(s) cancelled" if cancelled else "reply no longer shown"
+    print(f"^C: {what}; Ctrl-C again at the prompt quits", file=sys.stderr)
 
 
 class _ProgressBar:
@@ -140,10 +161,13 @@ class _ProgressBar:
         sys.stderr.flush()
 
     def __call__(self, progress: float | None, status: str, partial: Any) -> None:
-        if progress is None:
-            self._write(f"{status.lower():<8}")
-        else:
-            self._write(self._bar(progress))
+        line = f"{status.lower():<8}" if progress is None else self._bar(progress)
+        if partial is not None:  # what the tool has so far
+            shown = json.dumps(partial)
+            if self.tty and len(shown) > 60:  # one terminal line, redrawn in place
+                shown = shown[:59] + "…"
+            line += f"  partial: {shown}"
+        self._write(line)
 
     def finish(self, outcome: str) -> None:
         """`done` draws a full bar; anything else (failed, cancelled) ends the bar with

@@ -250,3 +250,64 @@ def test_protoflask_dev_in_a_plain_script(tmp_path, served):
     assert proc.returncode == 0, proc.stderr
     assert s.stop() == 0
     assert not (tmp_path / "dev-token.json").exists()
+
+
+def test_chat_ctrl_c_cancels_the_run_and_a_second_quits(make_server):
+    """Ctrl-C while a reply streams (in a run) cancels that run and stops printing it,
+    then prompts again; Ctrl-C at the prompt quits (130)."""
+    import gevent
+
+    from .test_cli_commands import Terminal
+
+    server = make_server(echoMessages=False)
+    outcomes: list = []
+
+    def reply(session_id: str, message: dict) -> None:
+        if message["type"] != "MESSAGE_END":
+            return
+
+        def slow_model():
+            for i in range(400):
+                gevent.sleep(0.05)
+                yield f"t{i} "
+
+        def stream() -> None:
+            run = server.start_run(session_id)
+            outcomes.append(server.stream_text(session_id, slow_model(), run_id=run["runId"]))
+        gevent.spawn(stream)
+
+    server.on("textMessage", reply)
+    env = {k: v for k, v in os.environ.items() if k != "PROTOFLASK_URL"}
+    env["PROTOFLASK_TOKEN"] = server.issue_token("tty")
+    env["PROTOFLASK_DEV_TOKEN_FILE"] = "/nonexistent/dev-token.json"
+    term = Terminal([*console_script(), "chat", "--url", server.base_url, "--wait", "60"], env)
+    try:
+        term.read_until(b"you> ")
+        term.type(b"tell me a long story\n")
+        term.read_until(b"agent> t0 ")
+        term.proc.send_signal(signal.SIGINT)
+        term.read_until(b"1 run(s) cancelled")
+        term.read_until(b"you> ", count=2)
+        wait_for(lambda: outcomes, what="the streamed reply to end")
+        assert outcomes[0].stopped, "the run's stream went on after the cancel"
+        assert outcomes[0].parts < 400
+        term.proc.send_signal(signal.SIGINT)
+        assert term.wait() == 130
+    finally:
+        term.close()
+
+
+def test_call_shows_partial_results(make_server, tmp_path):
+    server = make_server()
+
+    @server.tool()
+    def drafting(params, session_id, call_id, srv):
+        """Reports partial results."""
+        srv.send_tool_update(session_id, call_id, "RUNNING", 50, partial={"draft": "Dear"})
+        return {"text": "Dear reader"}
+
+    proc = run("call", "drafting", "--url", server.base_url,
+               "--token", server.issue_token("p"), tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert '50.0%  partial: {"draft": "Dear"}' in proc.stderr
+    assert json.loads(proc.stdout) == {"text": "Dear reader"}
