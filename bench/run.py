@@ -1042,6 +1042,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--render", metavar="JSON",
                    help="print the tables of an earlier run's JSON file and exit")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-gate", action="store_true",
+                   help="exit 0 even when a target row FAILs (smoke runs, whose windows are "
+                        "too short for the targets to mean anything)")
     args = p.parse_args(argv)
     q = args.quick
     args.seconds = args.seconds if args.seconds is not None else (1.5 if q else 8.0)
@@ -1077,7 +1080,7 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(Path(args.render).read_text())
         saved["targets"] = compute_targets(saved)  # today's targets on the saved figures
         print(render(saved, server_specs(1), args.markdown))
-        return 0
+        return gate(saved["targets"], args.no_gate)
     signal.signal(signal.SIGTERM, _terminated)
     fd_limit = raise_fd_limit(2 * args.max_connections + 1000)
     if fd_limit < max(args.idle_levels, default=0) + 500:
@@ -1245,7 +1248,20 @@ def main(argv: list[str] | None = None) -> int:
     if interrupted:
         print(f"bench: stopped early: {interrupted}", file=sys.stderr)
         return 1
-    return 0
+    return gate(results["targets"], args.no_gate)
+
+
+#: The exit code of a run in which a target row FAILs.
+EXIT_TARGET_FAILED = 3
+
+
+def gate(targets: list[dict[str, Any]], no_gate: bool) -> int:
+    """0, or EXIT_TARGET_FAILED (the failing rows named on stderr) unless --no-gate."""
+    failed = [t["target"].strip() for t in targets if t.get("verdict") == "FAIL"]
+    if not failed:
+        return 0
+    print(f"bench: {len(failed)} target(s) FAIL: " + "; ".join(failed), file=sys.stderr)
+    return 0 if no_gate else EXIT_TARGET_FAILED
 
 
 def idle_level(bench: Bench, name: str, n: int) -> dict[str, Any]:

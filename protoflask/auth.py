@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+import warnings
 from typing import TYPE_CHECKING, Any, Iterable
 
 import jwt
+from jwt.warnings import InsecureKeyLengthWarning
 
 from .core.errors import InvalidToken, MissingToken
 from .jwks import ASYMMETRIC_ALGORITHMS, JWKSCache, PublicKey, candidates, load_public_keys
@@ -13,6 +15,23 @@ from .options import parse_duration
 
 if TYPE_CHECKING:
     from .config import ServerConfig
+
+#: An HS256 secret shorter than this can be guessed offline from one token (RFC 7518
+#: §3.2 asks for at least the hash size). The server and `protoflask token` say so in
+#: one plain sentence (weak_secret_warning) instead of PyJWT's warning with its path.
+MIN_SECRET_BYTES = 32
+warnings.filterwarnings("ignore", category=InsecureKeyLengthWarning)
+
+
+def weak_secret_warning(secret: str | None) -> str | None:
+    """The warning for a secret too short for HS256, or None."""
+    size = len(secret.encode()) if secret else 0
+    if not secret or size >= MIN_SECRET_BYTES:
+        return None
+    return (f"the JWT secret is only {size} bytes: anyone holding one token can guess it "
+            f"and sign tokens for any user; use at least {MIN_SECRET_BYTES} random bytes, "
+            "e.g. JWT_SECRET=$(openssl rand -hex 32)")
+
 
 USER_CLAIMS = ("sub", "userId", "user_id")
 #: HMAC tokens remembered once verified (each POST of the HTTP transports carries its

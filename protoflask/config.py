@@ -197,6 +197,8 @@ class ServerConfig:
                 values[opt.attr] = from_app[opt.attr]
             elif opt.env and opt.env in env:
                 values[opt.attr] = value_from_env(opt, env[opt.env])
+        if values.get("dev_mode") and "host" not in values:
+            values["host"] = "127.0.0.1"  # a development server is not for the network
         flow = explicit.get("flowControl", explicit.get("flow_control", {}))
         if isinstance(flow, FlowControlConfig):
             values["flow_control"] = flow

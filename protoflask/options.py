@@ -62,7 +62,7 @@ FLOW_OPTIONS: tuple[Option, ...] = (
 
 OPTIONS: tuple[Option, ...] = (
     _o("port", "port", "PORT", int, 8080, "TCP port (0 picks a free one)", 0, 65535),
-    _o("host", "host", "HOST", str, "0.0.0.0", "bind address"),
+    _o("host", "host", "HOST", str, "0.0.0.0", "bind address (127.0.0.1 in devMode)"),
     _o("jwtSecret", "jwt_secret", "JWT_SECRET", str, None,
        "HMAC secret for tokens (required unless jwtPublicKey or jwksUrl is set)"),
     _o("jwtExpiresIn", "jwt_expires_in", "JWT_EXPIRES_IN", str, "24h",

@@ -24,7 +24,7 @@ from blinker import NamedSignal
 from flask import Flask
 
 from . import signals
-from .auth import authority_from_config
+from .auth import authority_from_config, weak_secret_warning
 from .config import APP_CONFIG_PREFIX, ConfigError, ServerConfig
 from .core import messages
 from .core.coalesce import DEFAULT_MAX_CHARS, DEFAULT_MAX_DELAY_MS
@@ -32,6 +32,7 @@ from .core.errors import InvalidMessage, ProtoError, RunNotFound, SessionNotFoun
 from .core.errors import CloseCode
 from .engine import Engine
 from .clock import now_ms
+from .cli.devtoken import forget_dev_token, save_dev_token
 from .cluster import make_hub
 from .hub import Hub, LiveSession, Send, ToolDone, ToolUpdate
 from .metrics import create_registry
@@ -83,6 +84,8 @@ class ProtoServer:
                     "a ready token")
             if self.config.dev_mode:
                 self.config = self.config.replace(jwt_secret=secrets.token_urlsafe(32))
+        if not self.config.dev_mode and (weak := weak_secret_warning(self.config.jwt_secret)):
+            log.warning("jwtSecret: %s", weak)
         self.authority = authority_from_config(self.config)
         if self.config.dev_mode:
             self.dev_token = self.authority.issue("dev")
@@ -184,6 +187,7 @@ class ProtoServer:
         Starts the server unless it already runs; call it from the main thread."""
         if not self._serving.running:
             self.start()
+        saved = self._save_dev_token()
         done = threading.Event()  # gevent's own when the process is monkey-patched
         previous = {sig: signal.signal(sig, lambda *_: done.set())
                     for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -192,7 +196,19 @@ class ProtoServer:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if saved:
+                forget_dev_token(saved)
             self.stop(grace)
+
+    def _save_dev_token(self) -> str | None:
+        """In development mode, the token saved for the client commands as `serve --dev`
+        saves it (`PROTOFLASK_DEV=1 python app.py`, then `protoflask chat`); or None."""
+        if not self.dev_token:
+            return None
+        host = self.config.host
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        return self.dev_token if save_dev_token(f"http://{host}:{self.port}",
+                                                self.dev_token) else None
 
     def stop(self, grace: float = 0.0) -> None:
         """Close every connection (1001), cancel running tools, stop listening; emits

@@ -22,7 +22,7 @@ from .agui.run import AguiServices
 from .vitals import snapshot as vitals_snapshot
 from .auth import token_from_request
 from .core.bodies import parse_seq_arg
-from .core.errors import InvalidMessage, OriginNotAllowed, ProtoError
+from .core.errors import InvalidMessage, OriginNotAllowed, ProtoError, ShuttingDown
 from .dashboard import add_dashboard_routes
 from .clock import now_ms
 from .logs import redacted_query
@@ -176,10 +176,7 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
                                                  "header"))
         sock = raw_socket(request.environ)
         if sock is None:
-            return json_response({"error": {
-                "code": "UNSUPPORTED_SERVER",
-                "message": "WebSocket needs gunicorn's gevent worker or ProtoServer.start()"}},
-                500)
+            return _unsupported_server("WebSocket")
         try:
             admission = admit(engine, request, ws.WebSocketConnection.kind,
                               request.args.get("session") or None,
@@ -196,7 +193,10 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
     @bp.post("/proto/ticket")
     def ticket() -> Response:
         """A single-use connect ticket for the Bearer token's user (``?ticket=`` on the
-        transports instead of ``?token=``, which proxies would log)."""
+        transports instead of ``?token=``, which proxies would log). None while draining:
+        it could only open a connection that would be refused."""
+        if engine.shutting_down:
+            return error_response(ShuttingDown())
         try:
             ticket, lifetime_ms = engine.issue_ticket(
                 token_from_request(None, request.headers.get("Authorization")))
@@ -208,6 +208,8 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
 
     @bp.get("/proto/sse")
     def sse_stream() -> Response:
+        if raw_socket(request.environ) is None:
+            return _unsupported_server("An SSE stream")
         return _live(sse.open_stream(engine, request))
 
     @bp.post("/proto/sse")
@@ -216,6 +218,8 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
 
     @bp.post("/proto/stream")
     def http_stream() -> Response:
+        if stream.opens_stream(request) and raw_socket(request.environ) is None:
+            return _unsupported_server("An NDJSON stream")
         return _live(stream.handle_post(engine, request))
 
     add_mcp_routes(bp, ctx.mcp)  # /proto/mcp (docs/MCP.md)
@@ -265,6 +269,16 @@ def _serve_apart(engine: "Engine", admission: Any, sock: Any, environ: dict[str,
             own.close()
 
     gevent.spawn(run)
+
+
+def _unsupported_server(what: str) -> Response:
+    """A live transport on a WSGI server that does not hand over its socket (the Flask dev
+    server, a thread pool): it could not keep the response streaming, so it is refused
+    at once, before any session is made, instead of ending after its first bytes."""
+    return json_response({"error": {
+        "code": "UNSUPPORTED_SERVER",
+        "message": f"{what} needs gunicorn's gevent worker or ProtoServer.start() "
+                   "(`protoflask serve`), not this WSGI server"}}, 500)
 
 
 def _live(response: Response) -> Response:

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_quick_ping_bench_produces_numbers(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--only", "ping",
            "--servers", "protoflask,flask-sock", "--levels", "1,10", "--warmup", "0.3",
-           "--seconds", "1", "--no-progress", "--out", str(tmp_path)]
+           "--seconds", "1", "--no-progress", "--no-gate", "--out", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
@@ -53,7 +53,7 @@ def test_quick_http_bench_produces_numbers(tmp_path: Path) -> None:
     beside them."""
     cmd = [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--only", "http",
            "--servers", "protoflask", "--warmup", "0.3", "--seconds", "1", "--no-progress",
-           "--out", str(tmp_path)]
+           "--no-gate", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "floor: bare gunicorn POST" in proc.stdout
@@ -66,3 +66,32 @@ def test_quick_http_bench_produces_numbers(tmp_path: Path) -> None:
     for name, row in rows.items():
         assert row["messages_per_s"] > 0 and row["errors"] == 0, (name, row)
     assert rows["floor"]["server_us_per_op"] > 0, rows["floor"]
+
+
+def _saved_run(tmp_path: Path, protoflask_rt_per_s: float) -> Path:
+    """A saved run (the fields --render reads) whose PING row is ``protoflask_rt_per_s``
+    against flask-sock's 1000."""
+    cell = {"p50_ms": 0.5, "p99_ms": 1.0, "connected": 10}
+    saved = {"started": "2026-01-01T00:00:00", "machine": {"cpus": 2},
+             "pinning": {"server_cpu": 0, "generator_cpu": 1}, "generator": "python",
+             "settings": {"warmup": 0.3, "seconds": 1, "rounds": 1}, "frame_bytes": 100,
+             "ping": {"protoflask": {"10": {**cell, "rt_per_s": protoflask_rt_per_s}},
+                      "flask-sock": {"10": {**cell, "rt_per_s": 1000}}}}
+    path = tmp_path / f"run-{protoflask_rt_per_s}.json"
+    path.write_text(json.dumps(saved))
+    return path
+
+
+def test_a_failing_target_row_fails_the_exit_code(tmp_path: Path) -> None:
+    def render(path: Path, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--render",
+                               str(path), *extra], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+
+    slow = render(_saved_run(tmp_path, 500))  # 50% of flask-sock: the >= 70% row FAILs
+    assert "FAIL" in slow.stdout
+    assert slow.returncode == 3, slow.stderr
+    assert "bench: 1 target(s) FAIL: PING->PONG rt/s @10" in slow.stderr
+    assert render(_saved_run(tmp_path, 500), "--no-gate").returncode == 0
+    fast = render(_saved_run(tmp_path, 900))
+    assert fast.returncode == 0 and "FAIL" not in fast.stdout, fast.stdout + fast.stderr

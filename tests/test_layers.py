@@ -32,7 +32,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engine", "dispatch", "kept"),
     ("transports",),
     ("web", "post_lane", "dashboard", "metrics", "vitals", "blueprints", "mcp", "agui"),
-    ("server", "serving", "cli", "wsgi", ""),  # "": the package itself (its lazy public names)
+    # "": the package itself (its lazy public names); __main__: python -m protoflask
+    ("server", "serving", "cli", "wsgi", "__main__", ""),
 )
 #: The client sits beside the core's users: it imports the core only.
 CLIENT = "client"

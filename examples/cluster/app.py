@@ -5,6 +5,9 @@ Nothing in the application changes for a cluster: it uses the same ProtoServer A
 
 - ``POST /notify/<session_id>`` sends a message to one session, wherever it is connected;
 - ``POST /announce`` broadcasts to every connected session on every node, once each;
+  both take an operator's token (``Authorization: Bearer``: a token of this server whose
+  user is in ``OPERATORS``, comma-separated, default ``operator``: ``protoflask token
+  --user operator``); any other caller gets 401 or 403;
 - the ``where`` tool reports which worker ran it (tools run where the session is held).
 
 Run it (from the repository root; Redis on 127.0.0.1:6379):
@@ -38,8 +41,26 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     def where(params: dict[str, Any], session_id: str, *context: Any) -> dict[str, Any]:
         return {"host": socket.gethostname(), "pid": os.getpid()}
 
+    operators = {u.strip() for u in os.environ.get("OPERATORS", "operator").split(",")}
+
+    def refused_unless_operator() -> Any:
+        """None for an operator's token, else the JSON refusal (401 or 403)."""
+        auth = request.headers.get("Authorization", "")
+        try:
+            user = server.authority.verify(auth[7:] if auth.startswith("Bearer ") else None)
+        except ProtoError as exc:
+            return jsonify({"error": {"code": exc.code, "message": exc.message}}), \
+                exc.http_status
+        if user not in operators:
+            return jsonify({"error": {"code": "FORBIDDEN",
+                                      "message": f"{user!r} is not an operator"}}), 403
+        return None
+
     @app.post("/notify/<session_id>")
     def notify(session_id: str):
+        refused = refused_unless_operator()
+        if refused is not None:
+            return refused
         text = (request.get_json(silent=True) or {}).get("text", "")
         try:
             server.send_message(session_id, {"type": "NOTIFICATION", "channel": "AGENT",
@@ -51,6 +72,9 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
 
     @app.post("/announce")
     def announce():
+        refused = refused_unless_operator()
+        if refused is not None:
+            return refused
         text = (request.get_json(silent=True) or {}).get("text", "")
         reached_here = server.broadcast({"type": "ANNOUNCEMENT", "channel": "AGENT",
                                          "payload": {"text": text}})

@@ -17,9 +17,26 @@ from .usage import UsageError
 def _token_for(args: argparse.Namespace) -> str:
     token = args.token or os.environ.get("PROTOFLASK_TOKEN") or dev_token_for(args.url)
     if not token:
+        _check_reachable(args.url, args.timeout)  # a dead server first: the token is moot
         raise UsageError("no token: pass --token, set PROTOFLASK_TOKEN, or start the server "
                          "with `protoflask serve --dev` (its token is picked up)")
     return token
+
+
+def _check_reachable(url: str, timeout: float) -> None:
+    """ConnectionFailed (the CLI's "server unreachable") when nothing listens at ``url``."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from ..client.errors import ConnectionFailed
+
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme in ("https", "wss") else 80)
+    try:
+        socket.create_connection((host, port), timeout=min(timeout, 3.0)).close()
+    except OSError as exc:
+        raise ConnectionFailed(f"cannot reach {host}:{port}: {exc.strerror or exc}") from None
 
 
 def _client(args: argparse.Namespace, **options: Any) -> Any:
@@ -39,7 +56,8 @@ def ping(args: argparse.Namespace) -> int:
             print(f"pong {n}: time={rtt:.2f} ms", flush=True)
             if n < args.count:
                 time.sleep(args.interval)
-    print(f"{len(rtts)} pongs, min/avg/max = {min(rtts):.2f}/{sum(rtts) / len(rtts):.2f}/"
+    pongs = f"{len(rtts)} pong" + ("" if len(rtts) == 1 else "s")
+    print(f"{pongs}, min/avg/max = {min(rtts):.2f}/{sum(rtts) / len(rtts):.2f}/"
           f"{max(rtts):.2f} ms")
     return 0
 
@@ -51,10 +69,15 @@ def chat(args: argparse.Namespace) -> int:
     replies = threading.Semaphore(0)
     last_activity = [time.monotonic()]
     open_texts: set[str] = set()
+    runs: set[str] = set()  # the server's runs in progress (a reply in a run)
 
     def on_message(msg: dict[str, Any]) -> None:
         last_activity[0] = time.monotonic()
         mtype, payload = msg["type"], msg["payload"]
+        if mtype == "RUN_STARTED":
+            runs.add(payload.get("run_id"))
+        elif mtype == "RUN_FINISHED":
+            runs.discard(payload.get("run_id"))
         if mtype == "MESSAGE_START":
             open_texts.add(payload.get("message_id"))
             sys.stdout.write(prefix)
@@ -89,7 +112,10 @@ def chat(args: argparse.Namespace) -> int:
             client.send_text(text)
             sent += 1
             if interactive:  # wait for the reply before the next prompt
-                replies.acquire(timeout=args.wait)
+                try:
+                    replies.acquire(timeout=args.wait)
+                except KeyboardInterrupt:  # stop this reply; Ctrl-C at the prompt quits
+                    _stop_reply(client, runs, open_texts)
         if not interactive:  # stdin ended: wait for the replies (until idle for --wait s)
             got = 0
             while got < sent:
@@ -98,6 +124,19 @@ def chat(args: argparse.Namespace) -> int:
                 elif time.monotonic() - last_activity[0] > args.wait:
                     break
     return 0
+
+
+def _stop_reply(client: Any, runs: set[str], open_texts: set[str]) -> None:
+    """Ctrl-C during a reply: cancel the runs in progress (RUN_CANCEL: the server stops
+    streaming a reply of that run) and stop printing the texts still open."""
+    cancelled = list(runs)  # the reader thread drops each one as its RUN_FINISHED comes
+    for run_id in cancelled:
+        client.send("RUN_CANCEL", "USER", {"run_id": run_id})
+    open_texts.clear()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    what = f"{len(cancelled)} run(s) cancelled" if cancelled else "reply no longer shown"
+    print(f"^C: {what}; Ctrl-C again at the prompt quits", file=sys.stderr)
 
 
 class _ProgressBar:
@@ -122,10 +161,13 @@ class _ProgressBar:
         sys.stderr.flush()
 
     def __call__(self, progress: float | None, status: str, partial: Any) -> None:
-        if progress is None:
-            self._write(f"{status.lower():<8}")
-        else:
-            self._write(self._bar(progress))
+        line = f"{status.lower():<8}" if progress is None else self._bar(progress)
+        if partial is not None:  # what the tool has so far
+            shown = json.dumps(partial)
+            if self.tty and len(shown) > 60:  # one terminal line, redrawn in place
+                shown = shown[:59] + "…"
+            line += f"  partial: {shown}"
+        self._write(line)
 
     def finish(self, outcome: str) -> None:
         """`done` draws a full bar; anything else (failed, cancelled) ends the bar with

@@ -16,6 +16,8 @@ from .commands import tools as run_tools
 from .serve import add_config_flags
 from .serve import serve as run_serve
 from .serve import token as run_token
+from .inspect import checktoken as run_checktoken
+from .inspect import config as run_config
 from .devtoken import default_url
 from .usage import (
     DEFAULT_URL, EXIT_CONNECTION, EXIT_INTERRUPTED, EXIT_SERVER_ERROR, EXIT_USAGE, UsageError,
@@ -30,6 +32,9 @@ protoflask: a real-time agent protocol server and its command-line client.
   protoflask call add '{"a": 2, "b": 40}'
   protoflask tools                  the server's tools and their schemas
   protoflask ping | stats
+  protoflask checktoken TOKEN       verify a token, show its claims
+  protoflask config                 the effective configuration, and where each value
+                                    comes from
 
 Run `protoflask COMMAND --help` for a command's options."""
 
@@ -49,8 +54,10 @@ def _command(sub: Any, name: str, summary: str, description: str,
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="protoflask", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                title="commands")
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"protoflask {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
     serve = _command(sub, "serve", "run the server",
                      "Run protoflask's own gevent server in this process (production runs "
@@ -60,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="development mode: a random secret, 127.0.0.1 unless --host or "
                             "HOST is given, and a ready token, printed and saved for the "
                             "client commands")
+    serve.add_argument("--app", default=None, metavar="MODULE:NAME",
+                       help="serve your own ProtoServer (or a Flask app with one mounted), "
+                            "e.g. myapp:proto or myapp:create_app() (like `flask run "
+                            "--app`); its module is imported from the current directory")
+    serve.add_argument("--reload", action="store_true",
+                       help="restart the server when a Python file under the current "
+                            "directory changes (development)")
     add_config_flags(serve)
     serve.set_defaults(run=run_serve)
 
@@ -81,6 +95,24 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("--aud", default=None, help="with --private-key: the aud claim")
     token.add_argument("--iss", default=None, help="with --private-key: the iss claim")
     token.set_defaults(run=run_token)
+
+    check = _command(sub, "checktoken", "verify a token and show its claims",
+                     "Verify a JWT with the server's configuration (JWT_SECRET, "
+                     "JWT_PUBLIC_KEY or JWKS_URL, JWT_AUDIENCE, JWT_ISSUER, ...) and print "
+                     "its user and claims;\nexit 1 with the reason when the server would "
+                     "refuse it.")
+    check.add_argument("token", help="the JWT (- reads it from stdin)")
+    check.add_argument("--secret", default=None, help="the HMAC secret (default: $JWT_SECRET)")
+    check.set_defaults(run=run_checktoken)
+
+    config = _command(sub, "config", "print the effective configuration and its sources",
+                      "Print every option as `serve` would use it, with where its value "
+                      "comes from: a flag,\nthe environment (which variable), or the "
+                      "built-in default. The secret is never printed.")
+    add_config_flags(config)
+    config.add_argument("--dev", action="store_true", help="as `serve --dev` would see it")
+    config.add_argument("--json", action="store_true", help="print JSON")
+    config.set_defaults(run=run_config)
 
     where = argparse.ArgumentParser(add_help=False)
     where.add_argument("--url", default=None,
@@ -150,10 +182,18 @@ def _detail_text(detail: Any) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `protoflask`: what it can do
+        parser.print_help()
+        return 0
     url_from = "--url"
     if getattr(args, "url", "") is None:
         args.url, url_from = default_url()
+    if getattr(args, "url", None) and "://" not in args.url:
+        print(f"protoflask {args.command}: --url {args.url} has no scheme: use "
+              f"http://{args.url} (or https://)", file=sys.stderr)
+        return EXIT_USAGE
     run: Callable[[argparse.Namespace], int] = args.run
     name = f"protoflask {args.command}"
     try:

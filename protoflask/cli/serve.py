@@ -73,6 +73,10 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(_flag(opt.attr, flow), **kwargs)
 
 
+#: Arguments of `serve` and `config` that are not configuration options.
+_NOT_CONFIG = {"command", "run", "dev", "app", "reload", "json"}
+
+
 def config_from_flags(args: argparse.Namespace) -> dict[str, Any]:
     config: dict[str, Any] = {}
     flow: dict[str, Any] = {}
@@ -81,7 +85,7 @@ def config_from_flags(args: argparse.Namespace) -> dict[str, Any]:
             continue
         if dest.startswith("flow."):
             flow[dest[5:]] = value
-        elif dest[:1].islower() and dest not in ("command", "run", "dev"):
+        elif dest[:1].islower() and dest not in _NOT_CONFIG:
             config[dest] = value
     if flow:
         config["flowControl"] = flow
@@ -89,6 +93,11 @@ def config_from_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def serve(args: argparse.Namespace) -> int:
+    if args.reload:
+        from .reload import run_reloading
+
+        return run_reloading(args.dev)
+
     from gevent import monkey
 
     monkey.patch_all()  # before the application imports sockets or threading
@@ -105,7 +114,7 @@ def serve(args: argparse.Namespace) -> int:
         if not os.environ.get("HOST"):  # a development server is not for the network
             config.setdefault("host", "127.0.0.1")
     try:
-        server = ProtoServer(config)
+        server = load_app(args.app, config) if args.app else ProtoServer(config)
     except ConfigError as exc:
         print(f"protoflask serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -121,10 +130,11 @@ def serve(args: argparse.Namespace) -> int:
     token = server.dev_token
     if token:
         saved = save_dev_token(base, token)
-        # The token appears once (a token in a URL ends up in histories and logs).
+        # The link carries the token in its fragment, which the browser never sends; the
+        # page takes it out of the address bar once read.
         lines = ["development mode: a random secret and a token for user 'dev':",
                  f"export PROTOFLASK_TOKEN={token}",
-                 f"dashboard and playground: {base}/  (paste the token there)"]
+                 f"dashboard and playground: {base}/#token={token}"]
         if saved:
             lines.append(f"the token is saved in {saved} for the client commands; "
                          "in another terminal try:")
@@ -141,8 +151,51 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_app(spec: str, config: dict[str, Any]) -> Any:
+    """``--app module:name``: the ProtoServer ``name`` in ``module`` (imported from the
+    current directory), or the one mounted on a Flask app there; ``name()`` calls a
+    factory. The flags' configuration reaches it through the environment (set before the
+    import), so what the code passes to ProtoServer itself still wins."""
+    import importlib
+
+    from flask import Flask
+
+    from ..options import FLOW_OPTIONS, OPTIONS
+    from ..server import ProtoServer
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name:
+        raise UsageError(f"--app {spec!r}: expected module:name, e.g. myapp:proto")
+    top = {opt.key: opt for opt in OPTIONS}
+    flow = {opt.key: opt for opt in FLOW_OPTIONS}
+    given = [(top.get(k), v) for k, v in config.items() if k != "flowControl"]
+    given += [(flow.get(k), v) for k, v in config.get("flowControl", {}).items()]
+    for opt, value in given:
+        if opt is not None and opt.env:
+            os.environ[opt.env] = ",".join(value) if isinstance(value, tuple) \
+                else str(value).lower() if isinstance(value, bool) else str(value)
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from None
+    name = attr or "proto"
+    call = name.endswith("()")
+    found = getattr(module, name[:-2] if call else name, None)
+    if found is None:
+        raise UsageError(f"--app {spec!r}: {module_name} has no {name!r}")
+    if call:
+        found = found()
+    if isinstance(found, Flask):
+        found = found.extensions.get("protoflask")
+    if not isinstance(found, ProtoServer):
+        raise UsageError(f"--app {spec!r}: not a ProtoServer, nor a Flask app with one "
+                         "mounted (ProtoServer(app=app))")
+    return found
+
+
 def token(args: argparse.Namespace) -> int:
-    from ..auth import TokenAuthority
+    from ..auth import TokenAuthority, weak_secret_warning
 
     if args.private_key:
         return _signed_token(args)
@@ -150,6 +203,9 @@ def token(args: argparse.Namespace) -> int:
     if not secret:
         raise UsageError("set JWT_SECRET or pass --secret (or --private-key for an "
                          "RS/PS/ES/EdDSA token)")
+    weak = weak_secret_warning(secret)
+    if weak:
+        print(f"protoflask token: warning: {weak}", file=sys.stderr)
     try:
         print(TokenAuthority(secret).issue(args.user, args.expires))
     except ValueError as exc:

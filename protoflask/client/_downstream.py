@@ -33,15 +33,18 @@ class Downstream:
         self.credit_messages, self.credit_bytes = credit_messages, credit_bytes
         self.last_seq = 0  # last downstream seq delivered
         self.acked = 0  # last seq acknowledged
+        self.last_data_seq = 0  # last seq of a message other than the heartbeat
         self._granted: dict[str, list[int]] = {}  # channel -> [messages, bytes] left
         self._open_texts: dict[str, tuple[str, str, list[str]]] = {}
 
-    def deliver(self, seq: int) -> bool:
+    def deliver(self, seq: int, heartbeat: bool = False) -> bool:
         """Whether a message of ``seq`` is new; anything at or below the last delivered
-        was delivered before a resume and is dropped."""
+        was delivered before a resume and is dropped. ``heartbeat``: a PING or PONG."""
         if seq <= self.last_seq:
             return False
         self.last_seq = seq
+        if not heartbeat:
+            self.last_data_seq = seq
         return True
 
     @property
@@ -50,7 +53,10 @@ class Downstream:
 
     @property
     def unacked(self) -> bool:
-        return self.last_seq > self.acked
+        """Whether an idle ACK is due: something other than the heartbeat arrived since
+        the last ACK (the heartbeat alone is acknowledged along with the next messages,
+        so an idle client sends nothing but its PONGs)."""
+        return self.last_data_seq > self.acked
 
     def ack(self) -> dict[str, Any]:
         """The ACK payload for everything delivered."""

@@ -56,7 +56,7 @@ class Receiver:
         except (InvalidMessage, KeyError, TypeError, ValueError):
             return  # not an envelope: nothing a client can do with it
         with self._wake:
-            if conn is not self._conn or not self._down.deliver(seq):
+            if conn is not self._conn or not self._down.deliver(seq, mtype in ("PING", "PONG")):
                 return  # a stale connection, or already delivered before a resume
             if mtype not in CONTROL_TYPES and self.downstream_credit:
                 update = self._down.spend(channel, len(data))

@@ -29,6 +29,8 @@ class SSEConnection:
             self.conn = base.http(timeout)
             self.conn.request("GET", path, headers={"Accept": "text/event-stream",
                                                     **bearer(token)})
+            # the socket, kept: getresponse() drops conn.sock for a `Connection: close` answer
+            sock = self.conn.sock
             self.resp = self.conn.getresponse()
             if self.resp.status != 200:
                 raise refused(self.resp.status, self.resp.read())
@@ -43,7 +45,7 @@ class SSEConnection:
             shutdown(self.conn)
             raise failed(ValueError("the event stream did not start with its session"), base)
         self.session_id = orjson.loads(event[1])["session"]
-        self.conn.sock.settimeout(None)  # a long-lived stream: idle is normal
+        sock.settimeout(None)  # a long-lived stream: idle is normal
         self.close_code: int | None = None
         self.upstream = Upstream(base, "/proto/sse", token, self.session_id, max_body, timeout)
         try:

@@ -31,6 +31,8 @@ class StreamConnection:
             self.conn = base.http(timeout)
             # The response head comes with its first line: the HELLO reply at the latest.
             self.conn.request("POST", path, b"\n".join(first), headers)
+            # the socket, kept: getresponse() drops conn.sock for a `Connection: close` answer
+            sock = self.conn.sock
             self.resp = self.conn.getresponse()
             if self.resp.status != 200:
                 raise refused(self.resp.status, self.resp.read())
@@ -41,7 +43,7 @@ class StreamConnection:
             shutdown(self.conn)
             raise
         self.session_id = self.resp.getheader("Proto-Session") or session or ""
-        self.conn.sock.settimeout(None)
+        sock.settimeout(None)
         self.upstream = Upstream(base, "/proto/stream", token, self.session_id, max_body,
                                  timeout)
 

@@ -14,6 +14,15 @@
   const fragment = new URLSearchParams(location.hash.slice(1));
   tokenInput.value = fragment.get("token") || params.get("token")
     || sessionStorage.getItem("protoflask-token") || "";
+  if (fragment.get("token") || params.get("token")) {
+    // read once and kept for this tab only: out of the address bar, the browser's
+    // history and any link copied from it
+    sessionStorage.setItem("protoflask-token", tokenInput.value.trim());
+    const clean = new URL(location.href);
+    clean.hash = "";
+    clean.searchParams.delete("token");
+    window.history.replaceState(null, "", clean);
+  }
   tokenInput.addEventListener("change", () => {
     sessionStorage.setItem("protoflask-token", tokenInput.value.trim());
     lastSample = 0;

@@ -12,16 +12,26 @@ import { ProtoClient, ToolCancelled } from "./protoclient.mjs";
   let tools = {};
   let currentCall = null;
   let counter = 0;
+  let activeRun = null;  // the run started here (Start run), until it ends
+  const historyEntries = new Map();  // call record -> its line in the call history
   const agentTexts = {};  // message_id -> the bubble's text node
 
   // what tests (and a curious developer in the console) can read
   window.playground = {wire: [], chat: [], calls: {}, get client() { return client; }};
 
   // -- wire log --------------------------------------------------------------------------
-  function logLine(dir, text, cls, type) {
+  const CONTROL = new Set(["ACK", "PING", "PONG", "FLOW_UPDATE"]);  // hidden by the filter
+
+  function logLine(dir, text, cls, type, msg) {
     const log = $("wire-log");
     const li = document.createElement("li");
     li.className = cls;
+    if (msg && CONTROL.has(msg.type)) li.classList.add("control");
+    const time = document.createElement("span");
+    time.className = "time";
+    time.textContent = new Date().toISOString().slice(11, 23);
+    li.append(time);
+    if (msg) li.addEventListener("click", () => togglePretty(li, msg));
     const mark = document.createElement("span");
     mark.className = "dir";
     mark.textContent = dir;
@@ -41,8 +51,21 @@ import { ProtoClient, ToolCancelled } from "./protoclient.mjs";
   function onFrame(dir, raw, msg) {
     window.playground.wire.push({dir, type: msg.type, seq: msg.seq, raw});
     if (window.playground.wire.length > 5 * MAX_LOG) window.playground.wire.splice(0, MAX_LOG);
-    logLine(dir === "in" ? "←" : "→", raw, dir, `${msg.type} #${msg.seq}`);
+    logLine(dir === "in" ? "←" : "→", raw, dir, `${msg.type} #${msg.seq}`, msg);
   }
+
+  function togglePretty(li, msg) {
+    const open = li.querySelector("pre");
+    if (open) {
+      open.remove();
+      return;
+    }
+    const pre = document.createElement("pre");
+    pre.textContent = JSON.stringify(msg, null, 2);
+    li.append(pre);
+  }
+
+  $("log-quiet").addEventListener("change", (e) => $("wire-log").classList.toggle("quiet", e.target.checked));
 
   function note(text) {
     logLine("·", text, "note-line");
@@ -51,6 +74,10 @@ import { ProtoClient, ToolCancelled } from "./protoclient.mjs";
   // -- connection --------------------------------------------------------------------------
   function setConnected(ready) {
     $("disconnect").disabled = !client || client.state === "closed";
+    $("drop").disabled = !ready;
+    $("raw-send").disabled = !ready;
+    $("run-start").disabled = !ready;
+    $("run-cancel").disabled = !ready || !activeRun;
     $("chat-send").disabled = !ready;
     $("tool-select").disabled = !ready;
     $("tool-call").disabled = !ready || !Object.keys(tools).length;
@@ -78,7 +105,10 @@ import { ProtoClient, ToolCancelled } from "./protoclient.mjs";
     if (client) client.close();
     tools = {};
     // downstream credit on, so the wire log shows the page granting it (FLOW_UPDATE)
-    const mine = client = new ProtoClient({url: ROOT, token, transport: $("transport").value,
+    activeRun = null;
+    $("run-status").textContent = "";
+    const url = $("server-url").value.trim() || ROOT;  // another server: it must allow this origin (CORS)
+    const mine = client = new ProtoClient({url, token, transport: $("transport").value,
                                            downstream: {messages: 200, bytes: 1 << 20}});
     client.on("frame", onFrame);
     client.on("state", (state, detail) => { if (client === mine) onState(state, detail); });
@@ -92,6 +122,8 @@ import { ProtoClient, ToolCancelled } from "./protoclient.mjs";
   });
 
   $("disconnect").addEventListener("click", () => client && client.close());
+  // as a network failure would: the client reconnects and resumes (state "ready ... resumed")
+  $("drop").addEventListener("click", () => client && client.dropConnection());
   $("log-clear").addEventListener("click", () => $("wire-log").replaceChildren());
 
   // -- incoming ------------------------------------------------------------------------------
@@ -270,6 +302,10 @@ import { ProtoClient, ToolCancelled } from "./protoclient.mjs";
     const callId = `web-call-${++counter}`;
     const tool = $("tool-select").value;
     const record = window.playground.calls[callId] = {tool, params, updates: [], done: null};
+    const entry = document.createElement("li");
+    entry.textContent = `${tool} ${JSON.stringify(params)}: sent`;
+    $("call-history").prepend(entry);
+    historyEntries.set(record, entry);
     currentCall = {callId, abort: new AbortController()};
     $("tool-progress").value = 0;
     $("tool-status").textContent = "sent";
@@ -285,8 +321,11 @@ import { ProtoClient, ToolCancelled } from "./protoclient.mjs";
       if (currentCall !== mine) return;
       if (typeof progress === "number") $("tool-progress").value = progress;
       $("tool-status").textContent = status + (typeof progress === "number" ? ` ${progress}%` : "");
+      if (partial !== undefined) $("tool-result").textContent = `partial: ${JSON.stringify(partial, null, 2)}`;
     };
-    client.callTool(tool, params, {callId, onProgress, signal: mine.abort.signal}).then(
+    const options = {callId, onProgress, signal: mine.abort.signal};
+    if (activeRun) options.runId = activeRun;
+    client.callTool(tool, params, options).then(
       (value) => done(mine, record, {call_id: callId, status: "OK", result: value}),
       (e) => done(mine, record, e instanceof ToolCancelled
         ? {call_id: callId, status: "CANCELLED"}
@@ -299,6 +338,11 @@ import { ProtoClient, ToolCancelled } from "./protoclient.mjs";
 
   function done(mine, record, p) {
     record.done = p;
+    const entry = historyEntries.get(record);
+    historyEntries.delete(record);
+    entry.textContent = `${record.tool} ${JSON.stringify(record.params)}: ${p.status}`
+      + (p.status === "OK" ? ` ${JSON.stringify(p.result)}` : p.error ? ` ${p.error.code}` : "");
+    entry.classList.toggle("bad", p.status !== "OK");
     if (currentCall !== mine) return;
     const result = $("tool-result");
     $("tool-status").textContent = p.status;
@@ -312,4 +356,44 @@ import { ProtoClient, ToolCancelled } from "./protoclient.mjs";
       result.classList.add("bad");
     }
   }
+
+  // -- runs: calls made while a run is active belong to it; cancelling it cancels them -------
+  $("run-start").addEventListener("click", () => {
+    client.startRun().then((runId) => {
+      activeRun = runId;
+      $("run-status").textContent = `run ${runId} active`;
+      setConnected(client.state === "ready");
+    }, (e) => { $("run-status").textContent = `${e.code}: ${e.message}`; });
+  });
+
+  $("run-cancel").addEventListener("click", () => {
+    const runId = activeRun;
+    client.cancelRun(runId).then((r) => {
+      if (activeRun === runId) activeRun = null;
+      $("run-status").textContent = `run ${runId} ${r.status}`;
+      setConnected(client.state === "ready");
+    }, (e) => { $("run-status").textContent = `${e.code}: ${e.message}`; });
+  });
+
+  // -- a raw message: any type, channel and payload, as the client would send it -----------
+  $("raw-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const status = $("raw-status");
+    let payload;
+    try {
+      payload = JSON.parse($("raw-payload").value || "{}");
+    } catch (exc) {
+      status.textContent = `payload: not valid JSON (${exc.message})`;
+      status.classList.add("bad");
+      return;
+    }
+    try {
+      const id = client.send($("raw-type").value.trim(), $("raw-channel").value, payload);
+      status.textContent = `sent ${id}`;
+      status.classList.remove("bad");
+    } catch (exc) {
+      status.textContent = exc.message;
+      status.classList.add("bad");
+    }
+  });
 }

@@ -15,6 +15,12 @@ var ConnectionRefused = class extends ProtoError {
     this.status = status;
   }
 };
+var ConnectionFailed = class extends ProtoError {
+  constructor(message, cause) {
+    super("UNREACHABLE", message);
+    this.cause = cause;
+  }
+};
 var ConnectionLost = class extends ProtoError {
 };
 var ClientTimeout = class extends ProtoError {
@@ -83,7 +89,7 @@ function openLink(kind, opts, on) {
 function openWebSocket(opts, on) {
   const Ctor = opts.WebSocket ?? globalThis.WebSocket;
   if (!Ctor) {
-    throw new ProtoError("UNREACHABLE", "no WebSocket in this runtime: pass one in (options.WebSocket, e.g. from 'ws')");
+    throw new ConnectionFailed("no WebSocket in this runtime: pass one in (options.WebSocket, e.g. from 'ws')");
   }
   const query = { ...resumeQuery(opts) };
   if (opts.credential) query[opts.credential[0]] = opts.credential[1];
@@ -92,6 +98,7 @@ function openWebSocket(opts, on) {
   const ws = new Ctor(url.href);
   let opened = false;
   let ended = false;
+  let failure = "";
   const finish = (info) => {
     if (ended) return;
     ended = true;
@@ -108,12 +115,13 @@ function openWebSocket(opts, on) {
   };
   ws.onclose = (ev) => {
     if (!opened) {
-      diagnose(opts).then((error) => finish({ code: ev.code || 1006, reason: ev.reason || "refused", error }));
+      diagnose(opts, url, failure).then((error) => finish({ code: ev.code || 1006, reason: ev.reason || "refused", error }));
       return;
     }
     finish({ code: ev.code || 1006, reason: ev.reason || "" });
   };
-  ws.onerror = () => {
+  ws.onerror = (ev) => {
+    failure = String(ev?.message ?? ev?.error?.message ?? "");
   };
   return {
     confirmsByPost: false,
@@ -132,8 +140,16 @@ function openWebSocket(opts, on) {
     }
   };
 }
-async function diagnose(opts) {
+async function diagnose(opts, url, failure) {
   try {
+    if (/\b426\b/.test(failure)) {
+      const plain = new URL(url.href);
+      plain.protocol = plain.protocol === "wss:" ? "https:" : "http:";
+      plain.searchParams.delete("ticket");
+      const resp2 = await opts.fetch(plain.href, { headers: { Authorization: `Bearer ${opts.token}` } });
+      if (resp2.status === 426) return await refusal(resp2);
+      await resp2.body?.cancel().catch(() => void 0);
+    }
     const headers = { Authorization: `Bearer ${opts.token}` };
     let resp = await opts.fetch(new URL("proto/ticket", opts.base).href, { method: "POST", headers });
     if (resp.status === 404) {
@@ -142,9 +158,12 @@ async function diagnose(opts) {
     }
     if (resp.status === 401 || resp.status === 403) return await refusal(resp);
     await resp.body?.cancel().catch(() => void 0);
-    return new ProtoError("UNREACHABLE", "the WebSocket upgrade failed");
+    return new ConnectionFailed(
+      'the WebSocket upgrade failed although the server answers HTTP and takes the token: a proxy on the way may not pass WebSocket upgrades (it must forward the Upgrade and Connection headers); transport "sse" or "stream" work without them',
+      failure || void 0
+    );
   } catch (exc) {
-    return new ProtoError("UNREACHABLE", `cannot reach ${opts.base.href}: ${exc}`);
+    return new ConnectionFailed(`cannot reach ${opts.base.href}: ${exc}`, exc);
   }
 }
 function postedLink(poster, finish) {
@@ -419,6 +438,8 @@ var CONTROL = /* @__PURE__ */ new Set([
   "REPLAY_REQUEST",
   "ERROR"
 ]);
+var NOT_RESENT = /* @__PURE__ */ new Set(["PONG", "ACK", "FLOW_UPDATE"]);
+var HEARTBEAT = /* @__PURE__ */ new Set(["PING", "PONG"]);
 var NEEDED_EVENTS = ["HELLO", "ERROR", "PING", "PONG", "FLOW_UPDATE", "PAUSE_CHANNEL", "RESUME_CHANNEL"];
 var UNLIMITED = Number.MAX_SAFE_INTEGER;
 var ACK_EVERY = 32;
@@ -480,6 +501,8 @@ var ProtoClient = class {
     this.toolLists = [];
     this.pings = /* @__PURE__ */ new Map();
     this.lastHelloRaw = "";
+    /** The current connection's response (or upgrade) came: the server answers. */
+    this.linkOpened = false;
     if (!options || !options.url) throw new TypeError("ProtoClient: options.url is required");
     if (options.token === void 0 && !options.getToken) {
       throw new TypeError("ProtoClient: give options.token or options.getToken");
@@ -488,6 +511,9 @@ var ProtoClient = class {
     this.transport = options.transport ?? "websocket";
     if (!["websocket", "sse", "stream"].includes(this.transport)) {
       throw new TypeError(`ProtoClient: unknown transport ${JSON.stringify(this.transport)}`);
+    }
+    if (options.duplex === true && this.transport === "stream" && !isNode()) {
+      throw new TypeError("ProtoClient: duplex: true needs Node (its node:http): a browser's fetch cannot write a request body while reading the response; leave duplex out (follow-up POSTs)");
     }
     const here = globalThis.location?.href;
     const base = new URL(options.url, here);
@@ -549,7 +575,10 @@ var ProtoClient = class {
       waiter.timer = setTimeout(() => {
         if (this.connectWaiter !== waiter) return;
         this.connectWaiter = void 0;
-        const error = new ClientTimeout(`no handshake within ${this.timeoutMs} ms`);
+        const error = this.transport === "stream" && (this.opts.duplex ?? isNode()) && !this.linkOpened ? new ConnectionFailed(
+          `no response to the duplex stream within ${this.timeoutMs} ms: a proxy on the way probably holds the request body until it ends (nginx: proxy_request_buffering off), which a duplex stream never does; pass duplex: false to send follow-up POSTs instead`,
+          new ClientTimeout(`no handshake within ${this.timeoutMs} ms`)
+        ) : new ClientTimeout(`no handshake within ${this.timeoutMs} ms`);
         this.shutdown(error);
         reject(error);
       }, this.timeoutMs);
@@ -574,7 +603,7 @@ var ProtoClient = class {
         headers: { Authorization: `Bearer ${token}` }
       });
     } catch (exc) {
-      throw new ProtoError("UNREACHABLE", `cannot reach ${this.base.href}: ${exc}`);
+      throw new ConnectionFailed(`cannot reach ${this.base.href}: ${exc}`, exc);
     }
     if (resp.status === 404 || resp.status === 405) {
       await resp.body?.cancel().catch(() => void 0);
@@ -592,6 +621,7 @@ var ProtoClient = class {
     const credential = this.transport === "websocket" ? await this.credential(token) : void 0;
     if (this._state === "closed") return;
     this.linkReady = false;
+    this.linkOpened = false;
     this.helloSeq = 0;
     let link = void 0;
     const current = () => link !== void 0 && this.link === link;
@@ -614,6 +644,7 @@ var ProtoClient = class {
       {
         open: (session) => {
           if (!current()) return;
+          this.linkOpened = true;
           if (session) this._session = session;
           if (!this.helloSeq) this.write(this.buildHello());
           this.kickWatchdog();
@@ -692,7 +723,7 @@ var ProtoClient = class {
     if (this.closedByUser || this._state === "closed") return;
     const detail = `${info.code}${info.reason ? " " + info.reason : ""}`;
     if (this.connectWaiter) {
-      this.connectionFailed(info.error ?? new ConnectionLost("UNREACHABLE", `connection closed ${detail}`));
+      this.connectionFailed(info.error ?? new ConnectionFailed(`cannot connect to ${this.base.href}: ${detail}`, info.reason));
       return;
     }
     let fatal;
@@ -840,7 +871,10 @@ var ProtoClient = class {
       acct.messages -= 1;
       acct.bytes -= bytes;
     }
-    this.unconfirmed.push({ ...item, seq: this.seq, bytes, spent: !!acct });
+    const confirming = item.type === "PING" && String(item.payload.nonce).startsWith("confirm-");
+    if (!NOT_RESENT.has(item.type) && !confirming) {
+      this.unconfirmed.push({ ...item, seq: this.seq, bytes, spent: !!acct });
+    }
     this.write(raw);
   }
   /** The server has seen the upstream messages `first`..`last`. (A POST confirms only
@@ -892,7 +926,7 @@ var ProtoClient = class {
     const p = msg.payload || {};
     if (this.failing.size) this.flushFailing(msg.type === "ERROR" ? p.related_id : void 0);
     if (!CONTROL.has(msg.type)) this.spendDown(msg.channel, byteLength(raw));
-    this.scheduleAck();
+    if (!HEARTBEAT.has(msg.type)) this.scheduleAck();
     switch (msg.type) {
       case "HELLO":
         this.onHello(p);
@@ -979,8 +1013,6 @@ var ProtoClient = class {
     this.unconfirmed = this.unconfirmed.filter((m) => m.seq >= this.helloSeq);
     const resend = [];
     for (const m of lost) {
-      if (m.type === "PING" && String(m.payload.nonce).startsWith("confirm-")) continue;
-      if (m.type === "PONG" || m.type === "ACK" || m.type === "FLOW_UPDATE") continue;
       this.refund(m);
       resend.push({ id: m.id, type: m.type, channel: m.channel, payload: m.payload });
     }
@@ -1158,7 +1190,8 @@ var ProtoClient = class {
       acct.bytes = credit.bytes;
     }
   }
-  /** ACK after every 32 messages and whenever the downstream falls idle. */
+  /** ACK after every 32 messages and whenever the downstream falls idle (the heartbeat
+   * itself is acknowledged only along with other messages). */
   scheduleAck() {
     this.sinceAck += 1;
     const ack = () => {
@@ -1371,6 +1404,7 @@ var ProtoClient = class {
 };
 export {
   ClientTimeout,
+  ConnectionFailed,
   ConnectionLost,
   ConnectionRefused,
   PROTO_VERSION,

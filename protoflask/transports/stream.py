@@ -115,11 +115,17 @@ class NDJSONStream(HTTPDownstream):
             reader.kill(block=True, timeout=1)
 
 
+def opens_stream(request: Request) -> bool:
+    """Whether a POST /proto/stream opens a streaming response (new or resumed), rather
+    than being a follow-up POST answered 202."""
+    return not request.args.get("session") or bool(request.args.get("last_seq"))
+
+
 def handle_post(engine: "Engine", request: Request) -> Response:
     """POST /proto/stream: a new stream, a follow-up (202) or a resume (last_seq)."""
-    session_id = request.args.get("session") or None
-    if session_id is not None and not request.args.get("last_seq"):
+    if not opens_stream(request):
         return post_messages(engine, request)
+    session_id = request.args.get("session") or None
     try:
         admission = admit(engine, request, NDJSONStream.kind, session_id,
                           parse_seq_arg(request.args.get("last_seq"), "last_seq"))

@@ -265,8 +265,9 @@ def test_quickstart_serve_dev_then_chat(tmp_path):
         exports = [line for line in lines if line.startswith("export PROTOFLASK_TOKEN=")]
         assert len(exports) == 1
         token = exports[0].split("=", 1)[1].strip()
-        assert sum(line.count(token) for line in lines) == 1, "the token is printed once"
-        assert f"dashboard and playground: {url}/  (paste the token there)\n" in lines
+        # the export line, and the playground link (in its fragment, never sent)
+        assert sum(line.count(token) for line in lines) == 2
+        assert f"dashboard and playground: {url}/#token={token}\n" in lines
         assert [line.strip() for line in lines[-len(DEV_HINTS):]] == list(DEV_HINTS)
         readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
         for hint in DEV_HINTS:

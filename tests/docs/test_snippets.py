@@ -64,6 +64,7 @@ class Snippet:
     path: Path
     line: int  # of the opening fence, 1-based
     code: str
+    language: str  # as the fence names it
     kind: str | None  # None: run it; "skip" / "server" / anything else (an error)
     reason: str
 
@@ -76,11 +77,13 @@ class Snippet:
         return hashlib.sha256(self.code.encode()).hexdigest()[:8]
 
 
-def extract(path: Path) -> Iterator[Snippet]:
+def extract(path: Path, fences: re.Pattern[str] = FENCE) -> Iterator[Snippet]:
+    """The blocks of ``path`` whose opening fence matches ``fences`` (group 1: the indent,
+    group 2: the language)."""
     lines = path.read_text(encoding="utf-8").splitlines()
     n = 0
     while n < len(lines):
-        fence = FENCE.match(lines[n])
+        fence = fences.match(lines[n])
         if fence:  # also indented, in a list item
             start, indent = n, fence.group(1)
             before = next((lines[k] for k in range(n - 1, -1, -1) if lines[k].strip()), "")
@@ -91,7 +94,7 @@ def extract(path: Path) -> Iterator[Snippet]:
                 body.append(lines[n][len(indent):] if lines[n].startswith(indent) else lines[n])
                 n += 1
             code = textwrap.dedent("\n".join(body)) + "\n"
-            yield Snippet(path, start + 1, code,
+            yield Snippet(path, start + 1, code, fence.group(2),
                           marker.group(1) if marker else None,
                           (marker.group(2) or "").strip() if marker else "")
         n += 1
@@ -205,11 +208,16 @@ def _text(data: bytes | str | None) -> str:
 
 
 def run_server(snippet: Snippet, script: Path, env: dict[str, str], port: int,
-               tmp_path: Path) -> None:
+               tmp_path: Path, command: list[str] | None = None, cwd: Path | None = None,
+               own_secret: bool = False) -> None:
+    """Start the snippet (``command``, else the Python script), wait for /health on $PORT,
+    ping it over WebSocket with a token signed by $JWT_SECRET (``own_secret``: the snippet
+    makes its own secret, so a refused token is the protoflask answer to expect), then
+    SIGTERM it (its whole process group)."""
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     with open(out, "w") as stdout, open(err, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
-                                stdout=stdout, stderr=stderr)
+        proc = subprocess.Popen(command or [sys.executable, str(script)], cwd=cwd or tmp_path,
+                                env=env, stdout=stdout, stderr=stderr, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
@@ -227,12 +235,17 @@ def run_server(snippet: Snippet, script: Path, env: dict[str, str], port: int,
         except AssertionError:
             pytest.fail(failure(snippet, "never answered /health on $PORT", out.read_text(),
                                 err.read_text()))
-        from protoflask.client import connect
+        from protoflask.client import ConnectionRefused, connect
 
         token = TokenAuthority(env["JWT_SECRET"]).issue("snippets")
-        with connect(base, token, timeout=timeout(10)) as client:
-            assert isinstance(client.ping(timeout=timeout(10)), float)
-        proc.send_signal(signal.SIGTERM)
+        if own_secret:
+            with pytest.raises(ConnectionRefused) as refused:
+                connect(base, token, timeout=timeout(10))
+            assert refused.value.code == "INVALID_TOKEN"
+        else:
+            with connect(base, token, timeout=timeout(10)) as client:
+                assert isinstance(client.ping(timeout=timeout(10)), float)
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
             code = proc.wait(timeout(20))
         except subprocess.TimeoutExpired:
@@ -242,7 +255,7 @@ def run_server(snippet: Snippet, script: Path, env: dict[str, str], port: int,
             failure(snippet, f"exited {code} on SIGTERM", out.read_text(), err.read_text())
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 

@@ -185,15 +185,25 @@ def test_sigterm_drains_gracefully():
 def test_new_connections_are_refused_while_draining(make_server):
     """The same drain on the embedded server: during the grace period /health says
     draining and a new connection is 503 SHUTTING_DOWN; the running tool still ends OK."""
-    server = make_server()
-    from ..hardening_support import sleeping_tool
+    import threading
 
-    server.register_tool(sleeping_tool())
+    import gevent.event
+
+    from protoflask import Tool
+
+    server = make_server()
+    gate = gevent.event.Event()  # the tool runs until the test has seen the drain
+
+    def held(params, session_id, call_id, srv):
+        gate.wait(10)
+        return {"held": True}
+
+    server.register_tool(Tool("held", "Runs until released.", {"type": "object"},
+                              execute=held))
     client = WSClient(server.base_url, server.issue_token("a"))
     client.hello()
-    client.send("TOOL_CALL", payload={"call_id": "t", "tool": "sleep",
-                                      "params": {"seconds": 1.0}})
-    import threading
+    client.send("TOOL_CALL", payload={"call_id": "t", "tool": "held", "params": {}})
+    wait_for(lambda: server.engine.tools_busy(), what="the tool to run")
 
     stopper = threading.Thread(target=server.stop, kwargs={"grace": 5.0})
     stopper.start()
@@ -207,6 +217,11 @@ def test_new_connections_are_refused_while_draining(make_server):
                              headers={"Authorization": f"Bearer {server.issue_token('b')}"},
                              timeout=timeout(5))
         assert (resp.status_code, resp.json()["error"]["code"]) == (503, "SHUTTING_DOWN")
+        # nor a connect ticket, which could only be used for a refused connection
+        ticket = requests.post(server.base_url + "/proto/ticket", timeout=timeout(5),
+                               headers={"Authorization": f"Bearer {server.issue_token('b')}"})
+        assert (ticket.status_code, ticket.json()["error"]["code"]) == (503, "SHUTTING_DOWN")
+        server._call(gate.set)
         done = client.recv_type("TOOL_DONE", within=5)
         assert done["payload"]["status"] == "OK"
     finally:

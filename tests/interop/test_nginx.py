@@ -198,3 +198,42 @@ def test_plain_get_on_the_websocket_route_explains_itself_through_nginx(proxied)
     resp = requests.get(f"{proxied.base_url}/proto/websocket", timeout=timeout(5))
     assert resp.status_code == 426
     assert resp.json()["error"]["code"] == "UPGRADE_REQUIRED"
+
+
+def test_a_duplex_body_of_several_mib_through_nginx(proxied, token):
+    """A duplex stream's request body is the session's whole upstream: nginx's
+    client_max_body_size (1 MiB by default) must not cut it."""
+    pad = "x" * 65536
+    stream = StreamClient(proxied.base_url, token)
+    try:
+        stream.hello()
+        for n in range(80):  # 5 MiB upstream in one request body
+            stream.send("PING", "SYSTEM", {"nonce": f"{n}:{pad}"})
+            assert stream.recv_type("PONG")["payload"]["nonce"] == f"{n}:{pad}"
+    finally:
+        stream.close()
+
+
+@pytest.mark.parametrize("path", ["/proto/stream", "/proto/sse"])
+def test_a_2_mib_post_gets_the_servers_json_413_through_nginx(proxied, token, path):
+    """Too large for maxMessageSize (1 MiB): the answer is protoflask's own JSON error,
+    not an nginx HTML page."""
+    stream = StreamClient(proxied.base_url, token)
+    try:
+        stream.hello()
+        sid = stream.session_id
+        line = orjson.dumps({"id": "big", "session": sid, "seq": "2", "ts": "1",
+                             "type": "PING", "channel": "SYSTEM",
+                             "payload": {"nonce": "y" * (2 << 20)}})
+        resp = requests.post(f"{proxied.base_url}{path}?session={sid}", data=line,
+                             headers={"Authorization": f"Bearer {token}",
+                                      "Content-Type": "application/x-ndjson"},
+                             timeout=timeout(20))
+        assert resp.status_code == 413, resp.text[:300]
+        assert resp.headers["content-type"].startswith("application/json"), resp.text[:300]
+        assert resp.json()["error"]["code"] == "MESSAGE_TOO_LARGE"
+        # nothing of it reached the session, which still works
+        stream.send("PING", "SYSTEM", {"nonce": "after"})
+        assert stream.recv_type("PONG")["payload"] == {"nonce": "after"}
+    finally:
+        stream.close()

@@ -6,6 +6,7 @@
 
 import {
   ClientTimeout,
+  ConnectionFailed,
   ConnectionLost,
   ConnectionRefused,
   ProtoError,
@@ -149,6 +150,12 @@ type Events = {
 const CONTROL = new Set([
   "HELLO", "PING", "PONG", "ACK", "FLOW_UPDATE", "PAUSE_CHANNEL", "RESUME_CHANNEL", "REPLAY_REQUEST", "ERROR",
 ]);
+/** Sent for the link of the moment, never again after a resume: nothing waits for their
+ * confirmation (so they never cause a confirming PING, which would bring a PONG, an ACK ...). */
+const NOT_RESENT = new Set(["PONG", "ACK", "FLOW_UPDATE"]);
+/** The heartbeat (and a PING's answer): not acknowledged by themselves, so an idle client
+ * sends nothing but its PONG to each server PING. */
+const HEARTBEAT = new Set(["PING", "PONG"]);
 const NEEDED_EVENTS = ["HELLO", "ERROR", "PING", "PONG", "FLOW_UPDATE", "PAUSE_CHANNEL", "RESUME_CHANNEL"];
 /** Announced when the application did not ask for downstream credit: an older server
  * that counts downstream credit for every client then never holds messages back. */
@@ -266,6 +273,10 @@ export class ProtoClient {
     if (!["websocket", "sse", "stream"].includes(this.transport)) {
       throw new TypeError(`ProtoClient: unknown transport ${JSON.stringify(this.transport)}`);
     }
+    if (options.duplex === true && this.transport === "stream" && !isNode()) {
+      throw new TypeError("ProtoClient: duplex: true needs Node (its node:http): a browser's fetch "
+        + "cannot write a request body while reading the response; leave duplex out (follow-up POSTs)");
+    }
     const here = (globalThis as any).location?.href;
     const base = new URL(options.url, here);
     if (!base.pathname.endsWith("/")) base.pathname += "/";
@@ -339,7 +350,12 @@ export class ProtoClient {
       waiter.timer = setTimeout(() => {
         if (this.connectWaiter !== waiter) return;
         this.connectWaiter = undefined;
-        const error = new ClientTimeout(`no handshake within ${this.timeoutMs} ms`);
+        const error = this.transport === "stream" && (this.opts.duplex ?? isNode()) && !this.linkOpened
+          ? new ConnectionFailed(`no response to the duplex stream within ${this.timeoutMs} ms: a proxy on `
+            + "the way probably holds the request body until it ends (nginx: proxy_request_buffering off), "
+            + "which a duplex stream never does; pass duplex: false to send follow-up POSTs instead",
+          new ClientTimeout(`no handshake within ${this.timeoutMs} ms`))
+          : new ClientTimeout(`no handshake within ${this.timeoutMs} ms`);
         this.shutdown(error);
         reject(error);
       }, this.timeoutMs);
@@ -367,7 +383,7 @@ export class ProtoClient {
         headers: { Authorization: `Bearer ${token}` },
       });
     } catch (exc) {
-      throw new ProtoError("UNREACHABLE", `cannot reach ${this.base.href}: ${exc}`);
+      throw new ConnectionFailed(`cannot reach ${this.base.href}: ${exc}`, exc);
     }
     if (resp.status === 404 || resp.status === 405) {
       await resp.body?.cancel().catch(() => undefined);
@@ -386,6 +402,7 @@ export class ProtoClient {
     const credential = this.transport === "websocket" ? await this.credential(token) : undefined;
     if (this._state === "closed") return;
     this.linkReady = false;
+    this.linkOpened = false;
     this.helloSeq = 0;
     let link: Link | undefined = undefined;
     const current = () => link !== undefined && this.link === link;
@@ -408,6 +425,7 @@ export class ProtoClient {
       {
         open: (session) => {
           if (!current()) return;
+          this.linkOpened = true;
           if (session) this._session = session;
           if (!this.helloSeq) this.write(this.buildHello());
           this.kickWatchdog();
@@ -433,6 +451,8 @@ export class ProtoClient {
   }
 
   private lastHelloRaw = "";
+  /** The current connection's response (or upgrade) came: the server answers. */
+  private linkOpened = false;
 
   private buildHello(): string {
     const accept = this.opts.acceptEvents?.length
@@ -494,7 +514,7 @@ export class ProtoClient {
     const detail = `${info.code}${info.reason ? " " + info.reason : ""}`;
     if (this.connectWaiter) {
       // the first connection: no retries, the caller hears why
-      this.connectionFailed(info.error ?? new ConnectionLost("UNREACHABLE", `connection closed ${detail}`));
+      this.connectionFailed(info.error ?? new ConnectionFailed(`cannot connect to ${this.base.href}: ${detail}`, info.reason));
       return;
     }
     let fatal: ProtoError | undefined;
@@ -655,7 +675,10 @@ export class ProtoClient {
       acct.messages -= 1;
       acct.bytes -= bytes;
     }
-    this.unconfirmed.push({ ...item, seq: this.seq, bytes, spent: !!acct });
+    const confirming = item.type === "PING" && String(item.payload.nonce).startsWith("confirm-");
+    if (!NOT_RESENT.has(item.type) && !confirming) {
+      this.unconfirmed.push({ ...item, seq: this.seq, bytes, spent: !!acct });
+    }
     this.write(raw);
   }
 
@@ -712,7 +735,7 @@ export class ProtoClient {
     const p = msg.payload || {};
     if (this.failing.size) this.flushFailing(msg.type === "ERROR" ? p.related_id : undefined);
     if (!CONTROL.has(msg.type)) this.spendDown(msg.channel, byteLength(raw));
-    this.scheduleAck();
+    if (!HEARTBEAT.has(msg.type)) this.scheduleAck();
     switch (msg.type) {
       case "HELLO":
         this.onHello(p as ServerHello);
@@ -803,8 +826,6 @@ export class ProtoClient {
     this.unconfirmed = this.unconfirmed.filter((m) => m.seq >= this.helloSeq);
     const resend: Outgoing[] = [];
     for (const m of lost) {
-      if (m.type === "PING" && String(m.payload.nonce).startsWith("confirm-")) continue;
-      if (m.type === "PONG" || m.type === "ACK" || m.type === "FLOW_UPDATE") continue;
       this.refund(m);
       resend.push({ id: m.id, type: m.type, channel: m.channel, payload: m.payload });
     }
@@ -986,7 +1007,8 @@ export class ProtoClient {
     }
   }
 
-  /** ACK after every 32 messages and whenever the downstream falls idle. */
+  /** ACK after every 32 messages and whenever the downstream falls idle (the heartbeat
+   * itself is acknowledged only along with other messages). */
   private scheduleAck(): void {
     this.sinceAck += 1;
     const ack = () => {

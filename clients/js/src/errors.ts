@@ -59,9 +59,23 @@ export class ConnectionRefused extends ProtoError {
 }
 
 /**
+ * The server could not be reached (`UNREACHABLE`), the same on every transport: no
+ * server at the URL, a network failure, or something on the way (a proxy) that keeps the
+ * protocol from starting. `cause` holds the underlying error or reason.
+ */
+export class ConnectionFailed extends ProtoError {
+  override readonly cause: unknown;
+
+  constructor(message: string, cause?: unknown) {
+    super("UNREACHABLE", message);
+    this.cause = cause;
+  }
+}
+
+/**
  * The session is over: closed by the application (`CLOSED`), taken over by another
  * connection (`SUPERSEDED`, close code 4002), refused by version (`UNSUPPORTED_VERSION`,
- * 4001), or the server could not be reached again in time (`UNREACHABLE`).
+ * 4001), or the server could not be reached again in time to resume (`UNREACHABLE`).
  */
 export class ConnectionLost extends ProtoError {}
 

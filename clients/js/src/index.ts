@@ -18,6 +18,7 @@ export type {
 export type { TransportName, WebSocketConstructor, WebSocketLike, FetchLike } from "./transports.js";
 export {
   ClientTimeout,
+  ConnectionFailed,
   ConnectionLost,
   ConnectionRefused,
   ProtoError,

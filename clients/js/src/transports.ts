@@ -12,7 +12,7 @@
  *              bodies, else a body holding the HELLO plus follow-up POST /proto/stream?session=
  */
 
-import { ConnectionRefused, ProtoError } from "./errors.js";
+import { ConnectionFailed, ConnectionRefused, ProtoError } from "./errors.js";
 
 export type TransportName = "websocket" | "sse" | "stream";
 
@@ -121,7 +121,7 @@ export function openLink(kind: TransportName, opts: LinkOptions, on: LinkHandler
 function openWebSocket(opts: LinkOptions, on: LinkHandlers): Link {
   const Ctor = opts.WebSocket ?? (globalThis as any).WebSocket;
   if (!Ctor) {
-    throw new ProtoError("UNREACHABLE", "no WebSocket in this runtime: pass one in (options.WebSocket, e.g. from 'ws')");
+    throw new ConnectionFailed("no WebSocket in this runtime: pass one in (options.WebSocket, e.g. from 'ws')");
   }
   const query: Record<string, string | undefined> = { ...resumeQuery(opts) };
   if (opts.credential) query[opts.credential[0]] = opts.credential[1];
@@ -130,6 +130,7 @@ function openWebSocket(opts: LinkOptions, on: LinkHandlers): Link {
   const ws: WebSocketLike = new Ctor(url.href);
   let opened = false;
   let ended = false;
+  let failure = ""; // what the runtime says went wrong (Node's ws: the HTTP status)
   const finish = (info: CloseInfo) => {
     if (ended) return;
     ended = true;
@@ -147,13 +148,13 @@ function openWebSocket(opts: LinkOptions, on: LinkHandlers): Link {
   ws.onclose = (ev) => {
     if (!opened) {
       // The browser hides the HTTP refusal of an upgrade: ask the same URL without one.
-      diagnose(opts).then((error) => finish({ code: ev.code || 1006, reason: ev.reason || "refused", error }));
+      diagnose(opts, url, failure).then((error) => finish({ code: ev.code || 1006, reason: ev.reason || "refused", error }));
       return;
     }
     finish({ code: ev.code || 1006, reason: ev.reason || "" });
   };
-  ws.onerror = () => {
-    /* onclose follows */
+  ws.onerror = (ev: any) => {
+    failure = String(ev?.message ?? ev?.error?.message ?? ""); // onclose follows
   };
   return {
     confirmsByPost: false,
@@ -174,12 +175,21 @@ function openWebSocket(opts: LinkOptions, on: LinkHandlers): Link {
   };
 }
 
-/** After a WebSocket failed to open: the server's HTTP refusal, if it is one. A browser
- * hides the status of a refused upgrade and a plain GET of the WebSocket route is a 400,
- * so the token is checked where the server checks one for any client: POST /proto/ticket
- * (an older server without it: /dashboard/data). */
-async function diagnose(opts: LinkOptions): Promise<ProtoError> {
+/** After a WebSocket failed to open: the server's HTTP refusal, if it is one. Node's ws
+ * names the status of a refused upgrade; a 426 (the upgrade arrived as a plain GET: a
+ * proxy dropped its headers) is read again with a plain GET, whose JSON says so. A
+ * browser hides the status, so the token is checked where the server checks one for any
+ * client: POST /proto/ticket (an older server without it: /dashboard/data). */
+async function diagnose(opts: LinkOptions, url: URL, failure: string): Promise<ProtoError> {
   try {
+    if (/\b426\b/.test(failure)) {
+      const plain = new URL(url.href);
+      plain.protocol = plain.protocol === "wss:" ? "https:" : "http:";
+      plain.searchParams.delete("ticket");
+      const resp = await opts.fetch(plain.href, { headers: { Authorization: `Bearer ${opts.token}` } });
+      if (resp.status === 426) return await refusal(resp);
+      await resp.body?.cancel().catch(() => undefined);
+    }
     const headers = { Authorization: `Bearer ${opts.token}` };
     let resp = await opts.fetch(new URL("proto/ticket", opts.base).href, { method: "POST", headers });
     if (resp.status === 404) {
@@ -188,9 +198,14 @@ async function diagnose(opts: LinkOptions): Promise<ProtoError> {
     }
     if (resp.status === 401 || resp.status === 403) return await refusal(resp);
     await resp.body?.cancel().catch(() => undefined);
-    return new ProtoError("UNREACHABLE", "the WebSocket upgrade failed");
+    return new ConnectionFailed(
+      "the WebSocket upgrade failed although the server answers HTTP and takes the token: "
+        + "a proxy on the way may not pass WebSocket upgrades (it must forward the Upgrade and "
+        + "Connection headers); transport \"sse\" or \"stream\" work without them",
+      failure || undefined,
+    );
   } catch (exc) {
-    return new ProtoError("UNREACHABLE", `cannot reach ${opts.base.href}: ${exc}`);
+    return new ConnectionFailed(`cannot reach ${opts.base.href}: ${exc}`, exc);
   }
 }
 
