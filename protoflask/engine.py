@@ -23,7 +23,7 @@ from .auth import TokenAuthority
 from .tickets import MemoryTicketStore, TicketStore
 from .config import ServerConfig
 from .clock import now_ms, now_ns
-from .core.bodies import is_raw, split_body
+from .core.bodies import TURN, is_raw, iter_body
 from .core.errors import (
     CloseCode, InvalidMessage, InvalidToken, MaxConnections, MessageTooLarge, ProtoError,
     SessionNotFound, ShuttingDown, UserConnectionLimit,
@@ -39,6 +39,10 @@ from . import signals
 
 log = logging.getLogger("protoflask")
 access_log = logging.getLogger("protoflask.access")
+
+#: Messages of a posted body handled between two turns for the other greenlets: a slice
+#: of the smallest messages costs about a millisecond of the worker.
+BODY_SLICE = 256
 
 #: ``emit(signal, **kwargs)``: send a signal (the server's, whose listeners get it)
 Emit = Callable[..., None]
@@ -228,7 +232,7 @@ class Engine:
         downstream too), SESSION_NOT_FOUND when no node holds the session."""
         live = held if held is not None else self.session_for_body(session_id, user_id, body)
         if live is None:  # another node holds the session and processes the body
-            return len(split_body(body))
+            return self.count_body(body)
         return self.receive_body(live, body)
 
     def open_transport(self, live: LiveSession, transport: Transport,
@@ -305,25 +309,48 @@ class Engine:
 
         Each message meets the session's rules (its errors go downstream as ERROR
         messages). A body of which no line is JSON at all is reported in-protocol like a
-        non-JSON WebSocket frame and then raised as InvalidMessage (the HTTP 400)."""
-        try:
-            parts = split_body(body)
-        except InvalidMessage:
-            self.receive(live, body)
-            raise
+        non-JSON WebSocket frame and then raised as InvalidMessage (the HTTP 400).
+
+        The body is decoded and handled ``BODY_SLICE`` messages at a time, with a turn
+        for every other greenlet between slices: a body of maxMessageSize of tiny
+        messages is hundreds of thousands of them, which handled in one go held the
+        worker for over a second (docs/RELIABILITY.md, "one body of tiny messages")."""
         # a decoded part: ``receive``'s steps for a message already parsed, with what
         # they look up bound once per body
         core, notify, record = live.core, live.notify, self.stats.record
-        for part in parts:
-            if is_raw(part):
-                self.receive(live, part[0])
-                continue
-            started = now_ms()
-            core.receive_decoded(part[0], part[1], started)
-            notify()
-            finished = now_ms()
-            record(finished, finished - started)
-        return len(parts)
+        count = handled = 0
+        try:
+            for part in iter_body(body):
+                if part is TURN or handled >= BODY_SLICE:
+                    gevent.sleep(0)
+                    handled = 0
+                    if part is TURN:
+                        continue
+                count += 1
+                handled += 1
+                if is_raw(part):
+                    self.receive(live, part[0])
+                    continue
+                started = now_ms()
+                core.receive_decoded(part[0], part[1], started)
+                notify()
+                finished = now_ms()
+                record(finished, finished - started)
+        except InvalidMessage:  # raised before any part: the body is not JSON at all
+            self.receive(live, body)
+            raise
+        return count
+
+    def count_body(self, body: bytes) -> int:
+        """How many messages a body carries, counted in slices as ``receive_body`` reads
+        them (InvalidMessage for one that is not JSON at all)."""
+        count = 0
+        for part in iter_body(body):
+            if part is TURN or count % BODY_SLICE == BODY_SLICE - 1:
+                gevent.sleep(0)
+            if part is not TURN:
+                count += 1
+        return count
 
     def too_large(self, live: LiveSession, exc: MessageTooLarge, *,
                   close: bool = False) -> None:
