@@ -82,6 +82,9 @@ class Engine:
         self.shutting_down = False
         self._ticker: gevent.Greenlet | None = None
         self.user_caps = UserCaps(config.connections_per_user)
+        #: transports replaced by a resume whose slot was given back before they ended
+        #: (by id; the transport is held so its id is not reused meanwhile)
+        self._released: dict[int, Transport] = {}
         self.kept = KeptSessions(hub, config.max_kept_sessions_per_user, self._expire)
         #: connect tickets (POST /proto/ticket): in memory, or shared when clustered
         self.tickets: TicketStore = tickets if tickets is not None else MemoryTicketStore()
@@ -133,6 +136,13 @@ class Engine:
         self.stats.connection_closed(kind)
         if user_id is not None:
             self.user_caps.release_connection(user_id)
+
+    def _release_slot(self, transport: Transport, user_id: str) -> None:
+        """Give a replaced transport's connection slot back at once; its own end
+        (``end_transport``) then gives back nothing."""
+        if id(transport) not in self._released:
+            self._released[id(transport)] = transport
+            self.close_connection(transport.kind, user_id)
 
     def open_body(self, user_id: str) -> None:
         """Count a POST body being read for the user (their own cap, maxConnectionsPerUser
@@ -254,7 +264,8 @@ class Engine:
             if attached:
                 self.detach(live, transport)
         finally:
-            self.close_connection(transport.kind, live.user_id)
+            if self._released.pop(id(transport), None) is None:
+                self.close_connection(transport.kind, live.user_id)
             if self.config.enable_logging:
                 access_log.info("%s closed session=%s", transport.kind, live.id)
 
@@ -264,6 +275,9 @@ class Engine:
         old = live.transport
         if old is not None and old is not transport:
             live.transport = None
+            # it stops counting now, not when its close handshake ends (up to its
+            # CLOSE_TIMEOUT later): resumes in a loop kept every replaced one counted
+            self._release_slot(old, live.user_id)
             old.close(CloseCode.SUPERSEDED, "superseded by a resumed connection")
         live.core.attach(now_ms(), last_seq)
         live.transport = transport
