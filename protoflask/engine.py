@@ -20,6 +20,7 @@ from typing import Any, Callable
 import gevent
 
 from .auth import TokenAuthority
+from .budget import MemoryBudget
 from .tickets import MemoryTicketStore, TicketStore
 from .config import ServerConfig
 from .clock import now_ms, now_ns
@@ -86,6 +87,8 @@ class Engine:
         #: (by id; the transport is held so its id is not reused meanwhile)
         self._released: dict[int, Transport] = {}
         self.kept = KeptSessions(hub, config.max_kept_sessions_per_user, self._expire)
+        self.budget = MemoryBudget(config.max_user_bytes, config.memory_ceiling, self.kept,
+                                   self._drop_for_memory)
         #: connect tickets (POST /proto/ticket): in memory, or shared when clustered
         self.tickets: TicketStore = tickets if tickets is not None else MemoryTicketStore()
         self.dispatcher = Dispatcher(
@@ -166,6 +169,8 @@ class Engine:
         try:
             user_id = self.authenticate(token, ticket)
             resume = self.find_session(session_id, user_id) if session_id else None
+            if resume is None:
+                self.budget.admit(user_id)
             self.open_connection(kind, user_id, replacing=resume is not None
                                  and resume.transport is not None)
         except ProtoError as exc:
@@ -385,6 +390,16 @@ class Engine:
             transport.close(code, reason)
             self.detach(live, transport)
 
+    def _drop_for_memory(self, live: LiveSession, why: str) -> None:
+        """End a session the memory budget cannot keep: a live one is told (ERROR
+        MESSAGE_TOO_LARGE, then 1009); either way it is gone, as if it had expired."""
+        log.warning("session %s of user %s: %s", live.id, live.user_id, why)
+        if live.transport is not None:
+            self.too_large(live, MessageTooLarge(f"the session was closed: {why}"),
+                           close=True)
+        live.core.close()
+        self._expire(live)
+
     def _expire(self, live: LiveSession) -> None:
         self.kept.forget(live)
         self.hub.remove(live.id)
@@ -470,6 +485,7 @@ class Engine:
         now = now_ms()
         self.stats.sample(now)
         self.kept.prune(now)
+        self.budget.review(self.hub.sessions())
         for live in self.hub.sessions():
             live.core.tick(now)
             self.settle(live)

@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "options", "auth", "jwks", "signals", "tools", "logs", "origins", "tickets",
      "clock", "fastschema", "streaming", "stats", "limits"),
     ("hub", "cluster"),
-    ("engine", "dispatch", "kept"),
+    ("engine", "dispatch", "kept", "budget"),
     ("transports",),
     ("web", "post_lane", "dashboard", "metrics", "vitals", "blueprints"),
     ("server", "serving", "cli", "wsgi", ""),  # "": the package itself (its lazy public names)
