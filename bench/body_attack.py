@@ -8,6 +8,10 @@
   (each answered with an ERROR) while a bystander probes ``/health`` and a PING on a new
   WebSocket, again and again until the POST is answered: the POST's duration and the
   bystander's slowest probe (and how many probes were answered during the POST).
+* user-texts (with ``MAX_USER_BYTES=67108864``, 64 MiB): one user opens 4 sessions, each
+  with 2 open texts of 4 parts of an emoji and 1,000,000 ASCII characters (1 MB of
+  UTF-8, 4 MB as the str the server keeps), left open; worker RSS before and after, and
+  how many of the user's sessions are still open.
 * resume-churn: one user opens a session and resumes it 50 times over WebSockets that
   never answer the server's close frame; then how many connections the worker counts.
 """
@@ -66,6 +70,36 @@ def tiny_body(server: Server) -> None:
     ws.close()
 
 
+def user_texts(server: Server) -> None:
+    rss0 = server.rss_mib()
+    clients = []
+    for _ in range(4):
+        ws, _session = session_of(server)
+        clients.append(ws)
+        for t in range(2):
+            mid = f"t{t}"
+            ws.send(orjson.dumps(env(10 + t, "MESSAGE_START", "USER", {
+                "message_id": mid, "content_type": "text/plain"})).decode())
+            for p in range(4):
+                ws.send(orjson.dumps(env(20 + 10 * t + p, "MESSAGE_PART", "USER", {
+                    "message_id": mid, "content": "\U0001F600" + "x" * 1_000_000})).decode())
+    time.sleep(3)  # two heartbeat ticks at least
+    alive = 0
+    for ws in clients:
+        try:
+            ws.send(orjson.dumps(env(99, "PING", payload={"nonce": "n"})).decode())
+            while orjson.loads(ws.recv(timeout=10))["type"] != "PONG":
+                pass
+            alive += 1
+        except Exception:  # noqa: BLE001 - closed by the budget
+            pass
+    health, ping = server.probe()
+    print(f"user-texts: RSS {rss0:.0f} -> {server.rss_mib():.0f} MiB; {alive} of 4 sessions "
+          f"still open; bystander /health {health * 1000:.0f} ms, PING {ping * 1000:.0f} ms")
+    for ws in clients:
+        ws.close()
+
+
 def resume_churn(server: Server) -> None:
     ws, session = session_of(server)
     socks = []
@@ -92,8 +126,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", type=Path, default=HERE.parent)
     args = parser.parse_args()
-    for attack in (tiny_body, resume_churn):
-        server = Server(args.root.resolve())
+    for attack in (tiny_body, user_texts, resume_churn):
+        extra = {"MAX_USER_BYTES": str(64 << 20)} if attack is user_texts else None
+        server = Server(args.root.resolve(), extra)
         try:
             attack(server)
         finally:
