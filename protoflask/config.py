@@ -98,6 +98,8 @@ class ServerConfig:
     max_connections: int = _DEFAULTS["max_connections"]
     max_connections_per_user: int | None = _DEFAULTS["max_connections_per_user"]
     max_kept_sessions_per_user: int = _DEFAULTS["max_kept_sessions_per_user"]
+    max_user_bytes: int = _DEFAULTS["max_user_bytes"]
+    memory_ceiling: int = _DEFAULTS["memory_ceiling"]
     body_timeout: int = _DEFAULTS["body_timeout"]
     heartbeat_interval: int = _DEFAULTS["heartbeat_interval"]
     heartbeat_timeout: int = _DEFAULTS["heartbeat_timeout"]

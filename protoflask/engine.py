@@ -20,10 +20,11 @@ from typing import Any, Callable
 import gevent
 
 from .auth import TokenAuthority
+from .budget import MemoryBudget
 from .tickets import MemoryTicketStore, TicketStore
 from .config import ServerConfig
 from .clock import now_ms, now_ns
-from .core.bodies import is_raw, split_body
+from .core.bodies import TURN, is_raw, iter_body
 from .core.errors import (
     CloseCode, InvalidMessage, InvalidToken, MaxConnections, MessageTooLarge, ProtoError,
     SessionNotFound, ShuttingDown, UserConnectionLimit,
@@ -39,6 +40,10 @@ from . import signals
 
 log = logging.getLogger("protoflask")
 access_log = logging.getLogger("protoflask.access")
+
+#: Messages of a posted body handled between two turns for the other greenlets: a slice
+#: of the smallest messages costs about a millisecond of the worker.
+BODY_SLICE = 256
 
 #: ``emit(signal, **kwargs)``: send a signal (the server's, whose listeners get it)
 Emit = Callable[..., None]
@@ -78,7 +83,12 @@ class Engine:
         self.shutting_down = False
         self._ticker: gevent.Greenlet | None = None
         self.user_caps = UserCaps(config.connections_per_user)
+        #: transports replaced by a resume whose slot was given back before they ended
+        #: (by id; the transport is held so its id is not reused meanwhile)
+        self._released: dict[int, Transport] = {}
         self.kept = KeptSessions(hub, config.max_kept_sessions_per_user, self._expire)
+        self.budget = MemoryBudget(config.max_user_bytes, config.memory_ceiling, self.kept,
+                                   self._drop_for_memory)
         #: connect tickets (POST /proto/ticket): in memory, or shared when clustered
         self.tickets: TicketStore = tickets if tickets is not None else MemoryTicketStore()
         self.dispatcher = Dispatcher(
@@ -130,6 +140,13 @@ class Engine:
         if user_id is not None:
             self.user_caps.release_connection(user_id)
 
+    def _release_slot(self, transport: Transport, user_id: str) -> None:
+        """Give a replaced transport's connection slot back at once; its own end
+        (``end_transport``) then gives back nothing."""
+        if id(transport) not in self._released:
+            self._released[id(transport)] = transport
+            self.close_connection(transport.kind, user_id)
+
     def open_body(self, user_id: str) -> None:
         """Count a POST body being read for the user (their own cap, maxConnectionsPerUser
         of them at once), or raise USER_CONNECTION_LIMIT; the caller owes close_body."""
@@ -152,6 +169,8 @@ class Engine:
         try:
             user_id = self.authenticate(token, ticket)
             resume = self.find_session(session_id, user_id) if session_id else None
+            if resume is None:
+                self.budget.admit(user_id)
             self.open_connection(kind, user_id, replacing=resume is not None
                                  and resume.transport is not None)
         except ProtoError as exc:
@@ -230,7 +249,7 @@ class Engine:
         downstream too), SESSION_NOT_FOUND when no node holds the session."""
         live = held if held is not None else self.session_for_body(session_id, user_id, body)
         if live is None:  # another node holds the session and processes the body
-            return len(split_body(body))
+            return self.count_body(body)
         return self.receive_body(live, body)
 
     def open_transport(self, live: LiveSession, transport: Transport,
@@ -252,7 +271,8 @@ class Engine:
             if attached:
                 self.detach(live, transport)
         finally:
-            self.close_connection(transport.kind, live.user_id)
+            if self._released.pop(id(transport), None) is None:
+                self.close_connection(transport.kind, live.user_id)
             if self.config.enable_logging:
                 access_log.info("%s closed session=%s", transport.kind, live.id)
 
@@ -262,6 +282,9 @@ class Engine:
         old = live.transport
         if old is not None and old is not transport:
             live.transport = None
+            # it stops counting now, not when its close handshake ends (up to its
+            # CLOSE_TIMEOUT later): resumes in a loop kept every replaced one counted
+            self._release_slot(old, live.user_id)
             old.close(CloseCode.SUPERSEDED, "superseded by a resumed connection")
         live.core.attach(now_ms(), last_seq)
         live.transport = transport
@@ -307,25 +330,48 @@ class Engine:
 
         Each message meets the session's rules (its errors go downstream as ERROR
         messages). A body of which no line is JSON at all is reported in-protocol like a
-        non-JSON WebSocket frame and then raised as InvalidMessage (the HTTP 400)."""
-        try:
-            parts = split_body(body)
-        except InvalidMessage:
-            self.receive(live, body)
-            raise
+        non-JSON WebSocket frame and then raised as InvalidMessage (the HTTP 400).
+
+        The body is decoded and handled ``BODY_SLICE`` messages at a time, with a turn
+        for every other greenlet between slices: a body of maxMessageSize of tiny
+        messages is hundreds of thousands of them, which handled in one go held the
+        worker for over a second (docs/RELIABILITY.md, "one body of tiny messages")."""
         # a decoded part: ``receive``'s steps for a message already parsed, with what
         # they look up bound once per body
         core, notify, record = live.core, live.notify, self.stats.record
-        for part in parts:
-            if is_raw(part):
-                self.receive(live, part[0])
-                continue
-            started = now_ms()
-            core.receive_decoded(part[0], part[1], started)
-            notify()
-            finished = now_ms()
-            record(finished, finished - started)
-        return len(parts)
+        count = handled = 0
+        try:
+            for part in iter_body(body):
+                if part is TURN or handled >= BODY_SLICE:
+                    gevent.sleep(0)
+                    handled = 0
+                    if part is TURN:
+                        continue
+                count += 1
+                handled += 1
+                if is_raw(part):
+                    self.receive(live, part[0])
+                    continue
+                started = now_ms()
+                core.receive_decoded(part[0], part[1], started)
+                notify()
+                finished = now_ms()
+                record(finished, finished - started)
+        except InvalidMessage:  # raised before any part: the body is not JSON at all
+            self.receive(live, body)
+            raise
+        return count
+
+    def count_body(self, body: bytes) -> int:
+        """How many messages a body carries, counted in slices as ``receive_body`` reads
+        them (InvalidMessage for one that is not JSON at all)."""
+        count = 0
+        for part in iter_body(body):
+            if part is TURN or count % BODY_SLICE == BODY_SLICE - 1:
+                gevent.sleep(0)
+            if part is not TURN:
+                count += 1
+        return count
 
     def too_large(self, live: LiveSession, exc: MessageTooLarge, *,
                   close: bool = False) -> None:
@@ -345,6 +391,16 @@ class Engine:
             live.notify()
             transport.close(code, reason)
             self.detach(live, transport)
+
+    def _drop_for_memory(self, live: LiveSession, why: str) -> None:
+        """End a session the memory budget cannot keep: a live one is told (ERROR
+        MESSAGE_TOO_LARGE, then 1009); either way it is gone, as if it had expired."""
+        log.warning("session %s of user %s: %s", live.id, live.user_id, why)
+        if live.transport is not None:
+            self.too_large(live, MessageTooLarge(f"the session was closed: {why}"),
+                           close=True)
+        live.core.close()
+        self._expire(live)
 
     def _expire(self, live: LiveSession) -> None:
         self.kept.forget(live)
@@ -431,6 +487,7 @@ class Engine:
         now = now_ms()
         self.stats.sample(now)
         self.kept.prune(now)
+        self.budget.review(self.hub.sessions())
         for live in self.hub.sessions():
             live.core.tick(now)
             self.settle(live)

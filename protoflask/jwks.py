@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+import gevent
 import jwt
 import orjson
 from cryptography import x509
@@ -30,7 +32,8 @@ ASYMMETRIC_ALGORITHMS = RSA_ALGORITHMS | frozenset(EC_ALGORITHMS.values()) | {"E
 
 #: A JWKS document larger than this is refused (a key set is a few kB).
 MAX_JWKS_BYTES = 1 << 20
-#: Seconds to wait for the identity provider.
+#: Seconds one fetch of the key set may take in all (connect, head, body): an endpoint
+#: that trickles is given up on then, and the next refresh may start.
 FETCH_TIMEOUT = 5.0
 #: Keys older than this are fetched again on the next token, so a key the provider
 #: withdrew stops being accepted within this time even when no unknown kid shows up.
@@ -103,10 +106,42 @@ def keys_from_jwks(document: Any) -> list[PublicKey]:
     return keys
 
 
-def fetch_json(url: str) -> Any:
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """The key set is fetched from the configured URL only: a redirect is a failed fetch
+    (an identity provider whose URL moved is configured with its new URL), so nobody who
+    can answer that URL can send the server to fetch from anywhere else."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> None:
+        raise urllib.error.HTTPError(req.full_url, code,
+                                     f"JWKS redirects are not followed (to {newurl})",
+                                     headers, fp)
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def fetch_json(url: str, deadline: float = FETCH_TIMEOUT,
+               clock: Callable[[], float] = time.monotonic) -> Any:
+    """The JSON document at ``url``, read whole within ``deadline`` seconds in total
+    (connecting, the head and every byte of the body), or an exception. A per-read
+    timeout alone let an endpoint that sends a byte every few seconds hold the fetch
+    (and the refresh) for as long as it trickled."""
+    ends = clock() + deadline
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT) as response:  # noqa: S310
-        body = response.read(MAX_JWKS_BYTES + 1)
+    with _OPENER.open(request, timeout=deadline) as response:
+        body = b""
+        while len(body) <= MAX_JWKS_BYTES:
+            left = ends - clock()
+            if left <= 0:
+                raise TimeoutError(f"JWKS not read within {deadline} s")
+            sock = getattr(getattr(getattr(response, "fp", None), "raw", None), "_sock", None)
+            if sock is not None:
+                sock.settimeout(left)
+            piece = response.read1(65536)
+            if not piece:
+                break
+            body += piece
     if len(body) > MAX_JWKS_BYTES:
         raise ValueError(f"JWKS larger than {MAX_JWKS_BYTES} bytes")
     return orjson.loads(body)
@@ -118,7 +153,8 @@ class JWKSCache:
     Fetched on first use, again when the keys are older than ``MAX_KEY_AGE``, and when a
     token names a kid the cache does not know, but never more often than once per
     ``refresh_interval`` seconds: a flood of made-up kids costs the provider one request
-    per interval. A failed fetch keeps the keys it had."""
+    per interval. A failed fetch keeps the keys it had (the last good set). A fetch takes
+    at most ``FETCH_TIMEOUT`` seconds in all and follows no redirect (``fetch_json``)."""
 
     def __init__(self, url: str, refresh_interval: float,
                  fetch: Callable[[str], Any] = fetch_json,
@@ -142,13 +178,22 @@ class JWKSCache:
         return self._keys
 
     def _may_try(self, now: float) -> bool:
-        return not self._fetching and (
+        # a fetch still under way past its deadline (it could not be cut short) no
+        # longer holds the refresh back
+        busy = self._fetching and self._tried_at is not None \
+            and now - self._tried_at < FETCH_TIMEOUT
+        return not busy and (
             self._tried_at is None or now - self._tried_at >= self.refresh_interval)
 
     def _refresh(self, now: float) -> None:
         self._fetching, self._tried_at = True, now
         try:
-            keys = keys_from_jwks(self._fetch(self.url))
+            # in a thread of the hub's pool: the worker's other greenlets run meanwhile,
+            # whether or not the process is monkey-patched
+            outcome = gevent.get_hub().threadpool.apply(_outcome, (self._fetch, self.url))
+            if isinstance(outcome, BaseException):
+                raise outcome
+            keys = keys_from_jwks(outcome)
         except Exception as exc:  # the provider is down or answered nonsense
             log.warning("JWKS: cannot fetch %s: %s (keeping %d keys)", self.url, exc,
                         len(self._keys))
@@ -156,6 +201,15 @@ class JWKSCache:
         finally:
             self._fetching = False
         self._keys, self._fetched_at = keys, now
+
+
+def _outcome(fetch: Callable[[str], Any], url: str) -> Any:
+    """What ``fetch(url)`` returns, or the exception it raised (handed back to the
+    greenlet to raise, not printed by the thread pool as a crash)."""
+    try:
+        return fetch(url)
+    except Exception as exc:  # noqa: BLE001 - handed back to the caller
+        return exc
 
 
 def candidates(keys: Iterable[PublicKey], alg: str, kid: str | None) -> list[PublicKey]:

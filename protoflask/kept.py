@@ -57,6 +57,20 @@ class KeptSessions:
             if not kept:
                 del self._by_user[live.user_id]
 
+    def oldest(self, user_id: str | None = None) -> list[LiveSession]:
+        """The user's (or everyone's) kept sessions still here and disconnected, those
+        disconnected longest ago first."""
+        users = [user_id] if user_id is not None else list(self._by_user)
+        out = []
+        for user in users:
+            for sid in self._by_user.get(user, ()):
+                live = self.hub.get(sid)
+                if live is not None and live.transport is None and not live.core.closed:
+                    out.append(live)
+        if user_id is None:
+            out.sort(key=lambda live: live.core.disconnected_at or 0)
+        return out
+
     def prune(self, now: int) -> None:
         """Forget kept ids whose sessions went away without ``forget`` (taken over by
         another node); once a minute."""

@@ -14,10 +14,11 @@ class UserCaps:
 
     def take_connection(self, user_id: str, replacing: bool = False) -> None:
         """Count one more live transport of the user, or raise USER_CONNECTION_LIMIT.
-        ``replacing``: it takes over one of the user's transports, about to close, so it
-        is let in even at the cap."""
+        ``replacing``: it takes over one of the user's transports (a resume), whose slot
+        is given back when it attaches, so it is let in one over the cap; never more, or
+        resumes started together would each take a slot."""
         held = self._connections.get(user_id, 0)
-        if held >= self.cap and not replacing:
+        if held >= self.cap + (1 if replacing else 0):
             raise UserConnectionLimit(f"this user has {held} live connections open "
                                       f"(maxConnectionsPerUser {self.cap})")
         self._connections[user_id] = held + 1

@@ -89,6 +89,15 @@ OPTIONS: tuple[Option, ...] = (
     _o("maxKeptSessionsPerUser", "max_kept_sessions_per_user", "MAX_KEPT_SESSIONS_PER_USER",
        int, 10, "disconnected sessions kept per user, per worker; beyond it the oldest "
        "disconnected one is dropped", 0),
+    _o("maxUserBytes", "max_user_bytes", "MAX_USER_BYTES", int, 256 << 20,
+       "bytes of memory all of one user's sessions (live and kept) may hold, per worker: "
+       "beyond it the user's oldest kept sessions are dropped, then their heaviest session "
+       "is closed and new sessions are refused (503 USER_CONNECTION_LIMIT); 0: no budget",
+       0),
+    _o("memoryCeiling", "memory_ceiling", "MEMORY_CEILING", int, 768 << 20,
+       "bytes of memory all sessions of a worker may hold: beyond it new sessions are "
+       "refused (503 MAX_CONNECTIONS), the oldest kept sessions are dropped, then the "
+       "heaviest session is closed; 0: no ceiling", 0),
     _o("bodyTimeout", "body_timeout", "BODY_TIMEOUT", int, 30000,
        "ms to read a POST body (408 REQUEST_TIMEOUT beyond); also how long an open stream "
        "body may stall inside a line before its response ends", 1),

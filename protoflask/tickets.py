@@ -57,7 +57,12 @@ class MemoryTicketStore:
         return entry[0]
 
     def _drop_expired(self, now: float) -> None:
-        for ticket, (_, expires) in list(self._tickets.items()):
-            if expires > now:
-                break  # issued in order, so expiring in order
-            del self._tickets[ticket]
+        """Drop the expired tickets from the front: issued in order, so expiring in order.
+        Only those are looked at (copying every live ticket first made each issue cost
+        in proportion to the tickets alive)."""
+        tickets = self._tickets
+        while tickets:
+            ticket = next(iter(tickets))
+            if tickets[ticket][1] > now:
+                return
+            del tickets[ticket]

@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "options", "auth", "jwks", "signals", "tools", "logs", "origins", "tickets",
      "clock", "fastschema", "streaming", "stats", "limits"),
     ("hub", "cluster"),
-    ("engine", "dispatch", "kept"),
+    ("engine", "dispatch", "kept", "budget"),
     ("transports",),
     ("web", "post_lane", "dashboard", "metrics", "vitals", "blueprints", "mcp", "agui"),
     # "": the package itself (its lazy public names); __main__: python -m protoflask

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass
+from sys import getsizeof
 from typing import TYPE_CHECKING, Any, Callable
 
 from .messages import (
@@ -46,7 +47,9 @@ class Text:
 
     content_type: str
     parts: list[str]
-    size: int = 0
+    size: int = 0  # UTF-8 bytes, against maxTextSize (the protocol's measure)
+    memory: int = 0  # what the parts cost in memory (a str of one non-Latin-1 character
+    # is 2 or 4 bytes a character): the session's byte budget counts this
 
 
 def capabilities(s: SessionSettings) -> dict[str, Any]:
@@ -215,7 +218,8 @@ class UpstreamHandlers:
                 raise MessageTooLarge(f"text {mid!r} exceeds maxTextSize "
                                       f"({self.settings.max_text_size} bytes); it was "
                                       "discarded")
-            text.parts.append(p["content"])
+            text.parts.append(content)
+            text.memory += getsizeof(content)
             self._events.append(TextReceived(wire))
             return
         del self.texts[mid]

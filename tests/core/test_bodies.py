@@ -88,7 +88,7 @@ def test_an_absent_seq_argument_is_none(value):
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from protoflask.core.bodies import _ndjson_parts  # noqa: E402  (the fast path itself)
+from protoflask.core.bodies import _line_parts, _ndjson_lines  # noqa: E402  (the fast path)
 
 _NOT = object()
 
@@ -166,12 +166,27 @@ def test_split_body_answers_as_the_whole_body_first_did(body):
     b'{"a":1}\n', b'\n\n{"a":1}\n\n',       # one line: not this path either
 ])
 def test_the_fast_path_takes_only_what_it_can_answer(body):
-    fast = _ndjson_parts(body)
+    fast = _ndjson_lines(body)
     if fast is not None:
-        assert fast == _reference_split(body)
+        assert list(_line_parts(fast)) == _reference_split(body)
     lines = [x for x in body.split(b"\n") if x.strip()]
     try:
         first_is_json = bool(lines) and orjson.loads(lines[0]) is not _NOT
     except orjson.JSONDecodeError:
         first_is_json = False
     assert (fast is not None) == (len(lines) >= 2 and first_is_json)
+
+
+def test_iter_body_pauses_while_it_scans_lines_that_are_not_json():
+    """A body whose lines are not JSON until its last is scanned SCAN_SLICE lines at a
+    time: the caller gets a TURN between slices before any part, and then every line."""
+    from protoflask.core.bodies import SCAN_SLICE, TURN, iter_body
+
+    env = orjson.dumps(ENV)
+    lines = [b"x"] * (3 * SCAN_SLICE) + [env]
+    out = list(iter_body(b"\n".join(lines)))
+    turns = [i for i, p in enumerate(out) if p is TURN]
+    assert len(turns) == 3 and turns == list(range(3))
+    assert [p for p in out if p is not TURN] == [(b"x", 1)] * (3 * SCAN_SLICE) + [
+        (ENV, len(env))]
+

@@ -1,0 +1,140 @@
+"""Reproduce issue 24's body and resume attacks (docs/RELIABILITY.md, "issue 24") against
+``gunicorn -k gevent wsgi:app`` and print what they cost the bystander.
+
+    python bench/body_attack.py                 # this checkout
+    python bench/body_attack.py --root /tmp/old # another checkout (e.g. `git archive`)
+
+* tiny-body: a session's owner POSTs one body of maxMessageSize holding 330,000 ``{}``
+  (each answered with an ERROR) while a bystander probes ``/health`` and a PING on a new
+  WebSocket, again and again until the POST is answered: the POST's duration and the
+  bystander's slowest probe (and how many probes were answered during the POST).
+* user-texts (with ``MAX_USER_BYTES=67108864``, 64 MiB): one user opens 4 sessions, each
+  with 2 open texts of 4 parts of an emoji and 1,000,000 ASCII characters (1 MB of
+  UTF-8, 4 MB as the str the server keeps), left open; worker RSS before and after, and
+  how many of the user's sessions are still open.
+* resume-churn: one user opens a session and resumes it 50 times over WebSockets that
+  never answer the server's close frame; then how many connections the worker counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import requests
+from websockets.sync.client import connect as ws_connect
+
+from budget_attacks import HELLO, Server, env  # type: ignore[import-not-found]
+
+HERE = Path(__file__).resolve().parent
+
+
+def session_of(server: Server) -> tuple[object, str]:
+    ws = ws_connect(f"ws://127.0.0.1:{server.port}/proto/websocket?token={server.token}",
+                    open_timeout=30, max_size=None).__enter__()
+    ws.send(orjson.dumps(env(1, "HELLO", payload=HELLO)).decode())
+    while True:
+        msg = orjson.loads(ws.recv(timeout=30))
+        if msg["type"] == "HELLO":
+            return ws, msg["payload"]["session"]
+
+
+def tiny_body(server: Server) -> None:
+    ws, session = session_of(server)
+    body = b"[" + b",".join([b"{}"] * 330_000) + b"]"
+    done = threading.Event()
+    took: list[float] = []
+
+    def post() -> None:
+        t0 = time.monotonic()
+        requests.post(f"{server.url}/proto/sse?session={session}", data=body, timeout=120,
+                      headers={"Authorization": f"Bearer {server.token}"})
+        took.append(time.monotonic() - t0)
+        done.set()
+
+    cpu0, rss0 = server.cpu(), server.rss_mib()
+    threading.Thread(target=post, daemon=True).start()
+    time.sleep(0.05)
+    probes = []
+    while not done.is_set():
+        health, ping = server.probe()
+        if not done.is_set():
+            probes.append(max(health, ping))
+    print(f"tiny-body: POST {took[0]:.2f} s, worker CPU {server.cpu() - cpu0:.2f} s, "
+          f"RSS {rss0:.0f} -> {server.rss_mib():.0f} MiB; bystander probes answered during "
+          f"it: {len(probes)}, slowest {max(probes, default=float('nan')) * 1000:.0f} ms")
+    ws.close()
+
+
+def user_texts(server: Server) -> None:
+    rss0 = server.rss_mib()
+    clients = []
+    for _ in range(4):
+        ws, _session = session_of(server)
+        clients.append(ws)
+        for t in range(2):
+            mid = f"t{t}"
+            ws.send(orjson.dumps(env(10 + t, "MESSAGE_START", "USER", {
+                "message_id": mid, "content_type": "text/plain"})).decode())
+            for p in range(4):
+                ws.send(orjson.dumps(env(20 + 10 * t + p, "MESSAGE_PART", "USER", {
+                    "message_id": mid, "content": "\U0001F600" + "x" * 1_000_000})).decode())
+    time.sleep(3)  # two heartbeat ticks at least
+    alive = 0
+    for ws in clients:
+        try:
+            ws.send(orjson.dumps(env(99, "PING", payload={"nonce": "n"})).decode())
+            while orjson.loads(ws.recv(timeout=10))["type"] != "PONG":
+                pass
+            alive += 1
+        except Exception:  # noqa: BLE001 - closed by the budget
+            pass
+    health, ping = server.probe()
+    print(f"user-texts: RSS {rss0:.0f} -> {server.rss_mib():.0f} MiB; {alive} of 4 sessions "
+          f"still open; bystander /health {health * 1000:.0f} ms, PING {ping * 1000:.0f} ms")
+    for ws in clients:
+        ws.close()
+
+
+def resume_churn(server: Server) -> None:
+    ws, session = session_of(server)
+    socks = []
+    for _ in range(50):
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall((f"GET /proto/websocket?token={server.token}&session={session}"
+                      "&last_seq=0 HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                      "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                      "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(4096)
+        socks.append((sock, head.split(b" ", 2)[1]))
+    vitals = requests.get(server.url + "/debug/vitals", timeout=30).json()
+    statuses = sorted({s.decode() for _, s in socks})
+    print(f"resume-churn: 50 resumes answered {statuses}; the worker counts "
+          f"{vitals['activeConnections']} live connections (maxConnectionsPerUser: 100)")
+    for sock, _ in socks:
+        sock.close()
+    ws.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--root", type=Path, default=HERE.parent)
+    args = parser.parse_args()
+    for attack in (tiny_body, user_texts, resume_churn):
+        extra = {"MAX_USER_BYTES": str(64 << 20)} if attack is user_texts else None
+        server = Server(args.root.resolve(), extra)
+        try:
+            attack(server)
+        finally:
+            server.proc.terminate()
+            server.proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""One POST body of maxMessageSize of tiny messages does not hold the worker.
+
+A body of 1 MB is up to about 330,000 messages (``[{},{},...]``), each answered with an
+ERROR. ``Engine.receive_body`` decodes and handles them ``BODY_SLICE`` at a time with a
+turn for every other greenlet between slices, so while one such body is being handled,
+its own downstream already carries answers and a bystander's ``/health`` and PING are
+answered. Handled in one go (and decoded all up front), the body held the worker for
+over a second: the bystander was served only once the POST had been answered.
+No timed assertions: what happened before what.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import orjson
+import pytest
+import requests
+
+from ..hardening_support import HELLO, Live, answers
+from ..support import SSEClient, timeout
+
+TINY = 330_000  # ``{}`` elements: just under the default maxMessageSize of 1 MiB
+
+
+@pytest.fixture(scope="module", params=["embedded", "gunicorn"])
+def live(request):
+    server = Live(request.param, rateLimit=0)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("form", ["array", "ndjson", "lines-not-json"])
+def test_a_body_of_tiny_messages_leaves_turns_for_everyone(live, form):
+    if form == "array":
+        body = b"[" + b",".join([b"{}"] * TINY) + b"]"
+    elif form == "ndjson":
+        body = orjson.dumps(HELLO) + b"\n" + b"\n".join([b"{}"] * TINY)
+    else:  # a body whose lines are not JSON but its last: scanned in slices too
+        body = b"\n".join([b"x"] * (TINY + 150_000) + [orjson.dumps(HELLO)])
+    assert len(body) <= 1 << 20
+    attacker = SSEClient(live.base_url, live.token("attacker"))
+    try:
+        if form == "array":
+            assert attacker.post(orjson.dumps(HELLO)).status_code == 202
+            attacker.recv_type("HELLO")
+        answered: list[int] = []
+        post = threading.Thread(target=lambda: answered.append(requests.post(
+            live.base_url + f"/proto/sse?session={attacker.session_id}", data=body,
+            headers={"Authorization": f"Bearer {attacker.token}"},
+            timeout=timeout(120)).status_code), daemon=True)
+        post.start()
+        first = attacker.recv(within=60)  # the body is being handled: answers flow
+        assert first["type"] in ("ERROR", "HELLO"), first
+        answers(live.base_url, live.token("bystander"))
+        served_while_the_body_was_handled = not answered
+        post.join(timeout(120))
+        assert answered == [202], answered
+        assert served_while_the_body_was_handled, \
+            "the bystander was served only once the body had been handled"
+    finally:
+        attacker.close()
+    answers(live.base_url, live.token("bystander"))
