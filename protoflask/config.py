@@ -28,6 +28,8 @@ __all__ = [
 
 
 ALL_KEYS = {o.key for o in OPTIONS} | {"flowControl"}
+#: the shortest operatorToken accepted: it is a password compared as is
+MIN_OPERATOR_TOKEN = 16
 
 #: Flask ``app.config`` keys: ``PROTOFLASK_`` + the snake_case field upper-cased
 #: (``PROTOFLASK_MAX_CONNECTIONS``); flow-control fields under ``PROTOFLASK_FLOW_CONTROL_``
@@ -129,6 +131,7 @@ class ServerConfig:
     metrics: bool = _DEFAULTS["metrics"]
     dashboard: bool = _DEFAULTS["dashboard"]
     debug_vitals: bool = _DEFAULTS["debug_vitals"]
+    operator_token: str | None = field(default=_DEFAULTS["operator_token"], repr=False)
 
     def __post_init__(self) -> None:
         for opt in OPTIONS:
@@ -152,6 +155,12 @@ class ServerConfig:
                                tuple(normalize_origin(o) for o in self.allowed_origins))
         except ValueError as exc:
             raise ConfigError(f"allowedOrigins: {exc}") from None
+        if self.operator_token is not None:
+            token = self.operator_token.strip()
+            if token and len(token) < MIN_OPERATOR_TOKEN:
+                raise ConfigError(f"operatorToken must be at least {MIN_OPERATOR_TOKEN} "
+                                  "characters (it guards disconnect, send and broadcast)")
+            object.__setattr__(self, "operator_token", token or None)
         if "none" in (a.lower() for a in self.jwt_algorithms):
             raise ConfigError("jwtAlgorithms must not contain 'none'")
         if self.jwks_url is not None and not self.jwks_url.startswith(("https://", "http://")):
@@ -261,6 +270,7 @@ class ServerConfig:
         """camelCase view with the secret masked (for logs and /stats consumers)."""
         out = {o.key: getattr(self, o.attr) for o in OPTIONS}
         out["jwtSecret"] = "***" if self.jwt_secret else None
+        out["operatorToken"] = "***" if self.operator_token else None
         out["jwtAlgorithms"] = list(self.jwt_algorithms)
         out["flowControl"] = {o.key: getattr(self.flow_control, o.attr) for o in FLOW_OPTIONS}
         return out

@@ -158,6 +158,9 @@ OPTIONS: tuple[Option, ...] = (
        "serve /metrics (Prometheus text format)"),
     _o("dashboard", "dashboard", "PROTOFLASK_DASHBOARD", bool, True,
        "serve the dashboard and playground page (/, /dashboard) and /dashboard/data"),
+    _o("operatorToken", "operator_token", "OPERATOR_TOKEN", str, None,
+       "the operator's credential (Bearer, at least 16 characters; not a user token) for "
+       "the dashboard's disconnect, send and broadcast; unset: those are off (404)"),
     _o("debugVitals", "debug_vitals", "PROTOFLASK_DEBUG_VITALS", bool, False,
        "serve GET /debug/vitals (RSS, greenlets, sessions) for soak tests; never in production"),
 )

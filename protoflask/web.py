@@ -27,6 +27,7 @@ from .dashboard import add_dashboard_routes
 from .clock import now_ms
 from .logs import redacted_query
 from .mcp import McpEndpoint, add_mcp_routes
+from .operator_actions import add_operator_routes
 from .metrics import metrics_response
 from .origins import OriginPolicy
 from .transports import sse, stream, websocket as ws
@@ -163,6 +164,8 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
 
     if config.dashboard:
         add_dashboard_routes(bp, engine, config.dev_mode, at_root=ctx.own_app)
+        # off unless operatorToken is set: the action routes are not there (404)
+        add_operator_routes(bp, engine, config.operator_token, config.max_message_size)
 
     if config.debug_vitals:
         @bp.get("/debug/vitals")

@@ -27,6 +27,7 @@ OTHER = {
     "redisPrefix": "from-app", "metrics": False, "dashboard": False,
     "maxJsonDepth": 16, "rateLimit": 50,
     "rateLimitBurst": 10, "allowedOrigins": ["https://app.example.com"], "debugVitals": True,
+    "operatorToken": "an-operator-credential",
     "jwtPublicKey": ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode(),
     "jwksUrl": "https://idp.example.com/.well-known/jwks.json", "jwksRefreshInterval": 5000,

@@ -31,7 +31,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("hub", "cluster"),
     ("engine", "dispatch", "kept", "budget"),
     ("transports",),
-    ("web", "post_lane", "dashboard", "metrics", "vitals", "blueprints", "mcp", "agui"),
+    ("web", "post_lane", "dashboard", "operator_actions", "metrics", "vitals", "blueprints",
+     "mcp", "agui"),
     # "": the package itself (its lazy public names); __main__: python -m protoflask
     ("server", "serving", "cli", "wsgi", "__main__", ""),
 )

@@ -103,11 +103,15 @@
     body.replaceChildren();
     const access = data.access;
     const note = $("sessions-note");
+    const operator = window.protoflaskOperator;  // operator.js: the operator's buttons
+    if (operator) operator.heading($("sessions").tHead.rows[0]);
     if (access.sessions === "none") {
       note.textContent = "Enter a token to list your sessions (development mode lists all).";
       return;
     }
-    note.textContent = (access.sessions === "all"
+    note.textContent = (access.operator
+      ? `All sessions (operator): ${data.sessionsListed}`
+      : access.sessions === "all"
       ? `All sessions (development mode): ${data.sessionsListed}`
       : `Sessions of user ${access.user}: ${data.sessionsListed}`)
       + (data.sessionsComplete === false ? " (partial: the cluster holds too many to scan)" : "");
@@ -127,6 +131,7 @@
       cell(tr, String(s.activeRuns));
       cell(tr, s.toolsRunning === undefined ? `on node ${s.node || "none"}`
         : `${s.toolsRunning} running, ${s.toolsQueued} queued`);
+      if (operator) operator.decorate(tr, s);
       body.appendChild(tr);
     }
   }
@@ -187,10 +192,13 @@
     clearTimeout(timer);
     const status = $("dash-status");
     const headers = {};
-    const token = window.protoflaskToken();
+    // with the operator's token (operator.js), every session; else the user's own
+    const operator = window.protoflaskOperator && window.protoflaskOperator.source(lastSample);
+    const token = operator ? operator.token : window.protoflaskToken();
     if (token) headers.Authorization = `Bearer ${token}`;
     try {
-      const resp = await fetch(`${ROOT}dashboard/data?since=${lastSample}`, {headers});
+      const resp = await fetch(operator ? operator.url : `${ROOT}dashboard/data?since=${lastSample}`,
+                               {headers});
       const data = await resp.json();
       if (!resp.ok) {
         status.textContent = `${data.error.code}: ${data.error.message}`;
