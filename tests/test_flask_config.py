@@ -35,6 +35,7 @@ OTHER = {
     "maxConnectionsPerUser": 3, "maxKeptSessionsPerUser": 2, "bodyTimeout": 1500,
     "jwtRequireExp": False,
     "replayWindowBytes": 65536, "maxOpenTexts": 2, "maxTextSize": 10000,
+    "maxUserBytes": 1 << 27, "memoryCeiling": 1 << 29,
 }
 FLOW_OTHER = {
     "enabled": False, "initialCredits": 300, "minCredits": 20, "maxCredits": 500,
