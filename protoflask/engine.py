@@ -151,7 +151,8 @@ class Engine:
         ``close_connection(kind, admission.user_id)``."""
         try:
             user_id = self.authenticate(token, ticket)
-            resume = self.find_session(session_id, user_id) if session_id else None
+            resume = self.find_session(session_id, user_id, last_seq=last_seq) \
+                if session_id else None
             self.open_connection(kind, user_id, replacing=resume is not None
                                  and resume.transport is not None)
         except ProtoError as exc:
@@ -192,14 +193,14 @@ class Engine:
         self._emit_error(exc, session_id=session_id)
 
     def find_session(self, session_id: str | None, user_id: str, *,
-                     claim: bool = True) -> LiveSession:
+                     claim: bool = True, last_seq: int | None = None) -> LiveSession:
         """The user's own session, or SESSION_NOT_FOUND (also for another user's id).
 
         In a cluster, ``claim`` moves a session another process holds into this one
-        (a resume); without it only this process's sessions are found."""
+        (a resume from ``last_seq``); without it only this process's sessions are found."""
         live = self.hub.get(session_id) if session_id else None
         if live is None and session_id and claim:
-            live = self.hub.claim(session_id, user_id)
+            live = self.hub.claim(session_id, user_id, last_seq)
         if live is None or live.user_id != user_id or live.core.closed:
             raise SessionNotFound(f"no session {session_id!r} for this user")
         return live
@@ -226,6 +227,8 @@ class Engine:
         before the body was read), to that session wherever it lives; how many messages
         it carried. Raises InvalidMessage for a body that is not JSON at all (reported
         downstream too), SESSION_NOT_FOUND when no node holds the session."""
+        if held is not None and self.hub.get(session_id) is not held:
+            held = None  # it moved to another node while the body was read: follow it
         live = held if held is not None else self.session_for_body(session_id, user_id, body)
         if live is None:  # another node holds the session and processes the body
             return len(split_body(body))

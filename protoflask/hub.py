@@ -425,8 +425,10 @@ class LocalHub:
 
     # -- sessions moving between processes ---------------------------------------------------
 
-    def claim(self, session_id: str, user_id: str) -> LiveSession | None:
-        """Move a session that lives elsewhere in the cluster into this process."""
+    def claim(self, session_id: str, user_id: str,
+              last_seq: int | None = None) -> LiveSession | None:
+        """Move a session that lives elsewhere in the cluster into this process, for a
+        resume from ``last_seq`` (the last seq the client has, if it said)."""
         return None
 
     def hand_off(self, live: LiveSession) -> None:

@@ -323,7 +323,7 @@ def test_metrics_on_any_node_cover_every_node(make_node: Callable[..., ProtoServ
 def test_a_node_that_lost_its_session_to_another_stops_serving_it(
         make_node: Callable[..., ProtoServer], rdb, prefix: str) -> None:
     # As if another node had taken the session over while this one did not answer: its
-    # next journal write is fenced off, and it lets its client go (4002) writing nothing.
+    # next journal write is fenced off, and it lets its client go (4004) writing nothing.
     a = make_node()
     client = WSClient(a.base_url, a.issue_token("alice"))
     try:
@@ -332,9 +332,9 @@ def test_a_node_that_lost_its_session_to_another_stops_serving_it(
         rdb.hset(key, "node", "some-other-node")
         before = rdb.llen(f"{prefix}:r:{client.session_id}")
         a.send_message(client.session_id, note(1))
-        wait_for(lambda: client.close_code == 4002 or not client.is_open(),
+        wait_for(lambda: client.close_code == 4004 or not client.is_open(),
                  what="the client let go")
-        assert client.close_code == 4002
+        assert client.close_code == 4004  # moved, not superseded: the client resumes
         assert a.hub.get(client.session_id) is None
         assert rdb.hget(key, "node") == b"some-other-node"
         assert rdb.llen(f"{prefix}:r:{client.session_id}") == before  # nothing written
