@@ -33,7 +33,8 @@ class StreamConnection:
             self.conn.request("POST", path, b"\n".join(first), headers)
             self.resp = self.conn.getresponse()
             if self.resp.status != 200:
-                raise refused(self.resp.status, self.resp.read())
+                raise refused(self.resp.status, self.resp.read(),
+                              self.resp.getheader("Retry-After"))
         except (OSError, http.client.HTTPException) as exc:
             shutdown(self.conn)
             raise failed(exc, base) from None
