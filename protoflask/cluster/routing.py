@@ -273,8 +273,17 @@ class RoutingHub(LocalHub):
                 return False  # ours in Redis, not in memory: found (or not) here
             item = {"op": "upstream", "sid": session_id, "user": user_id,
                     "body": base64.b64encode(body).decode()}
-            if not node or not self.store.publish(self.keys.node_channel(node), item):
-                self.store.queue(session_id, orjson.dumps(item), node)
+            if node:
+                # 202 only once the holder has the body: a holder killed right after
+                # PUBLISH reached it must not leave a 202 for a body nobody read (a body
+                # sent again is harmless: the session skips upstream seqs it has seen)
+                reply = self.keys.reply(uuid.uuid4().hex)
+                if self.store.publish(self.keys.node_channel(node), {**item, "reply": reply}):
+                    if self.store.wait_reply(reply, DELIVERY_WAIT) is None:
+                        raise self.unavailable(f"the node holding session {session_id!r} "
+                                               "did not confirm the body; post it again")
+                    return True
+            self.store.queue(session_id, orjson.dumps(item), node)
             return True
         except UNAVAILABLE as exc:
             self.went_down(exc)
@@ -350,12 +359,15 @@ class RoutingHub(LocalHub):
         self.store.reply(data["reply"], b"1" if result else b"0")
 
     def on_upstream(self, data: dict[str, Any]) -> None:
+        reply = data.pop("reply", None)
         live = self.get(data["sid"])
         if live is None:  # it moved since the poster looked: to its inbox, for the holder
             _, node = self.store.holder(data["sid"])
             self.store.queue(data["sid"], orjson.dumps(data), node)
-            return
-        self.upstream(live, data)
+        else:
+            self.upstream(live, data)
+        if reply is not None:
+            self.store.reply(reply, b"1")
 
     def upstream(self, live: LiveSession, data: dict[str, Any]) -> None:
         """A body posted for a session held here, through another node (or its inbox)."""

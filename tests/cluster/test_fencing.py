@@ -157,3 +157,26 @@ def test_after_redis_lost_its_data_a_session_is_503_until_its_holder_writes_it_b
             what="404 for a session nobody had")
     finally:
         client.close()
+
+
+def test_a_post_is_202_only_once_the_holder_confirmed_it_has_the_body(
+        make_node: Callable[..., ProtoServer], rdb: redis.Redis, prefix: str) -> None:
+    # The holder hears the body (PUBLISH reaches it) and dies before reading it: the
+    # poster must not answer 202 for a body nobody has.
+    a, b = make_node(), make_node()
+    token = a.issue_token("alice")
+    client = SSEClient(a.base_url, token)
+    listener = rdb.pubsub()
+    try:
+        client.hello()
+        sid = client.session_id
+        listener.subscribe(f"{prefix}:to:mute")  # hears, never answers
+        mute_node(rdb, prefix, sid)
+        body = client.envelopes.make("PING", "SYSTEM", {"nonce": "x"})
+        resp = requests.post(f"{b.base_url}/proto/sse?session={sid}", json=body,
+                             headers={"Authorization": f"Bearer {token}"}, timeout=timeout(10))
+        assert resp.status_code == 503 and resp.headers["Retry-After"] == "1"
+        assert resp.json()["error"]["code"] == "CLUSTER_UNAVAILABLE"
+    finally:
+        listener.close()
+        client.close()
