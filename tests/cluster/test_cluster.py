@@ -416,3 +416,42 @@ def test_a_call_left_running_on_a_node_that_then_stops_ends_once(
                 if m["type"] == "TOOL_DONE"] == ["ERROR", "OK"]
     finally:
         move.close()
+
+
+def test_a_call_cancelled_by_a_drain_reports_once_to_the_next_holder(
+        make_node: Callable[..., ProtoServer]) -> None:
+    """Node a stops (drain) while a call of its session runs there: the cancelled call's
+    TOOL_DONE follows the session to its next holder (not into the core a let go), once,
+    and the seqs the client reads go on without a gap."""
+    import threading
+
+    a, b = make_node(), make_node()
+    started = threading.Event()
+
+    @a.tool("slow", input_schema={"type": "object"})
+    def slow(params: dict[str, Any], *context: Any) -> dict[str, Any]:
+        import gevent
+        started.set()
+        gevent.sleep(60)
+        return {}
+
+    token = a.issue_token("alice")
+    first = WSClient(a.base_url, token)
+    first.hello()
+    first.send("TOOL_CALL", payload={"call_id": "s1", "tool": "slow", "params": {}})
+    assert started.wait(timeout(5))
+    seen = int(first.received[-1]["seq"])
+    a.stop()
+    first.close()
+    again = WSClient(b.base_url, token, session=first.session_id, last_seq=seen)
+    try:
+        again.envelopes = first.envelopes
+        done = again.recv_type("TOOL_DONE", within=15, call_id="s1")
+        assert done["payload"]["status"] == "CANCELLED"
+        again.send("PING", "SYSTEM", {"nonce": "n"})
+        again.recv_type("PONG", nonce="n")
+        assert [m["type"] for m in again.received].count("TOOL_DONE") == 1
+        seqs = [int(m["seq"]) for m in again.received]
+        assert seqs == list(range(seen + 1, seen + 1 + len(seqs))), (seen, seqs)
+    finally:
+        again.close()

@@ -33,6 +33,8 @@ class Sentinel:
 
     def __init__(self, master: PrivateRedis, tmp: Path) -> None:
         binary = master.binary
+        # (the master writes the RDB it syncs its replica with: not into the worktree)
+        redis.Redis(port=master.port).config_set("dir", str(tmp))
         self.replica_port, self.port = free_port(), free_port()
         self.replica = subprocess.Popen(
             [binary, "--port", str(self.replica_port), "--bind", "127.0.0.1", "--save", "",
