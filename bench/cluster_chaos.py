@@ -15,6 +15,7 @@ reconnect on, calling ``add`` and ``echo`` in a loop. Then the faults, one at a 
     kill9      SIGKILL a node (master and workers); started again on its port
     sigterm    SIGTERM a node (drain); started again on its port
     sigstop    SIGSTOP one worker of a node for 5 s, then SIGCONT
+    resets     nginx killed and started again: every client connection reset at once
     flushall   FLUSHALL (every holder alive)
     restart    redis-server killed and started again, empty
     outage10   redis-server stopped (SIGSTOP) 10 s: unreachable, back with its data
@@ -66,7 +67,8 @@ from tests.nginx import Nginx  # noqa: E402  (deploy/nginx/protoflask.conf, as t
 from tests.support import PrivateRedis  # noqa: E402  (a private redis-server)
 
 SECRET = "chaos-secret-that-is-long-enough-for-hs256!"
-FAULTS = ("kill9", "sigterm", "sigstop", "flushall", "restart", "outage10", "outage60")
+FAULTS = ("kill9", "sigterm", "sigstop", "resets", "flushall", "restart", "outage10",
+          "outage60")
 CALL_TIMEOUT = 150.0  # longer than the longest outage: a call is stranded, not slow
 
 
@@ -148,7 +150,8 @@ class Recording(Client):
         super().__init__(*args, **kwargs)
         self.frames: dict[int, bytes] = {}
         self.reused = 0
-        self.delivered: list[int] = []
+        self.delivered: set[int] = set()
+        self.duplicates = 0
         self.declared = 0
         self.dones: dict[str, int] = {}
         self.on_message = self._seen
@@ -165,7 +168,10 @@ class Recording(Client):
         super()._on_frame(conn, data)
 
     def _seen(self, msg: dict[str, Any]) -> None:
-        self.delivered.append(int(msg["seq"]))
+        seq = int(msg["seq"])
+        if seq in self.delivered:
+            self.duplicates += 1
+        self.delivered.add(seq)
         if msg["type"] == "ERROR" and msg["payload"].get("code") == "REPLAY_UNAVAILABLE":
             self.declared += 1
         elif msg["type"] == "TOOL_DONE":
@@ -181,6 +187,7 @@ class Session(threading.Thread):
                                 timeout=10.0, reconnect_timeout=600.0)
         self.calls = self.stranded = self.failed_calls = 0
         self.dead: str | None = None
+        self.errors: dict[str, int] = {}  # what failed calls raised, by kind
         self.last_ok = 0.0  # monotonic time a call started that then completed
 
     def run(self) -> None:
@@ -206,8 +213,11 @@ class Session(threading.Thread):
             except TimeoutError:
                 self.stranded += 1
             except ProtoClientError as exc:
+                kind = f"{type(exc).__name__} {exc.code}"
+                self.errors[kind] = self.errors.get(kind, 0) + 1
                 if self.client._fatal is not None:  # the session ended for good
                     self.dead = f"{type(exc).__name__}: {exc}"
+                time.sleep(0.5)
             self.calls += 1
             time.sleep(self.soak.pause)
 
@@ -216,7 +226,7 @@ class Session(threading.Thread):
         seen = set(c.delivered)
         top = max(seen) if seen else 0
         return {"lost": sum(1 for s in range(1, top + 1) if s not in seen),
-                "reused": c.reused, "duplicates": len(c.delivered) - len(seen),
+                "reused": c.reused, "duplicates": c.duplicates,
                 "declared": c.declared, "stranded": self.stranded,
                 "done_twice": sum(1 for v in c.dones.values() if v > 1),
                 "dead": int(self.dead is not None), "calls": self.calls,
@@ -237,9 +247,42 @@ class Soak:
         self.nginx = Nginx(nginx, [n.port for n in self.nodes], self.tmp)
         self.sessions = [Session(self.nginx.base_url, t, i, self)
                          for t in ("ws", "sse", "stream") for i in range(args.per_transport)]
+        self.ts: subprocess.Popen[str] | None = None
+        if args.ts:
+            node = shutil.which("node")
+            if node is None or not (ROOT / "clients/js/dist/index.js").exists() \
+                    or not (ROOT / "bench/node_modules/ws").is_dir():
+                raise SystemExit("--ts needs node, clients/js built (npm run build) and "
+                                 "bench's packages (npm ci in bench)")
+            spec = {"url": self.nginx.base_url, "callTimeoutMs": int(CALL_TIMEOUT * 1000),
+                    "sessions": [{"token": token(f"ts-{t}-{i}"), "transport": t}
+                                 for t in ("websocket", "sse", "stream")
+                                 for i in range(args.ts)]}
+            self.ts = subprocess.Popen([node, str(ROOT / "bench/chaos_ts.mjs"),
+                                        json.dumps(spec)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True)
+
+    def ts_report(self) -> dict[str, Any] | None:
+        """The TypeScript client's sessions over the whole run (stdin closed: they stop)."""
+        if self.ts is None:
+            return None
+        assert self.ts.stdin is not None and self.ts.stdout is not None
+        self.ts.stdin.close()
+        out = self.ts.stdout.read()  # (one line, once the sessions stopped)
+        self.ts.wait(CALL_TIMEOUT + 30)
+        sessions = json.loads(out.strip().splitlines()[-1])
+        total: dict[str, Any] = {"fault": "TS client, whole run"}
+        for key, name in (("lost", "lost"), ("stranded", "stranded"),
+                          ("doneTwice", "done_twice"), ("toolErrors", "tool_errors"),
+                          ("calls", "calls")):
+            total[name] = sum(s[key] for s in sessions)
+        total["dead"] = sum(1 for s in sessions if s["dead"])
+        return total
 
     def close(self) -> None:
         self.running = False
+        if self.ts is not None and self.ts.poll() is None:
+            self.ts.kill()
         for s in self.sessions:
             s.client.close(flush_timeout=1)
         self.nginx.stop()
@@ -266,6 +309,8 @@ class Soak:
             os.kill(pid, signal.SIGSTOP)
             time.sleep(5)
             os.kill(pid, signal.SIGCONT)
+        elif name == "resets":
+            self.nginx.restart()
         elif name == "flushall":
             self.rdb().flushall()
         elif name == "restart":
@@ -324,7 +369,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     cols = ["fault", *BROKEN, "declared", "tool_errors", "calls", "serving_s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
-        lines.append("| " + " | ".join(str(row.get(c)) for c in cols) + " |")
+        lines.append("| " + " | ".join(str(row.get(c, "-")) for c in cols) + " |")
     return "\n".join(lines)
 
 
@@ -338,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pause", type=float, default=0.1, help="s between calls")
     parser.add_argument("--gap", type=float, default=16.0, help="s between faults")
     parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument("--ts", type=int, default=0,
+                        help="sessions per transport of the TypeScript client as well")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.short:
@@ -349,16 +396,25 @@ def main(argv: list[str] | None = None) -> int:
     soak = Soak(args)
     try:
         rows = soak.run()
+        ts = soak.ts_report()
+        if ts is not None:
+            rows.append(ts)
     finally:
         soak.close()
     dead = [f"{s.transport}: {s.dead}" for s in soak.sessions if s.dead]
+    errors: dict[str, int] = {}
+    for s in soak.sessions:
+        for kind, count in s.errors.items():
+            errors[f"{s.transport} {kind}"] = errors.get(f"{s.transport} {kind}", 0) + count
+    if errors:
+        print("calls that raised:", json.dumps(errors))
     print(table(rows), flush=True)
     if dead:
         print("dead sessions:", *dead, sep="\n  ")
     if args.json:
         print(json.dumps(rows))
-    broken = any(row[k] for row in rows for k in BROKEN) or \
-        any(row["serving_s"] is None for row in rows)
+    broken = any(row.get(k) for row in rows for k in BROKEN) or \
+        any(row.get("serving_s", 0) is None for row in rows)
     return 1 if broken else 0
 
 

@@ -50,14 +50,27 @@ http {{
 """)
         # -e: the error log before the config is read (the default path may not be
         # writable for a non-root user)
-        self.proc = subprocess.Popen([nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"),
-                                      "-e", str(self.error_log)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.command = [nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"),
+                        "-e", str(self.error_log)]
+        self._start()
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
         try:
             wait_for(self._up, within=10, what="nginx to answer")
         except BaseException:
             self.stop()
             raise
+
+    def restart(self) -> None:
+        """SIGKILL and start again on the same port: every connection through it is
+        reset, as a crashed balancer would reset them."""
+        self.proc.kill()
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._start()
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:
