@@ -232,7 +232,9 @@ class Engine:
         live = held if held is not None else self.session_for_body(session_id, user_id, body)
         if live is None:  # another node holds the session and processes the body
             return len(split_body(body))
-        return self.receive_body(live, body)
+        accepted = self.receive_body(live, body)
+        self.hub.persist(live)
+        return accepted
 
     def open_transport(self, live: LiveSession, transport: Transport,
                        last_seq: int | None) -> None:

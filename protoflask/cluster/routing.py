@@ -39,6 +39,7 @@ from ..hub import (
 )
 from .calls import RemoteCalls
 from .follow import Follow
+from .settling import BEAT_MS, NODE_TTL_MS, settled, unavailable
 from .journal import Journal, decode_state
 from .keys import Keys, unpack_entry
 from .redis_client import UNAVAILABLE, connect
@@ -49,14 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("protoflask.cluster")
 
-BEAT_MS = 1000  # how often a node says it is alive
-NODE_TTL_MS = 3000  # a node that missed this long is gone (its sessions read disconnected)
-# How long Redis must have answered this node before it takes a session over from a node
-# whose beat is missing, or answers 404 for a session whose record is missing: after an
-# outage or a loss of data the holders need this long to write their sessions back (a
-# missing beat then says nothing about the holder).
-SETTLE_MS = NODE_TTL_MS + 2 * BEAT_MS
-RETRY_AFTER_S = 1  # what a 503 for a session that cannot be routed just now asks
 DELIVERY_WAIT = 3.0  # s a delivery to another node waits for that node to confirm it
 MAX_HOPS = 3  # re-routing of a delivery that raced a session's move
 
@@ -171,6 +164,11 @@ class RoutingHub(LocalHub):
     def changed(self, live: LiveSession) -> None:
         if self.get(live.id) is not None:
             self.write_record(live)
+
+    def persist(self, live: LiveSession) -> None:
+        link = live.link
+        if isinstance(link, Follow) and link.journaling and self.get(live.id) is live:
+            self.journal.append(live, link, [], now_ms())  # the state, group-committed
 
     def state_changed(self, live: LiveSession) -> None:
         if self.get(live.id) is not None:
@@ -290,21 +288,10 @@ class RoutingHub(LocalHub):
             raise self.unavailable(
                 f"session {session_id!r} is not on this node and Redis is unreachable") from exc
 
-    @staticmethod
-    def unavailable(message: str) -> ClusterUnavailable:
-        """503 CLUSTER_UNAVAILABLE with Retry-After: the client tries again shortly."""
-        exc = ClusterUnavailable(message)
-        exc.retry_after = RETRY_AFTER_S
-        return exc
+    unavailable = staticmethod(unavailable)
 
     def settled(self) -> bool:
-        """Whether Redis has answered this node for SETTLE_MS, and no loss of Redis's
-        data is more recent: then a missing beat or record means what it says."""
-        now = now_ms()
-        since = self.reachable_since
-        if since is None or now - since < SETTLE_MS:
-            return False
-        return now - self.store.loss_at(now) >= SETTLE_MS
+        return settled(self.reachable_since, self.store)
 
     def not_found(self, session_id: str) -> None:
         """No record of the session: SESSION_NOT_FOUND, or 503 while its holder may not
@@ -377,6 +364,7 @@ class RoutingHub(LocalHub):
             self.host.receive_body(live, base64.b64decode(data["body"]))
         except ProtoError:
             pass  # already reported downstream; the posting node answered the HTTP 400
+        self.persist(live)
 
     def on_broadcast(self, data: dict[str, Any]) -> None:
         if data["from"] != self.node_id:

@@ -180,3 +180,27 @@ def test_a_post_is_202_only_once_the_holder_confirmed_it_has_the_body(
     finally:
         listener.close()
         client.close()
+
+
+def test_a_202_from_the_holder_means_redis_has_what_the_body_changed(
+        make_node: Callable[..., ProtoServer], rdb: redis.Redis, prefix: str) -> None:
+    # A holder killed right after its 202 must not leave a 202 for messages no other
+    # node knows it received (the client does not send them again): by the 202, the
+    # session's state in Redis counts them. An ACK sends nothing back, so nothing else
+    # would have written the state.
+    a = make_node()
+    token = a.issue_token("alice")
+    client = SSEClient(a.base_url, token)
+    try:
+        client.hello()
+        sid = client.session_id
+        for _ in range(3):
+            body = client.envelopes.make("ACK", "SYSTEM", {"seq": "1"})
+            resp = requests.post(f"{a.base_url}/proto/sse?session={sid}", json=body,
+                                 headers={"Authorization": f"Bearer {token}"},
+                                 timeout=timeout(5))
+            assert resp.status_code == 202
+            state = orjson.loads(rdb.hget(f"{prefix}:s:{sid}", "state"))
+            assert state["upstream_seq"] == int(body["seq"]), (state, body["seq"])
+    finally:
+        client.close()
