@@ -189,6 +189,7 @@ class Session(threading.Thread):
         self.dead: str | None = None
         self.errors: dict[str, int] = {}  # what failed calls raised, by kind
         self.last_ok = 0.0  # monotonic time a call started that then completed
+        self.calling_since: float | None = None  # the call in flight started then
 
     def run(self) -> None:
         try:
@@ -199,7 +200,7 @@ class Session(threading.Thread):
         n = 0
         while self.soak.running and self.dead is None:
             n += 1
-            started = time.monotonic()
+            started = self.calling_since = time.monotonic()
             try:
                 if n % 2:
                     assert self.client.call_tool("add", {"a": n, "b": 1},
@@ -219,15 +220,20 @@ class Session(threading.Thread):
                     self.dead = f"{type(exc).__name__}: {exc}"
                 time.sleep(0.5)
             self.calls += 1
+            self.calling_since = None
             time.sleep(self.soak.pause)
 
-    def report(self) -> dict[str, int]:
+    def report(self, final: bool = False) -> dict[str, int]:
+        """The session's counts; ``final``: a call still waiting after 30 s counts as
+        stranded too (the run ends before its 150 s would)."""
         c = self.client
+        since = self.calling_since
+        waiting = int(final and since is not None and time.monotonic() - since > 30)
         seen = set(c.delivered)
         top = max(seen) if seen else 0
         return {"lost": sum(1 for s in range(1, top + 1) if s not in seen),
                 "reused": c.reused, "duplicates": c.duplicates,
-                "declared": c.declared, "stranded": self.stranded,
+                "declared": c.declared, "stranded": self.stranded + waiting,
                 "done_twice": sum(1 for v in c.dones.values() if v > 1),
                 "dead": int(self.dead is not None), "calls": self.calls,
                 "tool_errors": self.failed_calls}
@@ -348,16 +354,16 @@ class Soak:
             ended = time.monotonic()
             serving = self.serving_again(ended, self.args.gap + 60)
             time.sleep(self.args.gap / 2)
-            now = self.totals()
+            now = self.totals(final=k == len(self.args.faults) - 1)
             rows.append({"fault": name, **{key: now[key] - before[key] for key in now},
                          "serving_s": None if serving is None else round(serving, 1)})
             before = now
         return rows
 
-    def totals(self) -> dict[str, int]:
+    def totals(self, final: bool = False) -> dict[str, int]:
         out: dict[str, int] = {}
         for s in self.sessions:
-            for key, value in s.report().items():
+            for key, value in s.report(final).items():
                 out[key] = out.get(key, 0) + value
         return out
 

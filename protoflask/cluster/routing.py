@@ -236,7 +236,7 @@ class RoutingHub(LocalHub):
                     return answer == b"1"
             # No node heard it: the next one to take the session over sends this first, or
             # the holder, if alive but not listening just now, at its next beat.
-            self.store.queue(session_id, orjson.dumps(item), node)
+            self.store.queue(session_id, orjson.dumps(item))
             return True
         except UNAVAILABLE as exc:
             self.went_down(exc)
@@ -281,7 +281,7 @@ class RoutingHub(LocalHub):
                         raise self.unavailable(f"the node holding session {session_id!r} "
                                                "did not confirm the body; post it again")
                     return True
-            self.store.queue(session_id, orjson.dumps(item), node)
+            self.store.queue(session_id, orjson.dumps(item))
             return True
         except UNAVAILABLE as exc:
             self.went_down(exc)
@@ -349,8 +349,7 @@ class RoutingHub(LocalHub):
         reply = data.pop("reply", None)
         live = self.get(data["sid"])
         if live is None:  # it moved since the poster looked: to its inbox, for the holder
-            _, node = self.store.holder(data["sid"])
-            self.store.queue(data["sid"], orjson.dumps(data), node)
+            self.store.queue(data["sid"], orjson.dumps(data))
         else:
             self.upstream(live, data)
         if reply is not None:

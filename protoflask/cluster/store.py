@@ -69,6 +69,22 @@ if #ARGV >= first then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
 return 1
 """
 
+# Keep a delivery or posted body in the session's inbox and tell its holder, as the
+# record names it now (not as the poster read it: a take-over between the two emptied the
+# inbox already, and only the new holder's beat would find the item). KEYS: inbox,
+# session hash. ARGV: item, ttl ms, the queued-set key without its node, session id, the
+# poster's node (told nothing: it takes its own inbox).
+QUEUE = """
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local holder = redis.call('HGET', KEYS[2], 'node')
+if holder and holder ~= '' and holder ~= ARGV[5] then
+  redis.call('SADD', ARGV[3] .. holder, ARGV[4])
+  redis.call('PEXPIRE', ARGV[3] .. holder, ARGV[2])
+end
+return 1
+"""
+
 # Make this node the holder, at the next epoch (KEYS: session hash; ARGV: node); the new
 # epoch, or 0 for a record that is gone.
 TAKE = """
@@ -197,17 +213,12 @@ class RedisStore:
 
     # -- deliveries waiting in Redis ---------------------------------------------------------
 
-    def queue(self, session_id: str, item: bytes, holder: str) -> None:
-        """Keep a delivery in the session's inbox (and tell a live holder, which was not
-        listening, at its next beat)."""
-        inbox = self.keys.inbox(session_id)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.rpush(inbox, item)
-        pipe.pexpire(inbox, self.ttl_ms)
-        if holder and holder != self.node_id:
-            pipe.sadd(self.keys.queued_for(holder), session_id)
-            pipe.pexpire(self.keys.queued_for(holder), self.ttl_ms)
-        pipe.execute()
+    def queue(self, session_id: str, item: bytes) -> None:
+        """Keep a delivery in the session's inbox, for its holder's next beat (the holder
+        the record names when it is queued) or the next node to take the session over."""
+        self.redis.eval(QUEUE, 2, self.keys.inbox(session_id), self.keys.session(session_id),
+                        item, self.ttl_ms, self.keys.queued_for(""), session_id,
+                        self.node_id)
 
     def take_inbox(self, session_id: str) -> list[bytes]:
         pipe = self.redis.pipeline(transaction=True)

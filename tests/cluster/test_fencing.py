@@ -204,3 +204,24 @@ def test_a_202_from_the_holder_means_redis_has_what_the_body_changed(
             assert state["upstream_seq"] == int(body["seq"]), (state, body["seq"])
     finally:
         client.close()
+
+
+def test_a_delivery_queued_on_a_stale_view_reaches_the_holder_the_record_names(
+        make_node: Callable[..., ProtoServer], redis_url: str, prefix: str) -> None:
+    # A poster read "no one listens" (the old holder), the session was taken over, then
+    # the poster queued: the new holder (the one the record names now) is told, and its
+    # next beat delivers it; nothing waits for a take-over that already happened.
+    from protoflask.cluster.keys import Keys
+    from protoflask.cluster.redis_client import connect
+    from protoflask.cluster.store import RedisStore
+
+    a = make_node()
+    client = WSClient(a.base_url, a.issue_token("alice"))
+    try:
+        client.hello()
+        poster = RedisStore(connect(redis_url), Keys(prefix), "poster-node")
+        poster.ttl_ms = 60_000
+        poster.queue(client.session_id, orjson.dumps({"name": "send", "args": [note(7)]}))
+        assert client.recv_type("NOTE", within=5)["payload"]["n"] == 7
+    finally:
+        client.close()
