@@ -33,12 +33,11 @@ class Sentinel:
 
     def __init__(self, master: PrivateRedis, tmp: Path) -> None:
         binary = master.binary
-        # (the master writes the RDB it syncs its replica with: not into the worktree)
-        redis.Redis(port=master.port).config_set("dir", str(tmp))
         self.replica_port, self.port = free_port(), free_port()
         self.replica = subprocess.Popen(
             [binary, "--port", str(self.replica_port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--replicaof", "127.0.0.1", str(master.port)],
+             "--appendonly", "no", "--replicaof", "127.0.0.1", str(master.port),
+             "--dir", str(tmp)],  # (where it keeps the RDB its sync brings)
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         conf = tmp / "sentinel.conf"
         conf.write_text(f"port {self.port}\nbind 127.0.0.1\ndir {tmp}\n"
