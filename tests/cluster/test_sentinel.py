@@ -48,9 +48,13 @@ class Sentinel:
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"redis+sentinel://127.0.0.1:{self.port}/pf"
         replica = redis.Redis(port=self.replica_port, socket_timeout=1)
-        wait_for(lambda: self._in_sync(replica), within=15, what="the replica in sync")
-        wait_for(lambda: self.master_port() == master.port, within=15,
-                 what="the sentinel to see the master")
+        try:
+            wait_for(lambda: self._in_sync(replica), within=15, what="the replica in sync")
+            wait_for(lambda: self.master_port() == master.port, within=15,
+                     what="the sentinel to see the master")
+        except BaseException:
+            self.kill()
+            raise
 
     @staticmethod
     def _in_sync(client: redis.Redis) -> bool:
