@@ -146,8 +146,9 @@ class ServerConfig:
             url = self.redis_url.strip()
             if not url:
                 object.__setattr__(self, "redis_url", None)
-            elif not url.startswith(("redis://", "rediss://", "unix://")):
-                raise ConfigError("redisUrl must be a redis://, rediss:// or unix:// URL")
+            elif not url.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://")):
+                raise ConfigError("redisUrl must be a redis://, rediss://, unix:// or "
+                                  "redis+sentinel://host:port[,host:port]/master URL")
         from .origins import normalize_origin
 
         try:

@@ -162,13 +162,12 @@ class Engine:
     def admit(self, token: str | None, session_id: str | None,
               last_seq: int | None, kind: str = "unknown",
               ticket: str | None = None) -> Admission:
-        """Let a live transport in, or raise the contract's error (401, 404, 503).
-
-        Counts the connection: the caller owes one
-        ``close_connection(kind, admission.user_id)``."""
+        """Let a live transport in, or raise the contract's error (401, 404, 503). Counts
+        the connection: the caller owes one ``close_connection(kind, admission.user_id)``."""
         try:
             user_id = self.authenticate(token, ticket)
-            resume = self.find_session(session_id, user_id) if session_id else None
+            resume = self.find_session(session_id, user_id, last_seq=last_seq) \
+                if session_id else None
             if resume is None:
                 self.budget.admit(user_id)
             self.open_connection(kind, user_id, replacing=resume is not None
@@ -179,17 +178,15 @@ class Engine:
         return Admission(user_id, resume, last_seq)
 
     def session_for(self, admission: Admission) -> tuple[LiveSession, int | None]:
-        """The session an admitted transport attaches to, and the seq to replay after:
-        a new session (nothing to replay), or the resumed one from ``last_seq``, by
-        default from its last ACK."""
+        """The session an admitted transport attaches to and the seq to replay after: a new
+        session (nothing to replay), or the resumed one from ``last_seq`` (default: its ACK)."""
         if admission.resume is None:
             return self.new_session(admission.user_id), None
         last_seq = admission.last_seq
         return admission.resume, admission.resume.core.last_ack if last_seq is None else last_seq
 
     def new_session(self, user_id: str, session_id: str | None = None) -> LiveSession:
-        """A new session of the user's; ``session_id`` names it (an AG-UI thread's
-        session, agui/input.py), else it gets a random id."""
+        """A new session of the user's, named ``session_id`` (an AG-UI thread's) or random."""
         live = self.adopt(ProtocolSession(session_id or uuid.uuid4().hex, user_id,
                                           self.settings, now_ms(), self.stats.traffic))
         self.hub.add(live)
@@ -213,14 +210,14 @@ class Engine:
         self._emit_error(exc, session_id=session_id)
 
     def find_session(self, session_id: str | None, user_id: str, *,
-                     claim: bool = True) -> LiveSession:
+                     claim: bool = True, last_seq: int | None = None) -> LiveSession:
         """The user's own session, or SESSION_NOT_FOUND (also for another user's id).
 
         In a cluster, ``claim`` moves a session another process holds into this one
-        (a resume); without it only this process's sessions are found."""
+        (a resume from ``last_seq``); without it only this process's sessions are found."""
         live = self.hub.get(session_id) if session_id else None
         if live is None and session_id and claim:
-            live = self.hub.claim(session_id, user_id)
+            live = self.hub.claim(session_id, user_id, last_seq)
         if live is None or live.user_id != user_id or live.core.closed:
             raise SessionNotFound(f"no session {session_id!r} for this user")
         return live
@@ -247,10 +244,14 @@ class Engine:
         before the body was read), to that session wherever it lives; how many messages
         it carried. Raises InvalidMessage for a body that is not JSON at all (reported
         downstream too), SESSION_NOT_FOUND when no node holds the session."""
+        if held is not None and self.hub.get(session_id) is not held:
+            held = None  # it moved to another node while the body was read: follow it
         live = held if held is not None else self.session_for_body(session_id, user_id, body)
         if live is None:  # another node holds the session and processes the body
             return self.count_body(body)
-        return self.receive_body(live, body)
+        accepted = self.receive_body(live, body)
+        self.hub.persist(live)
+        return accepted
 
     def open_transport(self, live: LiveSession, transport: Transport,
                        last_seq: int | None) -> None:

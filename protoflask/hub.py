@@ -391,6 +391,12 @@ class LocalHub:
         """A session was attached or detached (its shared record may need updating)."""
         return None
 
+    def persist(self, live: LiveSession) -> None:
+        """Before a POSTed body is answered 202: a cluster hub returns once Redis has
+        the session's state as the body left it, so a holder that dies right after
+        cannot leave a 202 for messages no other node knows it received."""
+        return None
+
     def state_changed(self, live: LiveSession) -> None:
         """The session's durable state changed with no message going out (a tool call
         opened): a cluster hub shares it soon, so a node taking the session over knows."""
@@ -425,8 +431,10 @@ class LocalHub:
 
     # -- sessions moving between processes ---------------------------------------------------
 
-    def claim(self, session_id: str, user_id: str) -> LiveSession | None:
-        """Move a session that lives elsewhere in the cluster into this process."""
+    def claim(self, session_id: str, user_id: str,
+              last_seq: int | None = None) -> LiveSession | None:
+        """Move a session that lives elsewhere in the cluster into this process, for a
+        resume from ``last_seq`` (the last seq the client has, if it said)."""
         return None
 
     def hand_off(self, live: LiveSession) -> None:

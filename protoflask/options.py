@@ -150,8 +150,9 @@ OPTIONS: tuple[Option, ...] = (
     _o("devMode", "dev_mode", "PROTOFLASK_DEV", bool, False,
        "development mode: generate a secret when none is given and print a token"),
     _o("redisUrl", "redis_url", "REDIS_URL", str, None,
-       "redis://host:port/db shared by every worker and node; unset: sessions in memory, "
-       "one worker"),
+       "redis://host:port/db shared by every worker and node (or "
+       "redis+sentinel://host:port[,host:port]/master_name[/db]: the master Redis Sentinel "
+       "names, followed through a failover); unset: sessions in memory, one worker"),
     _o("redisPrefix", "redis_prefix", "REDIS_PREFIX", str, "protoflask",
        "prefix of every Redis key and channel (one per cluster)"),
     _o("metrics", "metrics", "PROTOFLASK_METRICS", bool, True,

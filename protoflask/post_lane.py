@@ -124,6 +124,8 @@ class SessionPostLane:
         headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
         if answer.close:
             headers.append(("Connection", "close"))
+        if answer.retry_after is not None:
+            headers.append(("Retry-After", str(answer.retry_after)))
         config = self.config
         if config.enable_cors:
             headers += cors_headers(origin, self.origins)

@@ -428,6 +428,8 @@ class Client(Receiver):
                 if exc.status in _FINAL_STATUSES:
                     self._die(exc)
                     return
+                if exc.retry_after:  # a 503 saying when (a cluster routing the session)
+                    delay = max(delay, exc.retry_after)
             except Exception:  # noqa: BLE001 - unreachable for now: try again
                 if self._closed or self._fatal is not None:
                     return

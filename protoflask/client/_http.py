@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
+import time
 from typing import Callable
 from urllib.parse import urlencode, urlsplit
 
@@ -51,15 +52,22 @@ def query_string(params: dict[str, object]) -> str:
     return "?" + urlencode(clean) if clean else ""
 
 
-def refused(status: int, body: bytes | bytearray) -> ConnectionRefused:
-    """An HTTP error response as ConnectionRefused with the contract's JSON error code."""
+def refused(status: int, body: bytes | bytearray,
+            retry_after: str | None = None) -> ConnectionRefused:
+    """An HTTP error response as ConnectionRefused with the contract's JSON error code
+    (and its Retry-After header's seconds, if any)."""
     code, message = f"HTTP_{status}", ""
     try:
         err = orjson.loads(body)["error"]
         code, message = str(err["code"]), str(err.get("message", ""))
     except (orjson.JSONDecodeError, KeyError, TypeError):
         message = body[:200].decode("utf-8", "replace")
-    return ConnectionRefused(status, code, message)
+    seconds: float | None = None
+    try:
+        seconds = min(float(retry_after), MAX_RETRY_AFTER) if retry_after else None
+    except ValueError:
+        pass  # an HTTP date: the client's own backoff
+    return ConnectionRefused(status, code, message, seconds)
 
 
 def failed(exc: BaseException, base: BaseURL) -> ConnectionFailed:
@@ -82,6 +90,12 @@ def shutdown(conn: http.client.HTTPConnection | None, close: bool = True) -> Non
             pass
     if conn is not None and close:
         conn.close()
+
+
+#: the longest a Retry-After is followed (a server asking more is asking for a backoff)
+MAX_RETRY_AFTER = 5.0
+#: how long a POST answered 503 (a cluster routing the session just now) is retried
+RETRY_503_FOR = 60.0
 
 
 class Upstream:
@@ -109,6 +123,19 @@ class Upstream:
             self._post(b"\n".join(batch))
 
     def _post(self, body: bytes) -> None:
+        """POST the body; a 503 (a cluster that cannot route the session just now: its
+        node reconnecting to Redis, say) is retried after its Retry-After for up to
+        RETRY_503_FOR seconds rather than ending the connection."""
+        give_up = time.monotonic() + RETRY_503_FOR
+        while True:
+            try:
+                return self._post_once(body)
+            except ConnectionRefused as exc:
+                if exc.status != 503 or time.monotonic() > give_up:
+                    raise
+                time.sleep(exc.retry_after or 1.0)
+
+    def _post_once(self, body: bytes) -> None:
         headers = {"Content-Type": "application/x-ndjson", **bearer(self.token)}
         with self._lock:
             for attempt in (1, 2):  # a kept-alive connection the server closed: once more
@@ -127,7 +154,7 @@ class Upstream:
                         raise ConnectionError(f"upstream POST failed: {exc}") from exc
                     continue
                 if resp.status != 202:
-                    raise refused(resp.status, data)
+                    raise refused(resp.status, data, resp.getheader("Retry-After"))
                 return
 
     def close(self) -> None:

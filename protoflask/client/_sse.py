@@ -33,7 +33,8 @@ class SSEConnection:
             sock = self.conn.sock
             self.resp = self.conn.getresponse()
             if self.resp.status != 200:
-                raise refused(self.resp.status, self.resp.read())
+                raise refused(self.resp.status, self.resp.read(),
+                              self.resp.getheader("Retry-After"))
             event = self._next_event()
         except (OSError, http.client.HTTPException) as exc:
             shutdown(self.conn)

@@ -35,7 +35,8 @@ class StreamConnection:
             sock = self.conn.sock
             self.resp = self.conn.getresponse()
             if self.resp.status != 200:
-                raise refused(self.resp.status, self.resp.read())
+                raise refused(self.resp.status, self.resp.read(),
+                              self.resp.getheader("Retry-After"))
         except (OSError, http.client.HTTPException) as exc:
             shutdown(self.conn)
             raise failed(exc, base) from None

@@ -31,7 +31,8 @@ class WSConnection:
                               max_size=None, compression=None, ping_interval=None,
                               proxy=None, close_timeout=2).__enter__()
         except InvalidStatus as exc:
-            raise refused(exc.response.status_code, exc.response.body or b"") from None
+            raise refused(exc.response.status_code, exc.response.body or b"",
+                          exc.response.headers.get("Retry-After")) from None
         except (OSError, InvalidHandshake, TimeoutError) as exc:
             raise failed(exc, base) from None
         try:

@@ -36,10 +36,13 @@ class ProtoClientError(Exception):
 
 class ConnectionRefused(ProtoClientError):
     """The server answered the connection request (or an upstream POST) with an HTTP
-    error; ``status`` is the HTTP status, ``code`` the JSON body's error code."""
+    error; ``status`` is the HTTP status, ``code`` the JSON body's error code,
+    ``retry_after`` the seconds its Retry-After header asked (a 503 to retry), if any."""
 
-    def __init__(self, status: int, code: str, message: str = "") -> None:
+    def __init__(self, status: int, code: str, message: str = "",
+                 retry_after: float | None = None) -> None:
         self.status = status
+        self.retry_after = retry_after
         super().__init__(code, message or f"HTTP {status}")
 
     def __str__(self) -> str:

@@ -38,8 +38,9 @@ SUBSCRIBE_WAIT = 2.0  # s start() waits for this node's channel subscription
 
 
 def backoff(failures: int) -> float:
-    """Seconds before the next attempt: 0.1, 0.2, 0.4 ... up to 5."""
-    return min(5.0, 0.1 * 2.0 ** min(failures - 1, 6))
+    """Seconds before the next attempt: 0.1, 0.2, 0.4 ... up to 1 (a node must be back
+    well within SETTLE_MS of Redis answering again: its sessions wait for it)."""
+    return min(1.0, 0.1 * 2.0 ** min(failures - 1, 6))
 
 
 class RedisHub(RoutingHub):
@@ -65,6 +66,10 @@ class RedisHub(RoutingHub):
         if self._greenlets:
             return
         self.journal.start()
+        try:
+            self.store.note_no_loss()
+        except UNAVAILABLE as exc:
+            self.went_down(exc)
         self._greenlets = [gevent.spawn(self._beat_forever), gevent.spawn(self._listen_forever)]
         # Serve once other nodes can reach this one (else their first deliveries would
         # wait in Redis for the next beat).
@@ -154,19 +159,19 @@ class RedisHub(RoutingHub):
             return
         self.journal.resumed()
         self.degraded = False
+        self.reachable_since = now_ms()
         log.warning("Redis at %s takes writes again; %d sessions copied over", self.url,
                     len(self))
 
     def _rewrite(self, live: LiveSession) -> None:
-        _, holder = self.store.holder(live.id)
-        if holder and holder != self.node_id:
+        link = live.link
+        if not isinstance(link, Follow):
+            return
+        if not self.store.rewrite(live.id, link.epoch, self.record_of(live),
+                                  ((e.seq, e.stored_at, e.data) for e in live.core.replay)):
             self.lost([live.id])  # taken over while this node could not reach Redis
             return
-        self.store.rewrite_window(live.id, ((e.seq, e.stored_at, e.data)
-                                           for e in live.core.replay))
-        if isinstance(live.link, Follow):
-            live.link.journaled_seq = live.core.downstream_seq
-        self.write_record(live)
+        link.journaled_seq = live.core.downstream_seq
 
     def drain_inboxes(self, session_ids: list[str] | None = None) -> None:
         held = self.sessions() if session_ids is None else \
@@ -199,8 +204,10 @@ class RedisHub(RoutingHub):
                     NODE_TTL_MS, MARKER_TTL_MS, 10 * NODE_TTL_MS, refresh)
                 if waiting:  # deliveries that found this node alive but not listening
                     self.drain_inboxes(waiting)
-                if not kept and beats and not self.degraded:
-                    self.data_lost("this node's marker key is gone")
+                if not kept and beats:
+                    self.store.note_loss(now)  # others answer 503, not 404, meanwhile
+                    if not self.degraded:
+                        self.data_lost("this node's marker key is gone")
                 beats += 1
                 if self.degraded:
                     self._recover()

@@ -47,29 +47,35 @@ class Cursor(Protocol):
     """Where the journal is in one session's messages (the hub keeps it per session)."""
 
     journaled_seq: int
+    epoch: int  # the session's epoch on this node (the fence its writes carry)
 
 # One call per batch, whatever the number of sessions in it (redis-py spends most of a
 # command's cost packing its arguments, so fewer, larger arguments are much cheaper).
 # KEYS: replay list and session hash of each session, in pairs. ARGV: max entries, ttl ms,
-# this node's id, then per session one blob: its state JSON, then its packed entries,
-# newline-separated (orjson never writes a raw newline). A session another node has taken
-# over is left alone (fenced), and so is one whose record is gone (Redis lost its data):
-# the script returns the positions of the first, and of the second negated. Entries at or
-# below the list's last seq are already there (a full copy of the window raced this
-# batch) and are skipped; an empty state (one that could not be encoded) is not written.
+# this node's id, then per session one blob, newline-separated (orjson never writes a raw
+# newline): "epoch first_seq", its state JSON, then its packed entries. A session another
+# node has taken over (the record names another node, or another epoch: the fence) is
+# left alone, and so is one whose record is gone (Redis lost its data): the script returns
+# the positions of the first, and of the second negated. Entries at or below the list's
+# last seq are already there (a full copy of the window raced this batch) and are
+# skipped; entries below first_seq (the oldest seq the in-memory window still holds: what
+# replayWindowBytes, replayWindowTime and ACKs left) leave the list as they left memory;
+# an empty state (one that could not be encoded) is not written.
 APPEND_SCRIPT = """
 local window, ttl, node = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local fenced = {}
 for i = 4, #ARGV do
   local replay, session = KEYS[2 * i - 7], KEYS[2 * i - 6]
-  local holder = redis.call('HGET', session, 'node')
-  if not holder then
+  local blob = ARGV[i]
+  local hl = string.find(blob, "\\n", 1, true)
+  local epoch, first = string.match(string.sub(blob, 1, hl - 1), "^(%d+) (%d+)$")
+  local held = redis.call('HMGET', session, 'node', 'epoch')
+  if not held[1] then
     fenced[#fenced + 1] = 3 - i
-  elseif holder ~= node then
+  elseif held[1] ~= node or held[2] ~= epoch then
     fenced[#fenced + 1] = i - 3
   else
-    local blob = ARGV[i]
-    local nl = string.find(blob, "\\n", 1, true)
+    local nl = string.find(blob, "\\n", hl + 1, true)
     local last = redis.call('LINDEX', replay, -1)
     local after = last and tonumber(string.match(last, "^%d+")) or -1
     local items = {}
@@ -84,8 +90,14 @@ for i = 4, #ARGV do
       redis.call('RPUSH', replay, unpack(items, j, math.min(j + 3999, #items)))
     end
     if #items > 0 then redis.call('LTRIM', replay, -window, -1) end
+    first = tonumber(first)
+    while true do
+      local head = redis.call('LINDEX', replay, 0)
+      if not head or tonumber(string.match(head, "^%d+")) >= first then break end
+      redis.call('LPOP', replay)
+    end
     redis.call('PEXPIRE', replay, ttl)
-    local state = nl and string.sub(blob, 1, nl - 1) or blob
+    local state = string.sub(blob, hl + 1, (nl or #blob + 1) - 1)
     if #state > 0 then redis.call('HSET', session, 'state', state) end
     redis.call('PEXPIRE', session, ttl)
   end
@@ -348,7 +360,10 @@ class Journal:
                     StateLine(live.core))
             keys += followed.keys
             packed_keys.append(followed.packed_keys)
-            blobs.append(b"\n".join((self._encoded(live, followed.line), *entries)))
+            link: Any = live.link  # the hub's cursor (routing.Follow): its epoch
+            first = live.core.replay.first_seq
+            blobs.append(b"\n".join((b"%d %d" % (getattr(link, "epoch", 0), first or 0),
+                                     self._encoded(live, followed.line), *entries)))
         constant = [b"%d" % self.window_size, b"%d" % self.ttl_ms, self.node_id.encode()]
         if self._constant[0] != constant:
             self._constant = (constant, pack(constant, head=False))

@@ -5,7 +5,9 @@ are packed into list items.
     {p}:node:{node}       string the node's statistics, expiring unless it beats
     {p}:metrics:{node}    string the node's /metrics text, likewise
     {p}:marker:{node}     string set every beat for a minute: gone means Redis lost our data
-    {p}:s:{session}       hash   user, node (empty when no node holds it), connected,
+    {p}:s:{session}       hash   user, node (empty when no node holds it), epoch (counted
+                                 up by each take-over: the fence of the holder's writes),
+                                 connected,
                                  transport, state (core.handoff's JSON), calls_on (JSON
                                  call_id -> node, for open calls running elsewhere than
                                  the holder; absent when none)
@@ -14,6 +16,7 @@ are packed into list items.
                                  while its holder was not listening
     {p}:queued:{node}     set    sessions of that node with such deliveries (its beat
                                  delivers them)
+    {p}:loss              string when a node last found Redis had lost data (ms; 0: never)
     {p}:claim:{session}   string the node taking the session over (a short lock)
     {p}:reply:{token}     list   one-shot answers (a node saying it released a session)
     {p}:to:{node}         channel deliveries, posted bodies and release requests for a node
@@ -28,6 +31,7 @@ class Keys:
         self.prefix = prefix.rstrip(":")
         self.nodes = f"{self.prefix}:nodes"
         self.broadcast = f"{self.prefix}:all"
+        self.loss = f"{self.prefix}:loss"
 
     def node(self, node_id: str) -> str:
         return f"{self.prefix}:node:{node_id}"

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import socket as stdlib_socket
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis
 from gevent import socket as gsocket
+from redis.sentinel import Sentinel, SentinelManagedConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -105,8 +107,42 @@ def pack(args: list[bytes], head: bool = True) -> bytes:
     return b"".join(parts)
 
 
+class GeventSentinelConnection(SentinelManagedConnection, GeventConnection):
+    """A connection to whichever server the sentinels name master now (it asks them
+    again after a failover), on gevent's sockets, with the journal's short way."""
+
+
+SENTINEL_SCHEME = "redis+sentinel://"
+
+
+def sentinel_client(url: str, timeout: float) -> redis.Redis:
+    """``redis+sentinel://[:password@]host:port[,host:port...]/master_name[/db]``: the
+    master that Redis Sentinel names, found again after a failover."""
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    password = unquote(userinfo.partition(":")[2]) if userinfo else None
+    sentinels: list[tuple[str, int]] = []
+    for host in hosts.split(","):
+        name, _, port = host.rpartition(":") if ":" in host else (host, "", "26379")
+        sentinels.append((name, int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not path or not sentinels:
+        raise ValueError(f"{SENTINEL_SCHEME} URL needs host:port and /master_name")
+    db = int(path[1]) if len(path) > 1 else 0
+    sentinel = Sentinel(sentinels, socket_timeout=timeout,
+                        sentinel_kwargs={"socket_timeout": timeout,
+                                         "socket_connect_timeout": timeout})
+    client: redis.Redis = sentinel.master_for(
+        path[0], connection_class=GeventSentinelConnection, socket_timeout=timeout,
+        socket_connect_timeout=timeout, health_check_interval=0, db=db, password=password)
+    return client
+
+
 def connect(url: str, *, timeout: float = 5.0) -> redis.Redis:
-    """A client for ``url`` (redis://host:port/db); nothing is connected until first use."""
+    """A client for ``url`` (redis://host:port/db, or a Sentinel's master:
+    ``sentinel_client``); nothing is connected until first use."""
+    if url.startswith(SENTINEL_SCHEME):
+        return sentinel_client(url, timeout)
     pool = redis.ConnectionPool.from_url(
         url, connection_class=GeventConnection, socket_connect_timeout=timeout,
         socket_timeout=timeout, health_check_interval=0, max_connections=None)

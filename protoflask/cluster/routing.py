@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import orjson
 
@@ -38,6 +38,8 @@ from ..hub import (
     encode_operation,
 )
 from .calls import RemoteCalls
+from .follow import Follow
+from .settling import BEAT_MS, NODE_TTL_MS, settled, unavailable
 from .journal import Journal, decode_state
 from .keys import Keys, unpack_entry
 from .redis_client import UNAVAILABLE, connect
@@ -48,8 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("protoflask.cluster")
 
-BEAT_MS = 1000  # how often a node says it is alive
-NODE_TTL_MS = 3000  # a node that missed this long is gone (its sessions read disconnected)
 DELIVERY_WAIT = 3.0  # s a delivery to another node waits for that node to confirm it
 MAX_HOPS = 3  # re-routing of a delivery that raced a session's move
 
@@ -58,39 +58,6 @@ def default_node_id() -> str:
     """Random: the public /stats and /health show node ids, never where nodes run (host
     and pid are in each node's figures, for an authenticated /stats)."""
     return uuid.uuid4().hex[:12]
-
-
-class Follow:
-    """This node's record of a session it holds or held (the ``SessionLink`` it sets on
-    the LiveSession): whether its messages are journaled, up to which seq, and whether it
-    moved to another node (then deliveries made here, say by a tool call still running
-    here, are forwarded there)."""
-
-    __slots__ = ("hub", "journaled_seq", "journaling", "moved")
-
-    def __init__(self, hub: "RoutingHub", journaled_seq: int) -> None:
-        self.hub = hub
-        self.journaled_seq = journaled_seq
-        self.journaling = True
-        self.moved = False
-
-    def written(self, live: LiveSession, ready: list[tuple[int, bytes]], now: int) -> bool:
-        if not self.journaling:
-            return True
-        self.hub.journal.append(live, self, ready, now)
-        return not self.moved  # taken over by another node meanwhile: not ours to send
-
-    def written_then(self, live: LiveSession, ready: list[tuple[int, bytes]], now: int,
-                     then: Callable[[], None]) -> bool:
-        if not self.journaling:
-            return False
-        self.hub.journal.append(live, self, ready, now, then)
-        return True
-
-    def deliver(self, live: LiveSession, op: Operation) -> bool:
-        if self.moved:
-            return self.hub.forward_moved(live.id, op)
-        return live.run(op)
 
 
 class RoutingHub(LocalHub):
@@ -109,6 +76,8 @@ class RoutingHub(LocalHub):
         self.store = RedisStore(self.redis, self.keys, self.node_id)
         self.calls = RemoteCalls(self.store, self.get, self.cancel_elsewhere)
         self.degraded = False
+        #: since when Redis has answered this node without a break (ms; None: it does not)
+        self.reachable_since: int | None = now_ms()
         self.background_failing: str | None = None  # the beat's last unexpected failure
         self._journal: Journal | None = None
 
@@ -136,6 +105,7 @@ class RoutingHub(LocalHub):
         if first is not None and not self.degraded:
             log.error("%s", first)
         self.degraded = True
+        self.reachable_since = None
         if self._journal is not None:
             self._journal.paused = True
 
@@ -175,17 +145,18 @@ class RoutingHub(LocalHub):
     # -- registry ----------------------------------------------------------------------
 
     def add(self, live: LiveSession) -> None:
-        self.hold(live)
+        self.hold(live, 1)
         self.write_record(live)
 
     def remove(self, session_id: str) -> LiveSession | None:
         live = super().remove(session_id)
         if live is not None:
+            epoch = live.link.epoch if isinstance(live.link, Follow) else 0
             live.link = None
             self.calls.remote.pop(session_id, None)
             self.journal.forget(session_id)
             try:  # only if it is still ours (a node that lost it late must not delete it)
-                self.store.delete_if_held(session_id)
+                self.store.delete_if_held(session_id, epoch)
             except UNAVAILABLE as exc:
                 self.went_down(exc)
         return live
@@ -194,14 +165,19 @@ class RoutingHub(LocalHub):
         if self.get(live.id) is not None:
             self.write_record(live)
 
+    def persist(self, live: LiveSession) -> None:
+        link = live.link
+        if isinstance(link, Follow) and link.journaling and self.get(live.id) is live:
+            self.journal.append(live, link, [], now_ms())  # the state, group-committed
+
     def state_changed(self, live: LiveSession) -> None:
         if self.get(live.id) is not None:
             self.journal.note_state(live)
 
-    def hold(self, live: LiveSession) -> None:
-        """Hold the session here, journaling what it writes from now on."""
+    def hold(self, live: LiveSession, epoch: int) -> None:
+        """Hold the session here at ``epoch``, journaling what it writes from now on."""
         super().add(live)
-        live.link = Follow(self, live.core.downstream_seq)
+        live.link = Follow(self, live.core.downstream_seq, epoch)
 
     def unhold(self, session_id: str) -> LiveSession | None:
         """Stop holding the session here (its Redis record stays) and journaling it."""
@@ -212,16 +188,22 @@ class RoutingHub(LocalHub):
                 live.link.journaling = False
         return live
 
-    def write_record(self, live: LiveSession) -> None:
+    def record_of(self, live: LiveSession) -> dict["FieldT", "EncodableT"]:
+        """The session's record for Redis (the store adds node and epoch)."""
         transport = live.transport
         record: dict["FieldT", "EncodableT"] = {
-            "user": live.user_id, "node": self.node_id, "connected": int(live.core.connected),
+            "user": live.user_id, "connected": int(live.core.connected),
             "transport": transport.kind if transport is not None else ""}
         state = self.journal.state_of(live)
         if state:
             record["state"] = state
+        return record
+
+    def write_record(self, live: LiveSession) -> None:
+        epoch = live.link.epoch if isinstance(live.link, Follow) else 0
         try:
-            self.store.write_record(live.id, record)
+            if not self.store.write_record(live.id, epoch, self.record_of(live)):
+                self.lost([live.id])
         except UNAVAILABLE as exc:
             self.went_down(exc)
 
@@ -254,7 +236,7 @@ class RoutingHub(LocalHub):
                     return answer == b"1"
             # No node heard it: the next one to take the session over sends this first, or
             # the holder, if alive but not listening just now, at its next beat.
-            self.store.queue(session_id, orjson.dumps(item), node)
+            self.store.queue(session_id, orjson.dumps(item))
             return True
         except UNAVAILABLE as exc:
             self.went_down(exc)
@@ -274,19 +256,51 @@ class RoutingHub(LocalHub):
         return reached
 
     def forward_upstream(self, session_id: str, user_id: str, body: bytes) -> bool:
+        """Hand a posted body to the session's holder; or, when the holder does not listen
+        just now (its listener reconnecting) or no node holds the session, keep it in the
+        session's inbox, where the holder's next beat or the next node to take the session
+        over (a resume) finds it. A POST never moves a session: only a resume does, which
+        brings the client's resume point."""
         try:
             user, node = self.store.holder(session_id)
-            if user is None or user != user_id:
+            if user is None:
+                self.not_found(session_id)
+            if user != user_id:
                 raise SessionNotFound(f"no session {session_id!r} for this user")
-            if not node or node == self.node_id:
-                return False
-            return bool(self.store.publish(self.keys.node_channel(node), {
-                "op": "upstream", "sid": session_id, "user": user_id,
-                "body": base64.b64encode(body).decode()}))
+            if node == self.node_id:
+                return False  # ours in Redis, not in memory: found (or not) here
+            item = {"op": "upstream", "sid": session_id, "user": user_id,
+                    "body": base64.b64encode(body).decode()}
+            if node:
+                # 202 only once the holder has the body: a holder killed right after
+                # PUBLISH reached it must not leave a 202 for a body nobody read (a body
+                # sent again is harmless: the session skips upstream seqs it has seen)
+                reply = self.keys.reply(uuid.uuid4().hex)
+                if self.store.publish(self.keys.node_channel(node), {**item, "reply": reply}):
+                    if self.store.wait_reply(reply, DELIVERY_WAIT) is None:
+                        raise self.unavailable(f"the node holding session {session_id!r} "
+                                               "did not confirm the body; post it again")
+                    return True
+            self.store.queue(session_id, orjson.dumps(item))
+            return True
         except UNAVAILABLE as exc:
             self.went_down(exc)
-            raise ClusterUnavailable(
+            raise self.unavailable(
                 f"session {session_id!r} is not on this node and Redis is unreachable") from exc
+
+    unavailable = staticmethod(unavailable)
+
+    def settled(self) -> bool:
+        return settled(self.reachable_since, self.store)
+
+    def not_found(self, session_id: str) -> None:
+        """No record of the session: SESSION_NOT_FOUND, or 503 while its holder may not
+        have written it back yet (Redis lost its data, or came back, a moment ago)."""
+        if not self.settled():
+            raise self.unavailable(f"session {session_id!r} is not known to the cluster "
+                                   "just now (Redis lost data or was unreachable a moment "
+                                   "ago); its node may be writing it back")
+        raise SessionNotFound(f"no session {session_id!r}")
 
     def cancel_elsewhere(self, session_id: str, call_id: str) -> None:
         try:
@@ -308,9 +322,14 @@ class RoutingHub(LocalHub):
             return False
 
     def apply_queued(self, live: LiveSession, items: Iterable[bytes]) -> None:
-        """Deliveries that waited in Redis, applied to the session held here."""
+        """Deliveries and posted bodies that waited in Redis, applied to the session held
+        here in the order they came."""
         for raw in items:
-            live.run(decode_operation(orjson.loads(raw)))
+            data = orjson.loads(raw)
+            if data.get("op") == "upstream":
+                self.upstream(live, data)
+            else:
+                live.run(decode_operation(data))
 
     # -- messages from other nodes (the listener calls these) --------------------------
 
@@ -327,15 +346,24 @@ class RoutingHub(LocalHub):
         self.store.reply(data["reply"], b"1" if result else b"0")
 
     def on_upstream(self, data: dict[str, Any]) -> None:
+        reply = data.pop("reply", None)
         live = self.get(data["sid"])
-        if live is None or live.user_id != data["user"]:
-            log.warning("a body posted for session %s arrived after it moved; dropped",
-                        data["sid"])
-            return
+        if live is None:  # it moved since the poster looked: to its inbox, for the holder
+            self.store.queue(data["sid"], orjson.dumps(data))
+        else:
+            self.upstream(live, data)
+        if reply is not None:
+            self.store.reply(reply, b"1")
+
+    def upstream(self, live: LiveSession, data: dict[str, Any]) -> None:
+        """A body posted for a session held here, through another node (or its inbox)."""
+        if live.user_id != data["user"]:
+            return  # the posting node checked the user against the same record
         try:
             self.host.receive_body(live, base64.b64decode(data["body"]))
         except ProtoError:
             pass  # already reported downstream; the posting node answered the HTTP 400
+        self.persist(live)
 
     def on_broadcast(self, data: dict[str, Any]) -> None:
         if data["from"] != self.node_id:
@@ -343,47 +371,69 @@ class RoutingHub(LocalHub):
 
     # -- moving sessions between nodes -------------------------------------------------
 
-    def claim(self, session_id: str, user_id: str) -> LiveSession | None:
-        """Take over a session held elsewhere (asking its holder to let go) or by no one."""
+    def claim(self, session_id: str, user_id: str,
+              last_seq: int | None = None) -> LiveSession | None:
+        """Take over a session held elsewhere (its holder lets go first) or by no one, for
+        a resume from ``last_seq`` (the last seq its client has)."""
         try:
             user, _ = self.store.holder(session_id)
-            if user is None or user != user_id:
+            if user is None:
+                self.not_found(session_id)
+            if user != user_id:
                 return None
             with self.store.claim_lock(session_id):
-                return self._take_over(session_id)
+                return self._take_over(session_id, last_seq)
         except UNAVAILABLE as exc:
             self.went_down(exc)
-            raise ClusterUnavailable("cannot resume a session held elsewhere: Redis is "
-                                     "unreachable") from exc
+            raise self.unavailable("cannot resume a session held elsewhere: Redis is "
+                                   "unreachable") from exc
 
-    def _take_over(self, session_id: str) -> LiveSession | None:
-        """Under the claim lock: ask a live holder to let go, then take the session's
-        record, state, window and queued deliveries in one transaction."""
+    def _take_over(self, session_id: str, last_seq: int | None) -> LiveSession | None:
+        """Under the claim lock: have the holder let go, then take the session's record
+        (at the next epoch), state, window and queued deliveries in one transaction.
+
+        Only a holder that let go, or one that is gone, gives the session up: one whose
+        beat is there but that did not answer (its listener reconnecting, say), or whose
+        beat is missing while Redis has not answered this node for SETTLE_MS (an outage:
+        the holder may be serving it still), keeps it, and the resume gets a 503."""
         _, holder = self.store.holder(session_id)
-        if holder and holder != self.node_id and self.store.node_alive(holder):
-            self._ask_release(holder, session_id)
-        state, calls_on, replay, inbox = self.store.take(session_id)
-        if state is None:
+        if holder and holder != self.node_id:
+            if self.store.node_alive(holder):
+                if not self._ask_release(holder, session_id):
+                    raise self.unavailable(f"the node holding session {session_id!r} did "
+                                           "not hand it over; try again")
+            elif not self.settled():
+                raise self.unavailable(f"the node holding session {session_id!r} may still "
+                                       "be serving it (Redis answered again a moment ago)")
+        epoch, state, calls_on, replay, inbox = self.store.take(session_id)
+        if state is None or not epoch:
             return None
         now = now_ms()
         core = handoff.restore(decode_state(state), self.host.settings, now,
                                (unpack_entry(item) for item in replay))
         if core.disconnected_at is not None:
             core.disconnected_at = now  # kept replayWindowTime from its move, as any detach
+        if last_seq is not None and handoff.continue_after(core, last_seq):
+            log.warning("session %s: restored at seq %s, behind its client's %d; going on "
+                        "from there (REPLAY_UNAVAILABLE sent)", session_id,
+                        decode_state(state)["downstream_seq"], last_seq)
         live = self.host.adopt(core)
-        self.hold(live)
+        self.hold(live, epoch)
         self.apply_queued(live, inbox)
         self.calls.adopt(live, holder, decode_state(calls_on) if calls_on else {})
         log.info("session %s taken over from %s", session_id, holder or "no node")
         return live
 
-    def _ask_release(self, holder: str, session_id: str) -> None:
+    def _ask_release(self, holder: str, session_id: str) -> bool:
+        """Whether the holder let the session go (within RELEASE_WAIT)."""
         reply = self.keys.reply(uuid.uuid4().hex)
         asked = self.store.publish(self.keys.node_channel(holder),
                                    {"op": "release", "sid": session_id, "reply": reply})
-        if asked and self.store.wait_reply(reply, RELEASE_WAIT) is None:
-            log.warning("node %s did not hand session %s over within %.0fs; taking it",
-                        holder, session_id, RELEASE_WAIT)
+        if asked and self.store.wait_reply(reply, RELEASE_WAIT) is not None:
+            return True
+        log.warning("node %s did not hand session %s over%s; it keeps it", holder,
+                    session_id, "" if asked else " (not listening)")
+        return False
 
     def release(self, session_id: str, reply: str) -> None:
         """Another node resumes this session: close our transport (4002), write what we
@@ -409,11 +459,12 @@ class RoutingHub(LocalHub):
         live.take_writable(now_ms())
         self.journal.flush()
         waiting = live.core.outbound.take_pending()
+        epoch = live.link.epoch if isinstance(live.link, Follow) else 0
         self.unhold(live.id)
         calls_on = self.calls.let_go(live)
         try:
             written = self.store.let_go(
-                live.id, live.user_id, self.journal.state_of(live), calls_on,
+                live.id, epoch, live.user_id, self.journal.state_of(live), calls_on,
                 (orjson.dumps(encode_operation(Send(ob))) for ob in waiting))
             if not written:
                 log.warning("session %s was taken over by another node before this one let "
@@ -436,7 +487,9 @@ class RoutingHub(LocalHub):
             log.warning("session %s is held by another node now; dropping it here", sid)
             if isinstance(live.link, Follow):
                 live.link.moved = True
-            self.host.close_transport(live, CloseCode.SUPERSEDED, "resumed on another node")
+            # not 4002: no other client need have taken it; the client resumes it there
+            self.host.close_transport(live, CloseCode.MOVED, "the session moved to another "
+                                      "node; resume it")
 
     def hand_off(self, live: LiveSession) -> None:
         """This node is stopping: leave the session to the cluster for a resume elsewhere."""

@@ -26,13 +26,71 @@ if TYPE_CHECKING:
 RELEASE_WAIT = 3.0  # s a resume waits for the holder to hand its session over
 REPLY_TTL_MS = 10_000  # a one-shot reply nobody read is gone after this
 
-# KEYS: session hash, replay list, inbox. ARGV: this node's id.
-DELETE_IF_HELD = """
-local node = redis.call('HGET', KEYS[1], 'node')
-if node == false or node == ARGV[1] then
-  return redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-end
+# Every write a holder makes to its session's keys is fenced: it goes through only while
+# the record names this node with the epoch it took the session at (``take`` counts the
+# epoch up), so a node that lost the session, however late it hears of it, writes nothing.
+# FENCE leaves ``ok`` true for a record that is ours, nil for one that is gone (Redis lost
+# it: the holder writes it back); ARGV[1] is the node, ARGV[2] its epoch.
+FENCE = """
+local held = redis.call('HMGET', KEYS[1], 'node', 'epoch')
+local gone = redis.call('EXISTS', KEYS[1]) == 0
+local ok = held[1] == ARGV[1] and held[2] == ARGV[2]
+"""
+
+# KEYS: session hash, replay list, inbox. ARGV: node, epoch.
+DELETE_IF_HELD = FENCE + """
+if gone or ok then return redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]) end
 return 0
+"""
+
+# Write the session's record (fields and values from ARGV[4]) if it is ours, or gone.
+# KEYS: session hash. ARGV: node, epoch, ttl ms, field, value, ...
+WRITE_RECORD = FENCE + """
+if not (gone or ok) then return 0 end
+redis.call('HSET', KEYS[1], 'node', ARGV[1], 'epoch', ARGV[2], unpack(ARGV, 4))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+# Write the record and the whole replay window again (the holder's recovery), if ours or
+# gone. KEYS: session hash, replay list. ARGV: node, epoch, ttl ms, number of record
+# fields n, n field/value pairs, then the packed entries in order.
+REWRITE = FENCE + """
+if not (gone or ok) then return 0 end
+local n = tonumber(ARGV[4])
+redis.call('HSET', KEYS[1], 'node', ARGV[1], 'epoch', ARGV[2], unpack(ARGV, 5, 4 + 2 * n))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('DEL', KEYS[2])
+local first = 5 + 2 * n
+for j = first, #ARGV, 4000 do
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, j, math.min(j + 3999, #ARGV)))
+end
+if #ARGV >= first then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
+return 1
+"""
+
+# Keep a delivery or posted body in the session's inbox and tell its holder, as the
+# record names it now (not as the poster read it: a take-over between the two emptied the
+# inbox already, and only the new holder's beat would find the item). KEYS: inbox,
+# session hash. ARGV: item, ttl ms, the queued-set key without its node, session id, the
+# poster's node (told nothing: it takes its own inbox).
+QUEUE = """
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local holder = redis.call('HGET', KEYS[2], 'node')
+if holder and holder ~= '' and holder ~= ARGV[5] then
+  redis.call('SADD', ARGV[3] .. holder, ARGV[4])
+  redis.call('PEXPIRE', ARGV[3] .. holder, ARGV[2])
+end
+return 1
+"""
+
+# Make this node the holder, at the next epoch (KEYS: session hash; ARGV: node); the new
+# epoch, or 0 for a record that is gone.
+TAKE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'node', ARGV[1])
+return redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 """
 
 # KEYS: a lock. ARGV: the value it must still have.
@@ -42,19 +100,20 @@ return 0
 """
 
 # Let a session go, unless another node took it meanwhile (a late release must not undo
-# the new holder's record). KEYS: session hash, inbox. ARGV: node, user, ttl ms, state
-# (empty: keep the stored one), calls_on (JSON call_id -> node running it; empty: none),
-# then messages still waiting for credit, in order (they go before anything queued since).
-LET_GO = """
-local holder = redis.call('HGET', KEYS[1], 'node')
-if holder and holder ~= '' and holder ~= ARGV[1] then return 0 end
-for i = #ARGV, 6, -1 do redis.call('LPUSH', KEYS[2], ARGV[i]) end
-if #ARGV >= 6 then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
-redis.call('HSET', KEYS[1], 'user', ARGV[2], 'node', '', 'connected', 0, 'transport', '')
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'state', ARGV[4]) end
-if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'calls_on', ARGV[5])
+# the new holder's record). KEYS: session hash, inbox. ARGV: node, epoch, user, ttl ms,
+# state (empty: keep the stored one), calls_on (JSON call_id -> node running it; empty:
+# none), then messages still waiting for credit, in order (they go before anything queued
+# since).
+LET_GO = FENCE + """
+if not (gone or ok) then return 0 end
+for i = #ARGV, 7, -1 do redis.call('LPUSH', KEYS[2], ARGV[i]) end
+if #ARGV >= 7 then redis.call('PEXPIRE', KEYS[2], ARGV[4]) end
+redis.call('HSET', KEYS[1], 'user', ARGV[3], 'node', '', 'epoch', ARGV[2], 'connected', 0,
+           'transport', '')
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'state', ARGV[5]) end
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'calls_on', ARGV[6])
 else redis.call('HDEL', KEYS[1], 'calls_on') end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
@@ -76,20 +135,22 @@ class RedisStore:
         user, node = self.redis.hmget(self.keys.session(session_id), "user", "node")
         return (text(user) if user is not None else None), (text(node) if node else "")
 
-    def write_record(self, session_id: str, record: dict["FieldT", "EncodableT"]) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        key = self.keys.session(session_id)
-        pipe.hset(key, mapping=record)
-        pipe.pexpire(key, self.ttl_ms)
-        pipe.execute()
+    def write_record(self, session_id: str, epoch: int,
+                     record: dict["FieldT", "EncodableT"]) -> bool:
+        """Write the session's record as its holder at ``epoch``; False (nothing written)
+        if another node took it over since."""
+        fields = [x for pair in record.items() for x in pair]
+        return bool(self.redis.eval(WRITE_RECORD, 1, self.keys.session(session_id),
+                                    self.node_id, epoch, self.ttl_ms, *fields))
 
     def record(self, session_id: str) -> dict[bytes, bytes]:
         return cast("dict[bytes, bytes]", self.redis.hgetall(self.keys.session(session_id)))
 
-    def delete_if_held(self, session_id: str) -> None:
+    def delete_if_held(self, session_id: str, epoch: int) -> None:
         """Delete the session's keys, unless another node holds it now (a node that lost
         it late must not delete it)."""
-        self.redis.eval(DELETE_IF_HELD, 3, *self.keys.all_of(session_id), self.node_id)
+        self.redis.eval(DELETE_IF_HELD, 3, *self.keys.all_of(session_id), self.node_id,
+                        epoch)
 
     def set_calls_on(self, session_id: str, remote: dict[str, str]) -> None:
         key = self.keys.session(session_id)
@@ -98,16 +159,16 @@ class RedisStore:
         else:
             self.redis.hdel(key, "calls_on")
 
-    def rewrite_window(self, session_id: str, entries: Iterable[tuple[int, int, bytes]]) -> None:
-        """Replace the session's replay window with (seq, stored_at, data) entries."""
+    def rewrite(self, session_id: str, epoch: int, record: dict["FieldT", "EncodableT"],
+                entries: Iterable[tuple[int, int, bytes]]) -> bool:
+        """Write the session's record and replace its replay window with (seq, stored_at,
+        data) entries, as its holder at ``epoch``; False (nothing written) if another node
+        took it over since."""
         packed = [pack_entry(seq, stored_at, data) for seq, stored_at, data in entries]
-        replay = self.keys.replay(session_id)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.delete(replay)
-        if packed:
-            pipe.rpush(replay, *packed)
-            pipe.pexpire(replay, self.ttl_ms)
-        pipe.execute()
+        fields = [x for pair in record.items() for x in pair]
+        return bool(self.redis.eval(
+            REWRITE, 2, self.keys.session(session_id), self.keys.replay(session_id),
+            self.node_id, epoch, self.ttl_ms, len(record), *fields, *packed))
 
     # -- moving a session ------------------------------------------------------------------
 
@@ -126,42 +187,38 @@ class RedisStore:
         finally:
             self.redis.eval(DELETE_IF_VALUE, 1, lock, self.node_id)
 
-    def take(self, session_id: str) -> tuple[bytes | None, bytes | None, list[bytes],
+    def take(self, session_id: str) -> tuple[int, bytes | None, bytes | None, list[bytes],
                                              list[bytes]]:
-        """Make this node the holder and read, in one transaction, the session's state,
-        calls_on, replay window and queued deliveries (which it empties)."""
+        """Make this node the holder at the session's next epoch and read, in one
+        transaction, that epoch, the session's state, calls_on, replay window and queued
+        deliveries (which it empties)."""
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(self.keys.session(session_id), "node", self.node_id)
+        pipe.eval(TAKE, 1, self.keys.session(session_id), self.node_id)
         pipe.hget(self.keys.session(session_id), "state")
         pipe.hget(self.keys.session(session_id), "calls_on")
         pipe.lrange(self.keys.replay(session_id), 0, -1)
         pipe.lrange(self.keys.inbox(session_id), 0, -1)
         pipe.delete(self.keys.inbox(session_id))
-        _, state, calls_on, replay, inbox, _ = pipe.execute()
-        return state, calls_on, replay, inbox
+        epoch, state, calls_on, replay, inbox, _ = pipe.execute()
+        return int(epoch), state, calls_on, replay, inbox
 
-    def let_go(self, session_id: str, user_id: str, state: bytes, calls_on: dict[str, str],
-               waiting: Iterable[bytes]) -> bool:
+    def let_go(self, session_id: str, epoch: int, user_id: str, state: bytes,
+               calls_on: dict[str, str], waiting: Iterable[bytes]) -> bool:
         """Stop holding the session, leaving its state and ``waiting`` deliveries (first
         in its inbox) for the next holder; False if another node holds it already."""
         return bool(self.redis.eval(
             LET_GO, 2, self.keys.session(session_id), self.keys.inbox(session_id),
-            self.node_id, user_id, self.ttl_ms, state,
+            self.node_id, epoch, user_id, self.ttl_ms, state,
             orjson.dumps(calls_on) if calls_on else b"", *waiting))
 
     # -- deliveries waiting in Redis ---------------------------------------------------------
 
-    def queue(self, session_id: str, item: bytes, holder: str) -> None:
-        """Keep a delivery in the session's inbox (and tell a live holder, which was not
-        listening, at its next beat)."""
-        inbox = self.keys.inbox(session_id)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.rpush(inbox, item)
-        pipe.pexpire(inbox, self.ttl_ms)
-        if holder and holder != self.node_id:
-            pipe.sadd(self.keys.queued_for(holder), session_id)
-            pipe.pexpire(self.keys.queued_for(holder), self.ttl_ms)
-        pipe.execute()
+    def queue(self, session_id: str, item: bytes) -> None:
+        """Keep a delivery in the session's inbox, for its holder's next beat (the holder
+        the record names when it is queued) or the next node to take the session over."""
+        self.redis.eval(QUEUE, 2, self.keys.inbox(session_id), self.keys.session(session_id),
+                        item, self.ttl_ms, self.keys.queued_for(""), session_id,
+                        self.node_id)
 
     def take_inbox(self, session_id: str) -> list[bytes]:
         pipe = self.redis.pipeline(transaction=True)
@@ -185,6 +242,24 @@ class RedisStore:
         pipe.rpush(reply, value)
         pipe.pexpire(reply, REPLY_TTL_MS)
         pipe.execute()
+
+    # -- Redis losing data ------------------------------------------------------------------
+
+    def loss_at(self, now: int) -> int:
+        """When a node last found that Redis lost data (ms; 0: never). The key itself
+        missing means a loss just now (FLUSHALL, an empty restart): noted as ``now``."""
+        value = self.redis.get(self.keys.loss)
+        if value is not None:
+            return int(value)
+        self.redis.set(self.keys.loss, now, nx=True)
+        return now
+
+    def note_loss(self, now: int) -> None:
+        self.redis.set(self.keys.loss, now)
+
+    def note_no_loss(self) -> None:
+        """A node starts: a cluster this new has lost nothing (kept if already known)."""
+        self.redis.set(self.keys.loss, 0, nx=True)
 
     # -- nodes -----------------------------------------------------------------------------
 

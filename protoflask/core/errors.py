@@ -49,6 +49,7 @@ class CloseCode(enum.IntEnum):
     UNSUPPORTED_VERSION = 4001
     SUPERSEDED = 4002  # the session was resumed on another connection or node
     SLOW_CONSUMER = 4003  # the client does not read: its outbound buffer is full
+    MOVED = 4004  # a cluster node lost the session to another node: resume it there
 
 
 class ProtoError(Exception):
@@ -201,6 +202,8 @@ class ClusterUnavailable(ProtoError):
 
     code, http_status, default_message = (
         "CLUSTER_UNAVAILABLE", 503, "the cluster's Redis is unreachable")
+    #: seconds for a Retry-After header (None: none)
+    retry_after: int | None = None
 
 
 class ShuttingDown(ProtoError):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from .errors import ReplayUnavailable
+from .messages import error as error_message
 from .seen import SeenSeqs
 from .session import ProtocolSession
 from .settings import SessionSettings
@@ -75,3 +77,21 @@ def restore(state: dict[str, Any], settings: SessionSettings, now: int,
                              set(state.get("paused_by_client") or ()), replay,
                              session.last_ack, now)
     return session
+
+
+def continue_after(session: ProtocolSession, seen: int) -> bool:
+    """A session restored from a copy older than what its client has seen (its node died
+    while Redis could not take its writes): go on numbering after ``seen``, the client's
+    resume point, so no seq is ever used twice, and declare the loss: an ERROR
+    REPLAY_UNAVAILABLE, the first message after ``seen``, says that whatever the previous
+    node sent after ``seen`` cannot be replayed. Call it before anything else is sent;
+    False (nothing done) when the copy is not behind the client."""
+    known = session.outbound.downstream_seq
+    if seen <= known:
+        return False
+    session.outbound.downstream_seq = seen
+    session.send(error_message(ReplayUnavailable(
+        f"this session was restored from a copy up to seq {known}, older than the "
+        f"client's seq {seen}: what its previous node sent after seq {seen} is lost",
+        detail={"first_available": str(seen + 1), "restored_seq": str(known)})))
+    return True

@@ -178,6 +178,12 @@ function postedLink(poster, finish) {
     }
   };
 }
+var RETRY_503_MS = 6e4;
+var MAX_RETRY_AFTER_MS = 5e3;
+function retryAfterMs(resp) {
+  const seconds = Number(resp.headers.get("Retry-After"));
+  return Number.isFinite(seconds) && seconds > 0 ? Math.min(seconds * 1e3, MAX_RETRY_AFTER_MS) : 1e3;
+}
 var Poster = class {
   constructor(opts, path, session, on, fail) {
     this.opts = opts;
@@ -204,7 +210,12 @@ var Poster = class {
         });
         if (resp.status === 202) {
           await resp.body?.cancel().catch(() => void 0);
+          this.retryingSince = void 0;
           this.on.confirmed(last, first);
+        } else if (resp.status === 503 && Date.now() - (this.retryingSince ?? (this.retryingSince = Date.now())) < RETRY_503_MS) {
+          await resp.body?.cancel().catch(() => void 0);
+          this.queue.unshift(...batch);
+          await new Promise((resolve) => setTimeout(resolve, retryAfterMs(resp)));
         } else {
           const error = await refusal(resp);
           if (resp.status === 413) {

@@ -57,7 +57,11 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 
 def error_response(exc: ProtoError) -> Response:
-    return json_response(exc.to_http_body(), exc.http_status)
+    response = json_response(exc.to_http_body(), exc.http_status)
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(retry_after)
+    return response
 
 
 class PostAnswer(NamedTuple):
@@ -67,6 +71,8 @@ class PostAnswer(NamedTuple):
     body: dict[str, Any]
     #: the rest of the body is not worth waiting for: the connection is closed after it
     close: bool = False
+    #: seconds for a Retry-After header (a 503 the client should retry)
+    retry_after: int | None = None
 
     def encoded(self) -> bytes:
         return orjson.dumps(self.body)
@@ -104,7 +110,8 @@ def answer_post(engine: "Engine", args: Mapping[str, str], authorization: str | 
     except RequestTimeout as exc:  # the rest of the body is not worth waiting for
         return PostAnswer(exc.http_status, exc.to_http_body(), close=True)
     except ProtoError as exc:
-        return PostAnswer(exc.http_status, exc.to_http_body())
+        return PostAnswer(exc.http_status, exc.to_http_body(),
+                          retry_after=getattr(exc, "retry_after", None))
     return PostAnswer(202, {"accepted": accepted})
 
 
@@ -115,6 +122,8 @@ def post_messages(engine: "Engine", request: Request) -> Response:
     response = Response(answer.encoded(), status=answer.status, mimetype="application/json")
     if answer.close:
         response.headers["Connection"] = "close"
+    if answer.retry_after is not None:
+        response.headers["Retry-After"] = str(answer.retry_after)
     return response
 
 

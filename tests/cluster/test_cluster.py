@@ -323,7 +323,7 @@ def test_metrics_on_any_node_cover_every_node(make_node: Callable[..., ProtoServ
 def test_a_node_that_lost_its_session_to_another_stops_serving_it(
         make_node: Callable[..., ProtoServer], rdb, prefix: str) -> None:
     # As if another node had taken the session over while this one did not answer: its
-    # next journal write is fenced off, and it lets its client go (4002) writing nothing.
+    # next journal write is fenced off, and it lets its client go (4004) writing nothing.
     a = make_node()
     client = WSClient(a.base_url, a.issue_token("alice"))
     try:
@@ -332,9 +332,9 @@ def test_a_node_that_lost_its_session_to_another_stops_serving_it(
         rdb.hset(key, "node", "some-other-node")
         before = rdb.llen(f"{prefix}:r:{client.session_id}")
         a.send_message(client.session_id, note(1))
-        wait_for(lambda: client.close_code == 4002 or not client.is_open(),
+        wait_for(lambda: client.close_code == 4004 or not client.is_open(),
                  what="the client let go")
-        assert client.close_code == 4002
+        assert client.close_code == 4004  # moved, not superseded: the client resumes
         assert a.hub.get(client.session_id) is None
         assert rdb.hget(key, "node") == b"some-other-node"
         assert rdb.llen(f"{prefix}:r:{client.session_id}") == before  # nothing written
@@ -416,3 +416,42 @@ def test_a_call_left_running_on_a_node_that_then_stops_ends_once(
                 if m["type"] == "TOOL_DONE"] == ["ERROR", "OK"]
     finally:
         move.close()
+
+
+def test_a_call_cancelled_by_a_drain_reports_once_to_the_next_holder(
+        make_node: Callable[..., ProtoServer]) -> None:
+    """Node a stops (drain) while a call of its session runs there: the cancelled call's
+    TOOL_DONE follows the session to its next holder (not into the core a let go), once,
+    and the seqs the client reads go on without a gap."""
+    import threading
+
+    a, b = make_node(), make_node()
+    started = threading.Event()
+
+    @a.tool("slow", input_schema={"type": "object"})
+    def slow(params: dict[str, Any], *context: Any) -> dict[str, Any]:
+        import gevent
+        started.set()
+        gevent.sleep(60)
+        return {}
+
+    token = a.issue_token("alice")
+    first = WSClient(a.base_url, token)
+    first.hello()
+    first.send("TOOL_CALL", payload={"call_id": "s1", "tool": "slow", "params": {}})
+    assert started.wait(timeout(5))
+    seen = int(first.received[-1]["seq"])
+    a.stop()
+    first.close()
+    again = WSClient(b.base_url, token, session=first.session_id, last_seq=seen)
+    try:
+        again.envelopes = first.envelopes
+        done = again.recv_type("TOOL_DONE", within=15, call_id="s1")
+        assert done["payload"]["status"] == "CANCELLED"
+        again.send("PING", "SYSTEM", {"nonce": "n"})
+        again.recv_type("PONG", nonce="n")
+        assert [m["type"] for m in again.received].count("TOOL_DONE") == 1
+        seqs = [int(m["seq"]) for m in again.received]
+        assert seqs == list(range(seen + 1, seen + 1 + len(seqs))), (seen, seqs)
+    finally:
+        again.close()

@@ -28,7 +28,7 @@ def test_then_runs_once_redis_has_the_batch(redis_url: str, prefix: str) -> None
                 lambda *_: None)
     r = j.redis
     live = LiveSession(ProtocolSession("s1", "u", ServerConfig().session_settings(), 0))
-    r.hset(j.keys.session("s1"), "node", NODE)
+    r.hset(j.keys.session("s1"), mapping={"node": NODE, "epoch": 0})  # no link: epoch 0
     seen: list[list[int]] = []
     j.start()
     try:

@@ -41,14 +41,15 @@ def journal(url: str, prefix: str) -> Journal:
     return Journal(connect(url), Keys(prefix), NODE, 5, 60_000, failed, fenced)
 
 
-def script_args(j: Journal, sids: list[str], seqs: range) -> list[bytes]:
+def script_args(j: Journal, sids: list[str], seqs: range, epoch: int = 1,
+                first: int = 0) -> list[bytes]:
     keys: list[bytes] = []
     blobs: list[bytes] = []
     for sid in sids:
         keys += (j.keys.replay(sid).encode(), j.keys.session(sid).encode())
         state = b'{"v":1,"sid":"%b"}' % sid.encode()
-        blobs.append(b"\n".join((state, *(pack_entry(s, 1000 + s, b'{"m":%d}' % s)
-                                          for s in seqs))))
+        entries = (pack_entry(s, 1000 + s, b'{"m":%d}' % s) for s in seqs)
+        blobs.append(b"\n".join((b"%d %d" % (epoch, first), state, *entries)))
     assert j._sha is not None
     return [b"EVALSHA", j._sha.encode(), b"%d" % len(keys), *keys, b"5", b"60000",
             NODE.encode(), *blobs]
@@ -67,7 +68,7 @@ def test_the_short_way_answers_as_redis_py_does(redis_url: str, prefix: str) -> 
     for way in ("short", "redis-py"):
         # held here, held by another node (fenced), no record (gone)
         sids = [f"{way}-held", f"{way}-other", f"{way}-gone"]
-        r.hset(j.keys.session(sids[0]), "node", NODE)
+        r.hset(j.keys.session(sids[0]), mapping={"node": NODE, "epoch": 1})
         r.hset(j.keys.session(sids[1]), "node", "node-b")
         j._conn_busy = way == "redis-py"  # busy: the second flush goes redis-py's way
         first = j._evalsha(script_args(j, sids, range(1, 9)))
@@ -82,6 +83,33 @@ def test_the_short_way_answers_as_redis_py_does(redis_url: str, prefix: str) -> 
     assert short[2][0][0] == [pack_entry(s, 1000 + s, b'{"m":%d}' % s) for s in range(7, 12)]
 
 
+def test_a_write_at_an_older_epoch_is_fenced_off(redis_url: str, prefix: str) -> None:
+    # the same node, holding the session again since (another node had it between):
+    # what it journaled for its earlier hold must not land
+    r = redis.Redis.from_url(redis_url)
+    j = journal(redis_url, prefix)
+    j._sha = j.redis.script_load(APPEND_SCRIPT)
+    r.hset(j.keys.session("s"), mapping={"node": NODE, "epoch": 3})
+    assert j._evalsha(script_args(j, ["s"], range(1, 3), epoch=2)) == [1]
+    assert r.llen(j.keys.replay("s")) == 0 and r.hget(j.keys.session("s"), "state") is None
+    assert j._evalsha(script_args(j, ["s"], range(1, 3), epoch=3)) == []
+    assert r.llen(j.keys.replay("s")) == 2
+
+
+def test_the_window_in_redis_keeps_what_the_window_in_memory_keeps(redis_url: str,
+                                                                   prefix: str) -> None:
+    # first_seq: the oldest seq the in-memory window holds (after replayWindowBytes,
+    # replayWindowTime and ACKs); what is older leaves Redis too
+    r = redis.Redis.from_url(redis_url)
+    j = journal(redis_url, prefix)  # (at most 5 entries by count)
+    j._sha = j.redis.script_load(APPEND_SCRIPT)
+    r.hset(j.keys.session("s"), mapping={"node": NODE, "epoch": 1})
+    j._evalsha(script_args(j, ["s"], range(1, 5), first=1))
+    assert [int(e.split(b" ")[0]) for e in r.lrange(j.keys.replay("s"), 0, -1)] == [1, 2, 3, 4]
+    j._evalsha(script_args(j, ["s"], range(5, 6), first=4))  # 1-3 acked or aged out
+    assert [int(e.split(b" ")[0]) for e in r.lrange(j.keys.replay("s"), 0, -1)] == [4, 5]
+
+
 def test_an_error_reply_raises_on_the_short_way(redis_url: str, prefix: str) -> None:
     j = journal(redis_url, prefix)
     j._sha = "0" * 40  # no such script: NOSCRIPT, which flush answers by loading it
@@ -89,7 +117,7 @@ def test_an_error_reply_raises_on_the_short_way(redis_url: str, prefix: str) -> 
         j._evalsha(script_args(j, ["s"], range(1, 2)))
     assert j._conn is not None and j._conn._sock is not None  # still usable
     j._sha = j.redis.script_load(APPEND_SCRIPT)
-    j.redis.hset(j.keys.session("s"), "node", NODE)
+    j.redis.hset(j.keys.session("s"), mapping={"node": NODE, "epoch": 1})
     assert j._evalsha(script_args(j, ["s"], range(1, 2))) == []
 
 
@@ -98,7 +126,7 @@ def test_a_lost_connection_goes_the_long_way_and_reconnects(redis_url: str,
     r = redis.Redis.from_url(redis_url)
     j = journal(redis_url, prefix)
     j._sha = j.redis.script_load(APPEND_SCRIPT)
-    r.hset(j.keys.session("s"), "node", NODE)
+    r.hset(j.keys.session("s"), mapping={"node": NODE, "epoch": 1})
     assert j._evalsha(script_args(j, ["s"], range(1, 3))) == []
     conn = j._conn
     assert conn is not None

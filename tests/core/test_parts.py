@@ -21,7 +21,7 @@ def test_close_codes_keep_their_wire_values() -> None:
     assert {c.name: int(c) for c in CloseCode} == {
         "NORMAL": 1000, "GOING_AWAY": 1001, "POLICY_VIOLATION": 1008, "TOO_LARGE": 1009,
         "HEARTBEAT": 4000, "UNSUPPORTED_VERSION": 4001, "SUPERSEDED": 4002,
-        "SLOW_CONSUMER": 4003}
+        "SLOW_CONSUMER": 4003, "MOVED": 4004}
     assert orjson.dumps({"code": CloseCode.SUPERSEDED}) == b'{"code":4002}'
 
 

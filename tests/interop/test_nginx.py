@@ -10,8 +10,6 @@ daemon) with a prefix and config of its own; the access log must not record toke
 from __future__ import annotations
 
 import socket
-import subprocess
-from pathlib import Path
 from typing import Any, Iterator
 
 import orjson
@@ -21,74 +19,11 @@ import requests
 from protoflask.auth import TokenAuthority
 
 from ..support import (
-    ROOT, SECRET, Envelopes, GunicornServer, HTTPResponseReader, SSEClient, StreamClient,
-    WSClient, chunk, open_http, timeout, wait_for,
+    SECRET, Envelopes, GunicornServer, HTTPResponseReader, SSEClient, StreamClient,
+    WSClient, chunk, open_http, timeout,
 )
+from ..nginx import Nginx
 from .conftest import need_program
-
-CONF = ROOT / "deploy" / "nginx" / "protoflask.conf"
-
-
-class Nginx:
-    def __init__(self, nginx: str, backend_port: int, tmp: Path) -> None:
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = probe.getsockname()[1]
-        probe.close()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.access_log = tmp / "access.log"
-        self.error_log = tmp / "error.log"
-        site = CONF.read_text()
-        for old, new in (("server 127.0.0.1:8080;", f"server 127.0.0.1:{backend_port};"),
-                         ("listen 80;", f"listen 127.0.0.1:{self.port};"),
-                         ("/var/log/nginx/protoflask.access.log", str(self.access_log))):
-            assert site.count(old) == 1, f"{CONF} no longer has {old!r} once"
-            site = site.replace(old, new)
-        (tmp / "protoflask.conf").write_text(site)
-        temp_paths = "\n".join(f"  {kind}_temp_path {tmp / kind};" for kind in
-                               ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-        (tmp / "nginx.conf").write_text(f"""
-daemon off;
-master_process off;
-worker_processes 1;
-pid {tmp / "nginx.pid"};
-error_log {tmp / "error.log"} info;
-events {{ worker_connections 256; }}
-http {{
-{temp_paths}
-  include {tmp / "protoflask.conf"};
-}}
-""")
-        # -e: the error log before the config is read (the default path may not be
-        # writable for a non-root user)
-        self.proc = subprocess.Popen([nginx, "-p", str(tmp), "-c", str(tmp / "nginx.conf"),
-                                      "-e", str(self.error_log)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        try:
-            wait_for(self._up, within=10, what="nginx to answer")
-        except BaseException:
-            self.stop()
-            raise
-
-    def _up(self) -> bool:
-        if self.proc.poll() is not None:
-            out = self.proc.stdout.read().decode() if self.proc.stdout else ""
-            raise AssertionError(f"nginx exited with {self.proc.returncode}: {out}")
-        try:
-            return requests.get(self.base_url + "/health", timeout=1).status_code == 200
-        except requests.RequestException:
-            return False
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +32,7 @@ def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nginx]:
     backend = GunicornServer(env={"HEARTBEAT_INTERVAL": "600000",
                                   "HEARTBEAT_TIMEOUT": "600000"})
     try:
-        proxy = Nginx(nginx, backend.port, tmp_path_factory.mktemp("nginx"))
+        proxy = Nginx(nginx, [backend.port], tmp_path_factory.mktemp("nginx"))
         try:
             yield proxy
         finally:

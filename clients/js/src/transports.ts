@@ -226,10 +226,21 @@ function postedLink(poster: Poster, finish: (info: CloseInfo) => void): Link {
   };
 }
 
+/** How long a POST answered 503 (a cluster that cannot route the session just now) is
+ * posted again, and the longest Retry-After followed. */
+const RETRY_503_MS = 60000;
+const MAX_RETRY_AFTER_MS = 5000;
+
+function retryAfterMs(resp: Response): number {
+  const seconds = Number(resp.headers.get("Retry-After"));
+  return Number.isFinite(seconds) && seconds > 0 ? Math.min(seconds * 1000, MAX_RETRY_AFTER_MS) : 1000;
+}
+
 class Poster {
   private queue: Array<[string, number]> = [];
   private busy = false;
   private dead = false;
+  private retryingSince: number | undefined;
 
   constructor(
     private readonly opts: LinkOptions,
@@ -272,7 +283,14 @@ class Poster {
       });
       if (resp.status === 202) {
         await resp.body?.cancel().catch(() => undefined);
+        this.retryingSince = undefined;
         this.on.confirmed(last, first);
+      } else if (resp.status === 503 && Date.now() - (this.retryingSince ??= Date.now()) < RETRY_503_MS) {
+        // the cluster cannot route the session just now (its node reconnecting to
+        // Redis, say): the same body again after Retry-After, the connection kept
+        await resp.body?.cancel().catch(() => undefined);
+        this.queue.unshift(...batch);
+        await new Promise((resolve) => setTimeout(resolve, retryAfterMs(resp)));
       } else {
         const error = await refusal(resp);
         if (resp.status === 413) {

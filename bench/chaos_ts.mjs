@@ -1,0 +1,63 @@
+// The TypeScript client's sessions in bench/cluster_chaos.py (--ts N): argv[2] is a JSON
+// object {url, sessions: [{token, transport}], callTimeoutMs}. Each session calls `add`
+// in a loop through clients/js (its dist build). When stdin ends, prints one JSON line:
+// per session {transport, calls, lost, stranded, doneTwice, dead, toolErrors}. The
+// client drops a seq it has already delivered before the application sees it, so what
+// is checked here is what reaches the application: a gap in the seqs it hands on (lost),
+// a call with no TOOL_DONE (stranded), a call with two (doneTwice).
+import WebSocket from "ws";
+import { ProtoClient } from "../clients/js/dist/index.js";
+
+const { url, sessions, callTimeoutMs } = JSON.parse(process.argv[2]);
+let running = true;
+
+async function session({ token, transport }) {
+  const out = { transport, calls: 0, lost: 0, stranded: 0, doneTwice: 0, dead: null, toolErrors: 0 };
+  const client = new ProtoClient({ url, token, transport, WebSocket, duplex: false, reconnectTimeoutMs: 600000 });
+  let last = 0;
+  const dones = new Map();
+  client.on("message", (msg) => {
+    const seq = Number(msg.seq);
+    if (last && seq > last + 1) out.lost += seq - last - 1;
+    last = seq;
+    if (msg.type === "TOOL_DONE") dones.set(msg.payload.call_id, (dones.get(msg.payload.call_id) || 0) + 1);
+  });
+  client.on("state", (state, detail) => {
+    if (state === "closed" && running) out.dead = detail;
+  });
+  try {
+    await client.connect();
+  } catch (exc) {
+    out.dead = `connect: ${exc}`;
+    return out;
+  }
+  for (let n = 1; running && !out.dead; n++) {
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), callTimeoutMs);
+    try {
+      const { result } = await client.callTool("add", { a: n, b: 1 }, { signal: abort.signal });
+      if (result !== n + 1) throw new Error(`add(${n}, 1) = ${JSON.stringify(result)}`);
+    } catch (exc) {
+      if (abort.signal.aborted) out.stranded += 1;
+      else if (out.dead === null && client.state !== "closed") {
+        out.toolErrors += 1;
+        out.firstError ??= String(exc);
+      }
+    } finally {
+      clearTimeout(timer);
+    }
+    out.calls += 1;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  out.doneTwice = [...dones.values()].filter((v) => v > 1).length;
+  await client.close().catch(() => undefined);
+  return out;
+}
+
+const all = Promise.all(sessions.map(session));
+process.stdin.resume();
+process.stdin.on("end", async () => {
+  running = false;
+  console.log(JSON.stringify(await all));
+  process.exit(0);
+});

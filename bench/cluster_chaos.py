@@ -1,0 +1,428 @@
+"""A chaos soak of a cluster: faults on a schedule, a checker comparing content per seq.
+
+    python bench/cluster_chaos.py                      # the long run (every fault)
+    python bench/cluster_chaos.py --short              # the CI version (about 45 s)
+    python bench/cluster_chaos.py --per-transport 20 --faults kill9,flushall,outage10
+
+Starts a private redis-server on a port of its own (never the shared one: these faults
+flush, stop and restart it), ``--nodes`` gunicorn masters (``-k gevent``,
+``--workers`` workers each, REDIS_URL shared) and nginx with deploy/nginx/protoflask.conf
+round robin over them, no stickiness (without nginx: a message saying so, no run).
+``--per-transport`` sessions on each of ws, sse and stream, each a protoflask.client with
+reconnect on, calling ``add`` and ``echo`` in a loop. Then the faults, one at a time,
+``--gap`` seconds apart:
+
+    kill9      SIGKILL a node (master and workers); started again on its port
+    sigterm    SIGTERM a node (drain); started again on its port
+    sigstop    SIGSTOP one worker of a node for 5 s, then SIGCONT
+    resets     nginx killed and started again: every client connection reset at once
+    flushall   FLUSHALL (every holder alive)
+    restart    redis-server killed and started again, empty
+    outage10   redis-server stopped (SIGSTOP) 10 s: unreachable, back with its data
+    outage60   the same, 60 s
+
+The checker keeps, per session, every frame the client read (before its own dedup by
+seq) and compares content per seq:
+
+    lost        a seq the application never got, without a REPLAY_UNAVAILABLE saying so
+    reused      a seq that arrived again with different content
+    duplicates  a seq handed to the application twice
+    declared    ERROR REPLAY_UNAVAILABLE received (loss declared, not silent)
+    stranded    calls that got no TOOL_DONE within 150 s (longer than any outage)
+    done twice  calls that got more than one TOOL_DONE
+    dead        sessions whose client gave up (ConnectionLost / a final refusal)
+    serving     seconds from the end of the fault until every live session completed a
+                call started after it
+
+Prints a table (markdown) and, with --json, the numbers. Exit status 1 when an
+invariant broke (lost, reused, duplicates, stranded, done twice or dead above 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from protoflask.auth import TokenAuthority  # noqa: E402
+from protoflask.client import Client  # noqa: E402
+from protoflask.client.errors import ProtoClientError, ToolError  # noqa: E402
+from tests.nginx import Nginx  # noqa: E402  (deploy/nginx/protoflask.conf, as tested)
+from tests.support import PrivateRedis  # noqa: E402  (a private redis-server)
+
+SECRET = "chaos-secret-that-is-long-enough-for-hs256!"
+FAULTS = ("kill9", "sigterm", "sigstop", "resets", "flushall", "restart", "outage10",
+          "outage60")
+CALL_TIMEOUT = 150.0  # longer than the longest outage: a call is stranded, not slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait(predicate: Any, within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class Node:
+    """A gunicorn master with its workers, in a process group of its own."""
+
+    def __init__(self, redis_url: str, workers: int, port: int | None = None) -> None:
+        self.redis_url, self.workers = redis_url, workers
+        self.port = port or free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        env = {**os.environ, "JWT_SECRET": SECRET, "REDIS_URL": self.redis_url,
+               "ENABLE_LOGGING": "false", "HOST": "127.0.0.1", "PORT": str(self.port),
+               "WEB_CONCURRENCY": str(self.workers), "LOG_LEVEL": "warning"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"),
+             "wsgi:app"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+        wait(self.answers, 30, "gunicorn")
+
+    def answers(self) -> bool:
+        try:
+            return requests.get(self.base + "/health", timeout=1).status_code in (200, 503)
+        except requests.RequestException:
+            return False
+
+    def worker_pids(self) -> list[int]:
+        assert self.proc is not None
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
+                             text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def sigterm(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # any worker left behind
+        except ProcessLookupError:
+            pass
+
+
+def token(user: str) -> str:
+    return TokenAuthority(SECRET, ("HS256",), "2h").issue(user)
+
+
+class Recording(Client):
+    """protoflask.client, keeping every frame it reads (before its dedup by seq)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.frames: dict[int, bytes] = {}
+        self.reused = 0
+        self.delivered: set[int] = set()
+        self.duplicates = 0
+        self.declared = 0
+        self.dones: dict[str, int] = {}
+        self.on_message = self._seen
+
+    def _on_frame(self, conn: Any, data: bytes) -> None:
+        try:
+            seq = int(orjson.loads(data)["seq"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            seq = None
+        if seq is not None:
+            before = self.frames.setdefault(seq, bytes(data))
+            if before != bytes(data):
+                self.reused += 1
+        super()._on_frame(conn, data)
+
+    def _seen(self, msg: dict[str, Any]) -> None:
+        seq = int(msg["seq"])
+        if seq in self.delivered:
+            self.duplicates += 1
+        self.delivered.add(seq)
+        if msg["type"] == "ERROR" and msg["payload"].get("code") == "REPLAY_UNAVAILABLE":
+            self.declared += 1
+        elif msg["type"] == "TOOL_DONE":
+            cid = msg["payload"]["call_id"]
+            self.dones[cid] = self.dones.get(cid, 0) + 1
+
+
+class Session(threading.Thread):
+    def __init__(self, url: str, transport: str, n: int, soak: "Soak") -> None:
+        super().__init__(daemon=True)
+        self.transport, self.soak = transport, soak
+        self.client = Recording(url, token(f"{transport}-{n}"), transport=transport,
+                                timeout=10.0, reconnect_timeout=600.0)
+        self.calls = self.stranded = self.failed_calls = 0
+        self.dead: str | None = None
+        self.errors: dict[str, int] = {}  # what failed calls raised, by kind
+        self.last_ok = 0.0  # monotonic time a call started that then completed
+        self.calling_since: float | None = None  # the call in flight started then
+
+    def run(self) -> None:
+        try:
+            self.client.connect()
+        except ProtoClientError as exc:
+            self.dead = f"connect: {exc}"
+            return
+        n = 0
+        while self.soak.running and self.dead is None:
+            n += 1
+            started = self.calling_since = time.monotonic()
+            try:
+                if n % 2:
+                    assert self.client.call_tool("add", {"a": n, "b": 1},
+                                                 timeout=CALL_TIMEOUT) == {"result": n + 1}
+                else:
+                    self.client.call_tool("echo", {"message": f"{self.name}-{n}"},
+                                          timeout=CALL_TIMEOUT)
+                self.last_ok = started
+            except ToolError:
+                self.failed_calls += 1  # one TOOL_DONE ERROR (say, its node was lost)
+            except TimeoutError:
+                self.stranded += 1
+            except ProtoClientError as exc:
+                kind = f"{type(exc).__name__} {exc.code}"
+                self.errors[kind] = self.errors.get(kind, 0) + 1
+                if self.client._fatal is not None:  # the session ended for good
+                    self.dead = f"{type(exc).__name__}: {exc}"
+                time.sleep(0.5)
+            self.calls += 1
+            self.calling_since = None
+            time.sleep(self.soak.pause)
+
+    def report(self, final: bool = False) -> dict[str, int]:
+        """The session's counts; ``final``: a call still waiting after 30 s counts as
+        stranded too (the run ends before its 150 s would)."""
+        c = self.client
+        since = self.calling_since
+        waiting = int(final and since is not None and time.monotonic() - since > 30)
+        seen = set(c.delivered)
+        top = max(seen) if seen else 0
+        return {"lost": sum(1 for s in range(1, top + 1) if s not in seen),
+                "reused": c.reused, "duplicates": c.duplicates,
+                "declared": c.declared, "stranded": self.stranded + waiting,
+                "done_twice": sum(1 for v in c.dones.values() if v > 1),
+                "dead": int(self.dead is not None), "calls": self.calls,
+                "tool_errors": self.failed_calls}
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.running = True
+        self.pause = args.pause
+        self.redis = PrivateRedis()
+        self.nodes = [Node(self.redis.url, args.workers) for _ in range(args.nodes)]
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.path.exists(nginx):
+            raise SystemExit("nginx is not installed (apt-get install nginx)")
+        self.tmp = Path(tempfile.mkdtemp(prefix="chaos-nginx-"))
+        self.nginx = Nginx(nginx, [n.port for n in self.nodes], self.tmp)
+        self.sessions = [Session(self.nginx.base_url, t, i, self)
+                         for t in ("ws", "sse", "stream") for i in range(args.per_transport)]
+        self.ts: subprocess.Popen[str] | None = None
+        if args.ts:
+            node = shutil.which("node")
+            if node is None or not (ROOT / "clients/js/dist/index.js").exists() \
+                    or not (ROOT / "bench/node_modules/ws").is_dir():
+                raise SystemExit("--ts needs node, clients/js built (npm run build) and "
+                                 "bench's packages (npm ci in bench)")
+            spec = {"url": self.nginx.base_url, "callTimeoutMs": int(CALL_TIMEOUT * 1000),
+                    "sessions": [{"token": token(f"ts-{t}-{i}"), "transport": t}
+                                 for t in ("websocket", "sse", "stream")
+                                 for i in range(args.ts)]}
+            self.ts = subprocess.Popen([node, str(ROOT / "bench/chaos_ts.mjs"),
+                                        json.dumps(spec)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True)
+
+    def ts_report(self) -> dict[str, Any] | None:
+        """The TypeScript client's sessions over the whole run (stdin closed: they stop)."""
+        if self.ts is None:
+            return None
+        assert self.ts.stdin is not None and self.ts.stdout is not None
+        self.ts.stdin.close()
+        out = self.ts.stdout.read()  # (one line, once the sessions stopped)
+        self.ts.wait(CALL_TIMEOUT + 30)
+        sessions = json.loads(out.strip().splitlines()[-1])
+        total: dict[str, Any] = {"fault": "TS client, whole run"}
+        for key, name in (("lost", "lost"), ("stranded", "stranded"),
+                          ("doneTwice", "done_twice"), ("toolErrors", "tool_errors"),
+                          ("calls", "calls")):
+            total[name] = sum(s[key] for s in sessions)
+        total["dead"] = sum(1 for s in sessions if s["dead"])
+        return total
+
+    def close(self) -> None:
+        self.running = False
+        if self.ts is not None and self.ts.poll() is None:
+            self.ts.kill()
+        for s in self.sessions:
+            s.client.close(flush_timeout=1)
+        self.nginx.stop()
+        for node in self.nodes:
+            node.kill9()
+        self.redis.kill()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def rdb(self) -> redis.Redis:
+        return redis.Redis.from_url(self.redis.url, socket_timeout=2)
+
+    # -- faults ------------------------------------------------------------------------
+
+    def fault(self, name: str, k: int) -> None:
+        node = self.nodes[k % len(self.nodes)]
+        if name == "kill9":
+            node.kill9()
+            node.start()
+        elif name == "sigterm":
+            node.sigterm()
+            node.start()
+        elif name == "sigstop":
+            pid = node.worker_pids()[0]
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(5)
+            os.kill(pid, signal.SIGCONT)
+        elif name == "resets":
+            self.nginx.restart()
+        elif name == "flushall":
+            self.rdb().flushall()
+        elif name == "restart":
+            self.redis.kill()
+            self.redis.start()
+        elif name.startswith("outage"):
+            assert self.redis.proc is not None
+            self.redis.proc.send_signal(signal.SIGSTOP)
+            time.sleep(int(name[len("outage"):]))
+            self.redis.proc.send_signal(signal.SIGCONT)
+        else:
+            raise SystemExit(f"unknown fault {name!r}")
+
+    def serving_again(self, since: float, within: float) -> float | None:
+        """Seconds from ``since`` until every session still alive completed a call
+        started after it; None if not within ``within``."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            live = [s for s in self.sessions if s.dead is None]
+            if all(s.last_ok >= since for s in live):
+                return max((s.last_ok for s in live), default=since) - since
+            time.sleep(0.1)
+        return None
+
+    def run(self) -> list[dict[str, Any]]:
+        for s in self.sessions:
+            s.start()
+        wait(lambda: all(s.calls > 0 or s.dead for s in self.sessions), 60,
+             "every session to complete a call")
+        rows: list[dict[str, Any]] = []
+        before = self.totals()
+        for k, name in enumerate(self.args.faults):
+            time.sleep(self.args.gap / 2)
+            self.fault(name, k)
+            ended = time.monotonic()
+            serving = self.serving_again(ended, self.args.gap + 60)
+            time.sleep(self.args.gap / 2)
+            now = self.totals(final=k == len(self.args.faults) - 1)
+            rows.append({"fault": name, **{key: now[key] - before[key] for key in now},
+                         "serving_s": None if serving is None else round(serving, 1)})
+            before = now
+        return rows
+
+    def totals(self, final: bool = False) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.sessions:
+            for key, value in s.report(final).items():
+                out[key] = out.get(key, 0) + value
+        return out
+
+
+BROKEN = ("lost", "reused", "duplicates", "stranded", "done_twice", "dead")
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    cols = ["fault", *BROKEN, "declared", "tool_errors", "calls", "serving_s"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in rows:
+        lines.append("| " + " | ".join(str(row.get(c, "-")) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--short", action="store_true",
+                        help="the CI version: 2 sessions per transport, 4 faults")
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--per-transport", type=int, default=10)
+    parser.add_argument("--pause", type=float, default=0.1, help="s between calls")
+    parser.add_argument("--gap", type=float, default=16.0, help="s between faults")
+    parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument("--ts", type=int, default=0,
+                        help="sessions per transport of the TypeScript client as well")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.short:
+        args.per_transport, args.workers, args.gap = 2, 1, 6.0
+        args.faults = "kill9,flushall,outage10,restart"
+    args.faults = [f for f in args.faults.split(",") if f]
+    # SIGTERM (a test's timeout): stop every process started here (their own sessions)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    soak = Soak(args)
+    try:
+        rows = soak.run()
+        ts = soak.ts_report()
+        if ts is not None:
+            rows.append(ts)
+    finally:
+        soak.close()
+    dead = [f"{s.transport}: {s.dead}" for s in soak.sessions if s.dead]
+    errors: dict[str, int] = {}
+    for s in soak.sessions:
+        for kind, count in s.errors.items():
+            errors[f"{s.transport} {kind}"] = errors.get(f"{s.transport} {kind}", 0) + count
+    if errors:
+        print("calls that raised:", json.dumps(errors))
+    print(table(rows), flush=True)
+    if dead:
+        print("dead sessions:", *dead, sep="\n  ")
+    if args.json:
+        print(json.dumps(rows))
+    broken = any(row.get(k) for row in rows for k in BROKEN) or \
+        any(row.get("serving_s", 0) is None for row in rows)
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Redis Sentinel: nodes configured with ``redis+sentinel://`` follow the master the
+sentinels name. Real processes on private ports: a master, its replica and one sentinel
+(``redis-server --sentinel``). The master is killed; the sentinel promotes the replica;
+the nodes reconnect to it, copy their sessions over, and a session resumed on the other
+node afterwards replays everything it missed: the failover loses no message."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import redis
+import requests
+
+from protoflask import ProtoServer
+
+from ..support import PrivateRedis, WSClient, free_listener, timeout, wait_for
+from .notes import note
+from .retry import when_served
+
+
+def free_port() -> int:
+    listener = free_listener()
+    port = int(listener.getsockname()[1])
+    listener.close()
+    return port
+
+
+class Sentinel:
+    """A replica of ``master`` and one sentinel watching it (quorum 1)."""
+
+    def __init__(self, master: PrivateRedis, tmp: Path) -> None:
+        binary = master.binary
+        self.replica_port, self.port = free_port(), free_port()
+        self.replica = subprocess.Popen(
+            [binary, "--port", str(self.replica_port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--replicaof", "127.0.0.1", str(master.port),
+             "--dir", str(tmp)],  # (where it keeps the RDB its sync brings)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        conf = tmp / "sentinel.conf"
+        conf.write_text(f"port {self.port}\nbind 127.0.0.1\ndir {tmp}\n"
+                        f"sentinel monitor pf 127.0.0.1 {master.port} 1\n"
+                        "sentinel down-after-milliseconds pf 1000\n"
+                        "sentinel failover-timeout pf 5000\n")
+        self.sentinel = subprocess.Popen([binary, str(conf), "--sentinel"],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"redis+sentinel://127.0.0.1:{self.port}/pf"
+        replica = redis.Redis(port=self.replica_port, socket_timeout=1)
+        try:
+            wait_for(lambda: self._in_sync(replica), within=15, what="the replica in sync")
+            wait_for(lambda: self.master_port() == master.port, within=15,
+                     what="the sentinel to see the master")
+        except BaseException:
+            self.kill()
+            raise
+
+    @staticmethod
+    def _in_sync(client: redis.Redis) -> bool:
+        try:
+            return client.info("replication").get("master_link_status") == "up"
+        except redis.RedisError:
+            return False
+
+    def master_port(self) -> int | None:
+        try:
+            addr = redis.Redis(port=self.port, socket_timeout=1).execute_command(
+                "SENTINEL", "get-master-addr-by-name", "pf")
+        except redis.RedisError:
+            return None
+        return int(addr[1]) if addr else None
+
+    def kill(self) -> None:
+        for proc in (self.sentinel, self.replica):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def sentinel(private_redis: PrivateRedis, tmp_path: Path) -> Iterator[Sentinel]:
+    watched = Sentinel(private_redis, tmp_path)
+    try:
+        yield watched
+    finally:
+        watched.kill()
+
+
+def health(node: ProtoServer) -> str:
+    return requests.get(node.base_url + "/health", timeout=timeout(5)).json()["status"]
+
+
+def test_a_sentinel_failover_loses_no_message(
+        make_server: Callable[..., ProtoServer], private_redis: PrivateRedis,
+        sentinel: Sentinel) -> None:
+    a, b = make_server(redisUrl=sentinel.url), make_server(redisUrl=sentinel.url)
+    token = a.issue_token("alice")
+    client = WSClient(a.base_url, token)
+    resumed: Any = None
+    try:
+        client.hello()
+        for n in range(3):
+            b.send_message(client.session_id, note(n))  # through Redis: the master
+        for _ in range(3):
+            client.recv_type("NOTE")
+        seen = int(client.received[-1]["seq"])
+        private_redis.kill()  # the master dies
+        for n in (3, 4):  # sent on its node meanwhile: in its memory, copied over later
+            a.send_message(client.session_id, note(n))
+        client.drop()
+        wait_for(lambda: sentinel.master_port() == sentinel.replica_port, within=30,
+                 what="the sentinel to promote the replica")
+        wait_for(lambda: health(a) == "ok" and health(b) == "ok", within=30,
+                 what="both nodes on the new master")
+        b.send_message(client.session_id, note(5))
+        resumed = when_served(lambda: WSClient(b.base_url, token, session=client.session_id,
+                                               last_seq=seen), within=20)
+        got = [resumed.recv_type("NOTE")["payload"]["n"] for _ in range(3)]
+        assert got == [3, 4, 5]
+        seqs = [int(m["seq"]) for m in resumed.received]
+        assert seqs == list(range(seen + 1, seen + 1 + len(seqs))), (seen, seqs)
+    finally:
+        client.close()
+        if resumed is not None:
+            resumed.close()
