@@ -39,7 +39,7 @@ from ..hub import (
 )
 from .calls import RemoteCalls
 from .follow import Follow
-from .settling import BEAT_MS, NODE_TTL_MS, settled, unavailable
+from .settling import BEAT_MS, NODE_TTL_MS, SETTLE_MS, settled, unavailable
 from .journal import Journal, decode_state
 from .keys import Keys, unpack_entry
 from .redis_client import UNAVAILABLE, connect
@@ -76,8 +76,11 @@ class RoutingHub(LocalHub):
         self.store = RedisStore(self.redis, self.keys, self.node_id)
         self.calls = RemoteCalls(self.store, self.get, self.cancel_elsewhere)
         self.degraded = False
-        #: since when Redis has answered this node without a break (ms; None: it does not)
-        self.reachable_since: int | None = now_ms()
+        #: since when Redis has answered this node without a break (ms; None: it does not).
+        #: A node just started has had no break to recover from (a loss of Redis's data
+        #: is still waited out through the loss key): it answers unknown sessions at once,
+        #: so an AG-UI thread or MCP session created on a fresh node is not refused 503.
+        self.reachable_since: int | None = now_ms() - SETTLE_MS
         self.background_failing: str | None = None  # the beat's last unexpected failure
         self._journal: Journal | None = None
 
