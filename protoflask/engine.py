@@ -12,6 +12,7 @@ the hub below it a ``SessionHost``.
 from __future__ import annotations
 
 import gc
+import time
 import logging
 import uuid
 from dataclasses import dataclass
@@ -117,8 +118,14 @@ class Engine:
         return self.authority.verify(token)
 
     def issue_ticket(self, token: str | None) -> tuple[str, int]:
-        """A single-use connect ticket for the token's user, and its lifetime in ms."""
-        return self.tickets.issue(self.authority.verify(token)), self.tickets.lifetime_ms
+        """A single-use connect ticket for the token's user, and its lifetime in ms: the
+        store's, or less, so that the ticket never outlives the token (docs/PROTOCOL.md
+        §1.2)."""
+        user_id, exp = self.authority.verify_with_expiry(token)
+        lifetime_ms = self.tickets.lifetime_ms
+        if exp is not None:  # verified: exp is still ahead (at least 1 ms, to stay valid)
+            lifetime_ms = max(1, min(lifetime_ms, int(exp * 1000 - time.time() * 1000)))
+        return self.tickets.issue(user_id, lifetime_ms), lifetime_ms
 
     def open_connection(self, kind: str = "unknown", user_id: str | None = None,
                         replacing: bool = False) -> None:

@@ -27,8 +27,9 @@ def new_ticket() -> str:
 class TicketStore(Protocol):
     lifetime_ms: int
 
-    def issue(self, user_id: str) -> str:
-        """A new ticket for the user."""
+    def issue(self, user_id: str, lifetime_ms: int | None = None) -> str:
+        """A new ticket for the user, valid for ``lifetime_ms`` (at most the store's
+        ``lifetime_ms``, its default: the token's remaining life may be shorter)."""
 
     def redeem(self, ticket: str) -> str | None:
         """The ticket's user, once; None for an unknown, used or expired ticket."""
@@ -41,13 +42,14 @@ class MemoryTicketStore:
         self.lifetime_ms = lifetime_ms
         self._tickets: dict[str, tuple[str, float]] = {}  # ticket -> (user, expires at)
 
-    def issue(self, user_id: str) -> str:
+    def issue(self, user_id: str, lifetime_ms: int | None = None) -> str:
         now = time.monotonic()
         self._drop_expired(now)
         while len(self._tickets) >= MAX_MEMORY_TICKETS:
             del self._tickets[next(iter(self._tickets))]
         ticket = new_ticket()
-        self._tickets[ticket] = (user_id, now + self.lifetime_ms / 1000.0)
+        ms = self.lifetime_ms if lifetime_ms is None else min(lifetime_ms, self.lifetime_ms)
+        self._tickets[ticket] = (user_id, now + ms / 1000.0)
         return ticket
 
     def redeem(self, ticket: str) -> str | None:
@@ -57,9 +59,10 @@ class MemoryTicketStore:
         return entry[0]
 
     def _drop_expired(self, now: float) -> None:
-        """Drop the expired tickets from the front: issued in order, so expiring in order.
-        Only those are looked at (copying every live ticket first made each issue cost
-        in proportion to the tickets alive)."""
+        """Drop the expired tickets from the front: issued in order, so (nearly) expiring
+        in order. Only those are looked at (copying every live ticket first made each issue
+        cost in proportion to the tickets alive); one cut short by its token's expiry may
+        wait behind a longer one, and is refused by ``redeem`` meanwhile."""
         tickets = self._tickets
         while tickets:
             ticket = next(iter(tickets))
