@@ -24,6 +24,17 @@ def new_ticket() -> str:
     return secrets.token_urlsafe(24)
 
 
+def issue_ticket(store: "TicketStore", user_id: str,
+                 token_exp: float | None) -> tuple[str, int]:
+    """A ticket for a verified token's user and its lifetime in ms: the store's, cut to
+    what is left of the token's ``exp`` (seconds since the epoch; at least 1 ms), so a
+    ticket never outlives the token it stands for (docs/PROTOCOL.md §1.2)."""
+    lifetime_ms = store.lifetime_ms
+    if token_exp is not None:
+        lifetime_ms = max(1, min(lifetime_ms, int(token_exp * 1000 - time.time() * 1000)))
+    return store.issue(user_id, lifetime_ms), lifetime_ms
+
+
 class TicketStore(Protocol):
     lifetime_ms: int
 
