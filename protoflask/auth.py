@@ -70,12 +70,17 @@ class TokenAuthority:
 
     def verify(self, token: str | None) -> str:
         """The token's user id, or MissingToken / InvalidToken."""
+        return self.verify_with_expiry(token)[0]
+
+    def verify_with_expiry(self, token: str | None) -> tuple[str, float | None]:
+        """The token's user id and its ``exp`` (seconds since the epoch; None: none), or
+        MissingToken / InvalidToken. What a connect ticket needs: never to outlive it."""
         if not token:
             raise MissingToken()
         known = self._verified.get(token)
         if known is not None:
             if known[1] is None or time.time() < known[1]:  # PyJWT: expired once exp <= now
-                return known[0]
+                return known
             del self._verified[token]
             raise InvalidToken("token expired")
         try:
@@ -89,9 +94,10 @@ class TokenAuthority:
         for claim in USER_CLAIMS:
             value = claims.get(claim)
             if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
+                exp = claims.get("exp")
                 if alg in self._hmac:
-                    self._remember(token, str(value), claims.get("exp"))
-                return str(value)
+                    self._remember(token, str(value), exp)
+                return str(value), _seconds(exp)
         raise InvalidToken("token has no user claim (sub, userId or user_id)")
 
     def _remember(self, token: str, user: str, exp: Any) -> None:
@@ -147,6 +153,16 @@ class TokenAuthority:
         return jwt.encode(payload, self._secret, algorithm=algorithm)
 
 
+
+
+def _seconds(exp: Any) -> float | None:
+    """A verified token's ``exp`` as a number (PyJWT accepted it, so int() reads it)."""
+    if exp is None:
+        return None
+    try:
+        return float(int(exp))
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def authority_from_config(config: "ServerConfig") -> TokenAuthority:

@@ -94,7 +94,6 @@ def dashboard_data(engine: "Engine", everyone: bool, user: str | None,
                    since: int) -> dict[str, Any]:
     """What /dashboard/data answers; ``everyone``: development mode (see the module doc)."""
     stats = engine.stats
-    sessions = list(engine.hub.sessions())
     overall = engine.hub.cluster_stats(stats.snapshot(now_ms()))
     clustered = "nodes" in overall
     out: dict[str, Any] = {
@@ -108,12 +107,13 @@ def dashboard_data(engine: "Engine", everyone: bool, user: str | None,
                               "opened": opened}
                        for kind, opened in sorted(stats.connections_opened.items())},
         "history": [h for h in stats.history if h[0] > since],
-        "gauges": session_gauges(sessions),
+        "gauges": session_gauges(engine),
         "access": {"user": user, "devMode": everyone,
                    "sessions": "all" if everyone else "own" if user else "none"},
     }
     if user is None and not everyone:
         return out
+    sessions = engine.hub.sessions()  # only with a token (or devMode): the list itself
     visible = sessions if everyone else [s for s in sessions if s.user_id == user]
     rows = [_session_row(s) for s in visible]
     elsewhere, complete = engine.hub.sessions_elsewhere(None if everyone else user,

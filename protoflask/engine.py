@@ -21,7 +21,7 @@ import gevent
 
 from .auth import TokenAuthority
 from .budget import MemoryBudget
-from .tickets import MemoryTicketStore, TicketStore
+from .tickets import MemoryTicketStore, TicketStore, issue_ticket
 from .config import ServerConfig
 from .clock import now_ms, now_ns
 from .core.bodies import TURN, is_raw, iter_body
@@ -34,7 +34,7 @@ from .dispatch import Dispatcher
 from .hub import Hub, LiveSession, SessionHost, Transport
 from .kept import KeptSessions
 from .limits import UserCaps
-from .stats import Stats
+from .stats import HELD, Stats, add_held
 from .tools import CallSink, SessionToolRunner, Tool, ToolExecution, ToolRegistry, check_call
 from . import signals
 
@@ -71,13 +71,8 @@ class Engine:
     def __init__(self, config: ServerConfig, hub: Hub, tools: ToolRegistry,
                  authority: TokenAuthority, *, emit: Emit, emit_error: EmitError,
                  invoke_tool: InvokeTool, tickets: TicketStore | None = None) -> None:
-        self.config = config
-        self.hub = hub
-        self.tools = tools
-        self.authority = authority
-        self._emit = emit
-        self._emit_error = emit_error
-        self._invoke_tool = invoke_tool
+        self.config, self.hub, self.tools, self.authority = config, hub, tools, authority
+        self._emit, self._emit_error, self._invoke_tool = emit, emit_error, invoke_tool
         self.settings = config.session_settings()
         self.stats = Stats(now_ms())
         self.shutting_down = False
@@ -118,7 +113,7 @@ class Engine:
 
     def issue_ticket(self, token: str | None) -> tuple[str, int]:
         """A single-use connect ticket for the token's user, and its lifetime in ms."""
-        return self.tickets.issue(self.authority.verify(token)), self.tickets.lifetime_ms
+        return issue_ticket(self.tickets, *self.authority.verify_with_expiry(token))
 
     def open_connection(self, kind: str = "unknown", user_id: str | None = None,
                         replacing: bool = False) -> None:
@@ -204,7 +199,7 @@ class Engine:
                         tool_failed=self._tool_failed)
         return SessionToolRunner(sink, self.config.max_concurrent_runs,
                                  self.config.tool_queue_size, self.config.tool_timeout,
-                                 on_finish=self.stats.tools.finished)
+                                 on_finish=self.stats.tools.finished, tally=self.stats.tools)
 
     def _tool_failed(self, exc: BaseException, session_id: str) -> None:
         self._emit_error(exc, session_id=session_id)
@@ -489,9 +484,12 @@ class Engine:
         self.stats.sample(now)
         self.kept.prune(now)
         self.budget.review(self.hub.sessions())
+        held = dict.fromkeys(HELD, 0)
         for live in self.hub.sessions():
             live.core.tick(now)
             self.settle(live)
+            add_held(held, live)
+        self.stats.held = held  # what /metrics and the dashboard read: they walk no one
 
     def stop_timers(self) -> None:
         if self._ticker is not None:

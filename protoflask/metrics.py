@@ -12,7 +12,7 @@ counters (``CounterSource``), never the server.
 from __future__ import annotations
 
 from .clock import now_ms
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -24,7 +24,6 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from flask import Response
 
-    from .hub import LiveSession
     from .stats import Stats
 
 
@@ -98,7 +97,7 @@ class ProtoCollector(Collector):
             p + "replayed_messages", "Messages resent by replays.",
             value=traffic.replayed_messages)
 
-        g = session_gauges(engine.hub.sessions())
+        g = session_gauges(engine)
         sessions = GaugeMetricFamily(p + "sessions", "Sessions held, by state (disconnected "
                                      "ones are kept for resume).", labels=["state"])
         sessions.add_metric(["connected"], g["connected"])
@@ -130,20 +129,17 @@ class ProtoCollector(Collector):
             value=snapshot["averageLatency"] / 1000.0)
 
 
-def session_gauges(sessions: Iterable["LiveSession"]) -> dict[str, int]:
-    """What the sessions hold right now, summed (for /metrics and the dashboard)."""
-    g = dict.fromkeys(("connected", "disconnected", "runs", "pending", "outboundBytes",
-                       "toolsQueued", "toolsRunning"), 0)
-    for live in sessions:
-        core = live.core
-        g["connected" if core.connected else "disconnected"] += 1
-        g["runs"] += len(core.runs)
-        g["pending"] += len(core.pending)
-        g["outboundBytes"] += core.unsent_bytes
-        if live.runner is not None:
-            g["toolsQueued"] += len(live.runner.waiting)
-            g["toolsRunning"] += len(live.runner.running)
-    return g
+def session_gauges(source: CounterSource) -> dict[str, int]:
+    """The sessions' gauges for /metrics and the dashboard, without visiting a session:
+    the counts by state and the tool calls running and queued are exact running counts
+    (``TrafficCounters.attached``, kept as sessions change state, with the hub's size;
+    ``ToolCounters.running``/``queued``, kept by the runners); the runs, pending
+    messages and unsent bytes the sessions hold are the sum the last heartbeat tick took
+    (at most a second old): they change with every message."""
+    connected = source.stats.traffic.attached
+    tools = source.stats.tools
+    return {"connected": connected, "disconnected": len(source.hub) - connected,
+            "toolsRunning": tools.running, "toolsQueued": tools.queued, **source.stats.held}
 
 
 def create_registry(source: Callable[[], CounterSource]) -> CollectorRegistry:

@@ -56,6 +56,8 @@ class ToolCounters:
     def __init__(self) -> None:
         self.calls: dict[tuple[str, str], int] = {}  # (tool, status) -> count
         self.durations: dict[str, DurationHistogram] = {}
+        self.running = 0  # tool calls executing now, over every session's runner
+        self.queued = 0  # waiting for a free slot (kept by the runners: ToolTally)
 
     def finished(self, execution: "ToolExecution") -> None:
         key = (execution.tool_name, execution.status)
@@ -65,6 +67,19 @@ class ToolCounters:
             if histogram is None:
                 histogram = self.durations[execution.tool_name] = DurationHistogram()
             histogram.observe(time.perf_counter() - execution.run_started)
+
+
+#: what the sessions hold, summed by the heartbeat tick's walk over them (``add_held``)
+HELD = ("runs", "pending", "outboundBytes")
+
+
+def add_held(held: dict[str, int], live: Any) -> None:
+    """Add what one session (a ``hub.LiveSession``: a layer above) holds to ``held``; the
+    heartbeat tick's walk calls it for each."""
+    core = live.core
+    held["runs"] += len(core.runs)
+    held["pending"] += len(core.pending)
+    held["outboundBytes"] += core.unsent_bytes
 
 
 class Stats:
@@ -90,6 +105,8 @@ class Stats:
         self.runs: dict[str, int] = dict.fromkeys(
             ("started", "finished", "cancelled", "error"), 0)
         self.tools = ToolCounters()
+        #: what the sessions hold, summed at the last heartbeat tick (``add_held``)
+        self.held: dict[str, int] = dict.fromkeys(HELD, 0)
         #: [second start ms, most connections open in it, messages, mean latency ms, errors]
         self.history: deque[list[float]] = deque(maxlen=HISTORY_SECONDS)
         self._sampled_second = now // 1000

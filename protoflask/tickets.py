@@ -24,11 +24,23 @@ def new_ticket() -> str:
     return secrets.token_urlsafe(24)
 
 
+def issue_ticket(store: "TicketStore", user_id: str,
+                 token_exp: float | None) -> tuple[str, int]:
+    """A ticket for a verified token's user and its lifetime in ms: the store's, cut to
+    what is left of the token's ``exp`` (seconds since the epoch; at least 1 ms), so a
+    ticket never outlives the token it stands for (docs/PROTOCOL.md §1.2)."""
+    lifetime_ms = store.lifetime_ms
+    if token_exp is not None:
+        lifetime_ms = max(1, min(lifetime_ms, int(token_exp * 1000 - time.time() * 1000)))
+    return store.issue(user_id, lifetime_ms), lifetime_ms
+
+
 class TicketStore(Protocol):
     lifetime_ms: int
 
-    def issue(self, user_id: str) -> str:
-        """A new ticket for the user."""
+    def issue(self, user_id: str, lifetime_ms: int | None = None) -> str:
+        """A new ticket for the user, valid for ``lifetime_ms`` (at most the store's
+        ``lifetime_ms``, its default: the token's remaining life may be shorter)."""
 
     def redeem(self, ticket: str) -> str | None:
         """The ticket's user, once; None for an unknown, used or expired ticket."""
@@ -41,13 +53,14 @@ class MemoryTicketStore:
         self.lifetime_ms = lifetime_ms
         self._tickets: dict[str, tuple[str, float]] = {}  # ticket -> (user, expires at)
 
-    def issue(self, user_id: str) -> str:
+    def issue(self, user_id: str, lifetime_ms: int | None = None) -> str:
         now = time.monotonic()
         self._drop_expired(now)
         while len(self._tickets) >= MAX_MEMORY_TICKETS:
             del self._tickets[next(iter(self._tickets))]
         ticket = new_ticket()
-        self._tickets[ticket] = (user_id, now + self.lifetime_ms / 1000.0)
+        ms = self.lifetime_ms if lifetime_ms is None else min(lifetime_ms, self.lifetime_ms)
+        self._tickets[ticket] = (user_id, now + ms / 1000.0)
         return ticket
 
     def redeem(self, ticket: str) -> str | None:
@@ -57,9 +70,10 @@ class MemoryTicketStore:
         return entry[0]
 
     def _drop_expired(self, now: float) -> None:
-        """Drop the expired tickets from the front: issued in order, so expiring in order.
-        Only those are looked at (copying every live ticket first made each issue cost
-        in proportion to the tickets alive)."""
+        """Drop the expired tickets from the front: issued in order, so (nearly) expiring
+        in order. Only those are looked at (copying every live ticket first made each issue
+        cost in proportion to the tickets alive); one cut short by its token's expiry may
+        wait behind a longer one, and is refused by ``redeem`` meanwhile."""
         tickets = self._tickets
         while tickets:
             ticket = next(iter(tickets))

@@ -8,7 +8,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import gevent
 from gevent import Greenlet
@@ -242,6 +242,19 @@ class CallSink:
     tool_failed: Callable[[BaseException, str], None]
 
 
+class ToolTally(Protocol):
+    """Counts of tool calls running and queued, summed over runners."""
+    running: int
+    queued: int
+
+
+class _OwnTally:
+    __slots__ = ("running", "queued")
+
+    def __init__(self) -> None:
+        self.running = self.queued = 0
+
+
 class SessionToolRunner:
     """Runs one session's tool calls: at most ``limit`` at once, ``queue_size`` waiting.
 
@@ -249,11 +262,15 @@ class SessionToolRunner:
     """
 
     __slots__ = ("sink", "on_finish", "limit", "queue_size", "default_timeout_ms", "running",
-                 "waiting", "executions")
+                 "waiting", "executions", "tally")
 
     def __init__(self, sink: CallSink, limit: int, queue_size: int, default_timeout_ms: int,
-                 on_finish: Callable[[ToolExecution], None] | None = None) -> None:
+                 on_finish: Callable[[ToolExecution], None] | None = None,
+                 tally: "ToolTally | None" = None) -> None:
         self.sink = sink
+        #: the server's running counts over every runner (``stats.ToolCounters``), moved
+        #: with each change to ``running`` and ``waiting`` so /metrics need not add them up
+        self.tally = tally if tally is not None else _OwnTally()
         self.on_finish = on_finish  # every ended execution (the server's tool metrics)
         self.limit = limit
         self.queue_size = queue_size
@@ -270,6 +287,7 @@ class SessionToolRunner:
             self._spawn(execution, tool)
         elif len(self.waiting) < self.queue_size:
             self.waiting.append((execution, tool))
+            self.tally.queued += 1
             self.sink.update(execution.call_id, "QUEUED")
         else:
             self.finish(execution, "error", MaxRunsExceeded(
@@ -284,9 +302,12 @@ class SessionToolRunner:
             execution.end_time = now_ms()
         self.sink.done(call_id, "CANCELLED")
         self.executions.pop(call_id, None)
+        waiting = len(self.waiting)
         self.waiting = [w for w in self.waiting if w[0].call_id != call_id]
+        self.tally.queued -= waiting - len(self.waiting)
         greenlet = self.running.pop(call_id, None)
         if greenlet is not None:
+            self.tally.running -= 1
             greenlet.kill(block=False)
             self._start_waiting()
         if execution is not None:
@@ -316,10 +337,13 @@ class SessionToolRunner:
             execution.on_done(execution, error)
 
     def _spawn(self, execution: ToolExecution, tool: Tool) -> None:
+        if execution.call_id not in self.running:
+            self.tally.running += 1
         self.running[execution.call_id] = gevent.spawn(self._execute, execution, tool)
 
     def _start_waiting(self) -> None:
         while self.waiting and len(self.running) < self.limit:
+            self.tally.queued -= 1
             self._spawn(*self.waiting.pop(0))
 
     def _execute(self, execution: ToolExecution, tool: Tool) -> None:
@@ -341,6 +365,7 @@ class SessionToolRunner:
             timer.close()
             if self.running.get(call_id) is gevent.getcurrent():
                 del self.running[call_id]
+                self.tally.running -= 1
             self._start_waiting()
 
     def _run(self, execution: ToolExecution, tool: Tool) -> None:

@@ -23,10 +23,11 @@ class RedisTicketStore:
     def _key(self, ticket: str) -> str:
         return f"{self.prefix}:ticket:{ticket}"
 
-    def issue(self, user_id: str) -> str:
+    def issue(self, user_id: str, lifetime_ms: int | None = None) -> str:
         ticket = new_ticket()
+        ms = self.lifetime_ms if lifetime_ms is None else min(lifetime_ms, self.lifetime_ms)
         try:
-            self.redis.set(self._key(ticket), user_id.encode(), px=self.lifetime_ms)
+            self.redis.set(self._key(ticket), user_id.encode(), px=max(1, ms))
         except UNAVAILABLE as exc:
             raise ClusterUnavailable(f"cannot store the ticket: {exc}") from None
         return ticket

@@ -16,7 +16,7 @@ from marshmallow import ValidationError
 
 from .errors import InvalidMessage, MessageTooLarge, MissingRunId, UnsupportedType
 from .schemas import ENVELOPE_SCHEMA, PAYLOAD_SCHEMAS
-from .wire import MAX_DIGITS, VERSION
+from .wire import MAX_DIGITS, MAX_NONCE_LENGTH, VERSION
 # the type sets and bounds are this module's interface too (explicit re-exports)
 from .wire import CHANNELS as CHANNELS, CLIENT_TYPES as CLIENT_TYPES
 from .wire import CONTROL_TYPES as CONTROL_TYPES, SERVER_TYPES as SERVER_TYPES
@@ -235,7 +235,8 @@ def _accept_envelope(obj: dict[str, Any]) -> Message | None:
 
 
 def _accept_nonce(p: dict[str, Any]) -> dict[str, Any] | None:
-    return p if type(p.get("nonce")) is str else None
+    nonce = p.get("nonce")
+    return p if type(nonce) is str and len(nonce) <= MAX_NONCE_LENGTH else None
 
 
 def _id_ok(value: Any) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 from marshmallow import EXCLUDE, INCLUDE, Schema, ValidationError, fields, validate
 
 from .wire import (
-    CHANNELS, CLIENT_TYPES, DECIMAL, MAX_DIGITS, MAX_SEQ, MAX_VALIDATION_ERRORS,
+    CHANNELS, CLIENT_TYPES, DECIMAL, MAX_DIGITS, MAX_NONCE_LENGTH, MAX_SEQ, MAX_VALIDATION_ERRORS,
     NON_NEGATIVE_INT, POSITIVE_INT, SEQ_ERROR, VERSION,
 )
 
@@ -125,7 +125,7 @@ class HelloPayload(_Payload):
 
 
 class NoncePayload(_Payload):
-    nonce = fields.String(required=True)
+    nonce = fields.String(required=True, validate=validate.Length(max=MAX_NONCE_LENGTH))
 
 
 class MessageStartPayload(_Payload):

@@ -155,7 +155,10 @@ class ProtocolSession(UpstreamHandlers):
         return self._state
 
     def _to(self, transition: Transition) -> None:
-        self._state = TRANSITIONS[self._state][transition]
+        before = self._state
+        after = self._state = TRANSITIONS[before][transition]
+        if (before in _ATTACHED) is not (after in _ATTACHED):  # the shared running count
+            self.traffic.attached += 1 if after in _ATTACHED else -1
 
     @property
     def connected(self) -> bool:

@@ -18,7 +18,7 @@ class TrafficCounters:
     """The session bumps these inline (``received[type] += 1``, falling back to
     ``unknown`` for a type not listed; ``sent[type]``, adding an application's own type)."""
 
-    __slots__ = ("received", "sent", "replays", "replayed_messages")
+    __slots__ = ("received", "sent", "replays", "replayed_messages", "attached")
 
     def __init__(self) -> None:
         # Every label exists from the start (a series at 0 rather than none), and a
@@ -31,3 +31,6 @@ class TrafficCounters:
             (source, result): 0 for source in ("resume", "request")
             for result in ("complete", "unavailable")}
         self.replayed_messages = 0
+        #: sessions with a transport attached now, kept by the sessions' state changes
+        #: (so /metrics need not walk every session to count them)
+        self.attached = 0

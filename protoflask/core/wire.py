@@ -51,3 +51,8 @@ NON_NEGATIVE_INT = re.compile(r"(0|[1-9][0-9]{0,%d})\Z" % (SEQ_DIGITS - 1), re.A
 SEQ_ERROR = f"must be a decimal string of a number of at most {MAX_SEQ} (2^53-1)"
 DECIMAL = re.compile(r"[0-9]{1,%d}\Z" % MAX_DIGITS, re.ASCII)
 VERSION = re.compile(r"\d+\.\d+\.\d+\Z")
+
+#: The longest PING / PONG nonce, in characters. The server's own are 19; a longer one
+#: would only make the server decode, encode and compress it again into the PONG (a
+#: 1 MB nonce deflates to 1 kB on the way in), so it is refused (INVALID_MESSAGE).
+MAX_NONCE_LENGTH = 256

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import redis
 import requests
 from websockets.exceptions import InvalidStatus
 
@@ -101,3 +102,35 @@ def test_a_ticket_from_one_node_opens_a_connection_on_another(make_server, redis
         client.hello()
     with pytest.raises(InvalidStatus):  # once, cluster-wide
         WSClient(a.base_url, None, ticket=t)
+
+
+def _short_ticket(base_url: str, token: str) -> tuple[str, int]:
+    response = requests.post(base_url + "/proto/ticket",
+                             headers={"Authorization": f"Bearer {token}"}, timeout=timeout(5))
+    assert response.status_code == 200, response.text
+    body = response.json()
+    return body["ticket"], body["expires_in_ms"]
+
+
+@pytest.mark.parametrize("clustered", [False, True], ids=["memory", "redis"])
+def test_a_ticket_never_outlives_its_token(make_server, redis_url, prefix, clustered):
+    """Issue 24: a ticket lived its 30 s even when the token expired sooner. Its expiry is
+    now min(ticket lifetime, token exp), in memory and in Redis."""
+    config = {"redisUrl": redis_url, "redisPrefix": prefix} if clustered else {}
+    server = make_server(**config)
+    token = server.issue_token("alice", 2)  # expires within 2 s (exp has whole seconds)
+    t, expires_in_ms = _short_ticket(server.base_url, token)
+    assert 0 < expires_in_ms <= 2000
+    if clustered:  # the Redis key expires with the token, not 30 s later
+        client = redis.Redis.from_url(redis_url)
+        try:
+            pttl = client.pttl(f"{prefix.rstrip(':')}:ticket:{t}")
+        finally:
+            client.close()
+        assert 0 < pttl <= 2000
+    time.sleep(expires_in_ms / 1000.0 + 0.2)  # the token has expired; so has its ticket
+    with pytest.raises(InvalidStatus) as refused:
+        WSClient(server.base_url, None, ticket=t)
+    assert refused.value.response.status_code == 401
+    # a long-lived token still gets the full lifetime
+    assert _short_ticket(server.base_url, server.issue_token("alice"))[1] == 30000
