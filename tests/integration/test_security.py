@@ -23,7 +23,13 @@ from ..hardening_support import (
 )
 from ..support import SECRET, GunicornServer, SSEClient, StreamClient, WSClient, timeout, wait_for
 
-NOW = int(time.time())
+
+def now() -> int:
+    """The time a token's claims are made at: when the test makes it, not when the module
+    was collected (a suite longer than ten minutes outlived a token of NOW + 600)."""
+    return int(time.time())
+
+
 OTHER_KEY = "another-secret-that-is-long-enough-for-hs256!!"
 
 def _quiet_encode(claims: dict, key: str, algorithm: str) -> str:
@@ -42,13 +48,13 @@ BAD_TOKENS = {
     "alg-none-with-signature": lambda: forged_token({"alg": "none"}, {"sub": "alice"}, b"x" * 32),
     "rs256-header-hmac-signed": lambda: forged_token({"alg": "RS256"}, {"sub": "alice"},
                                                      b"\x00" * 256),
-    "expired": lambda: jwt.encode({"sub": "alice", "exp": NOW - 30}, SECRET, algorithm="HS256"),
-    "not-yet-valid": lambda: jwt.encode({"sub": "alice", "nbf": NOW + 3600, "exp": NOW + 7200},
+    "expired": lambda: jwt.encode({"sub": "alice", "exp": now() - 30}, SECRET, algorithm="HS256"),
+    "not-yet-valid": lambda: jwt.encode({"sub": "alice", "nbf": now() + 3600, "exp": now() + 7200},
                                         SECRET, algorithm="HS256"),
     "no-exp": lambda: jwt.encode({"sub": "alice"}, SECRET, algorithm="HS256"),  # jwtRequireExp
-    "no-user-claim": lambda: jwt.encode({"name": "alice", "exp": NOW + 60}, SECRET,
+    "no-user-claim": lambda: jwt.encode({"name": "alice", "exp": now() + 60}, SECRET,
                                         algorithm="HS256"),
-    "empty-sub": lambda: jwt.encode({"sub": "", "exp": NOW + 60}, SECRET, algorithm="HS256"),
+    "empty-sub": lambda: jwt.encode({"sub": "", "exp": now() + 60}, SECRET, algorithm="HS256"),
     "garbage": lambda: "a.b.c",
 }
 
@@ -143,7 +149,7 @@ def test_tokens_never_logged_by_gunicorn():
         "GUNICORN_CMD_ARGS": "--access-logfile - --error-logfile - --log-level info "
                              "--access-logformat '%(r)s %(q)s %(U)s %({authorization}i)s %(s)s'"})
     try:
-        token = jwt.encode({"sub": "alice", "exp": NOW + 600}, SECRET, algorithm="HS256")
+        token = jwt.encode({"sub": "alice", "exp": now() + 600}, SECRET, algorithm="HS256")
         bogus = "bogus.token-value.that-must-not-leak"
         exercise_with_tokens(gunicorn.base_url, token, bogus)
     finally:
