@@ -42,6 +42,24 @@ def wait_for(predicate: Callable[[], Any], within: float = 5.0, what: str = "con
         time.sleep(0.01)
 
 
+def built_js_client() -> Path:
+    """clients/js compiled (tsc, into its dist/) for the tests that drive the TypeScript
+    client from Node: CI builds it only after the suite (.ci/run's last step), so a fresh
+    clone has no dist/ yet. Skips where node or npm is missing."""
+    import pytest  # the suite's helpers are imported by bench/ too, which has no pytest
+
+    client = ROOT / "clients" / "js"
+    npm = shutil.which("npm")
+    if shutil.which("node") is None or npm is None:
+        pytest.skip("node/npm is not installed")
+    if not (client / "node_modules" / "typescript").is_dir():
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=client,
+                       check=True, capture_output=True, timeout=timeout(300))
+    subprocess.run([npm, "exec", "--", "tsc", "-p", "tsconfig.json"], cwd=client, check=True,
+                   capture_output=True, timeout=timeout(300))
+    return client
+
+
 def hello_payload(**overrides: Any) -> dict[str, Any]:
     payload = {"proto_version": "1.1.2", "accept_major": [1], "accept_events": []}
     payload.update(overrides)

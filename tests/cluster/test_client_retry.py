@@ -19,7 +19,7 @@ from protoflask.client import Client
 
 from ..interop.conftest import need_node, need_program
 from ..nginx import Nginx
-from ..support import PrivateRedis
+from ..support import PrivateRedis, built_js_client
 
 
 @pytest.fixture
@@ -60,8 +60,7 @@ def test_the_typescript_client_retries_a_post_answered_503_too(
         two_nodes: tuple[ProtoServer, ProtoServer], private_redis: PrivateRedis,
         balanced: Nginx, transport: str) -> None:
     node = need_node()
-    if not DIST.exists():
-        pytest.fail(f"{DIST} is missing: npm run build in clients/js")
+    built_js_client()  # DIST, compiled from this checkout's sources
     a, _ = two_nodes
     proc = subprocess.Popen([node, str(DRIVER), balanced.base_url, a.issue_token("alice"),
                              transport], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

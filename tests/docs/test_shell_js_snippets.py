@@ -35,7 +35,7 @@ import pytest
 
 from protoflask import ProtoServer
 
-from ..support import ROOT, SECRET, timeout
+from ..support import ROOT, SECRET, built_js_client, timeout
 from .test_snippets import (
     RUN_TIMEOUT, Snippet, _text, extract, free_port, run_server, snippet_env,
 )
@@ -116,16 +116,8 @@ def _run(snippet: Snippet, args: list[str], cwd: Path, env: dict[str, str]) -> N
 
 @pytest.fixture(scope="module")
 def built_client() -> Path:
-    """clients/js compiled (tsc, into its dist/), for blocks that import protoflask-client."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip("node/npm is not installed")
-    if not (CLIENT / "node_modules" / "typescript").is_dir():
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=CLIENT,
-                       check=True, capture_output=True, timeout=timeout(300))
-    subprocess.run([npm, "exec", "--", "tsc", "-p", "tsconfig.json"], cwd=CLIENT, check=True,
-                   capture_output=True, timeout=timeout(300))
-    return CLIENT
+    """clients/js compiled, for blocks that import protoflask-client."""
+    return built_js_client()
 
 
 def run_node(snippet: Snippet, env: dict[str, str], client: Path, tmp_path: Path) -> None:
