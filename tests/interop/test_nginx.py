@@ -142,9 +142,12 @@ def test_a_duplex_body_of_several_mib_through_nginx(proxied, token):
     stream = StreamClient(proxied.base_url, token)
     try:
         stream.hello()
-        for n in range(80):  # 5 MiB upstream in one request body
-            stream.send("PING", "SYSTEM", {"nonce": f"{n}:{pad}"})
-            assert stream.recv_type("PONG")["payload"]["nonce"] == f"{n}:{pad}"
+        for n in range(80):  # 5 MiB upstream in one request body (the echo tool's
+            # params: a PING nonce is capped at 256 characters)
+            stream.send("TOOL_CALL", "USER", {"call_id": f"c{n}", "tool": "echo",
+                                              "params": {"message": f"{n}:{pad}"}})
+            done = stream.recv_type("TOOL_DONE")["payload"]
+            assert done["call_id"] == f"c{n}" and done["result"] == {"echoed": f"{n}:{pad}"}
     finally:
         stream.close()
 
