@@ -45,7 +45,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -65,25 +64,12 @@ from protoflask.client import Client  # noqa: E402
 from protoflask.client.errors import ProtoClientError, ToolError  # noqa: E402
 from tests.nginx import Nginx  # noqa: E402  (deploy/nginx/protoflask.conf, as tested)
 from tests.support import PrivateRedis  # noqa: E402  (a private redis-server)
+from cluster_faults import free_port, wait  # noqa: E402  (bench/, beside this script)
 
 SECRET = "chaos-secret-that-is-long-enough-for-hs256!"
 FAULTS = ("kill9", "sigterm", "sigstop", "resets", "flushall", "restart", "outage10",
           "outage60")
 CALL_TIMEOUT = 150.0  # longer than the longest outage: a call is stranded, not slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait(predicate: Any, within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 class Node:
