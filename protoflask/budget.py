@@ -25,7 +25,7 @@ import logging
 from typing import Callable, Iterable
 
 from .core.errors import MaxConnections, UserConnectionLimit
-from .hub import LiveSession
+from .live import LiveSession
 from .kept import KeptSessions
 
 log = logging.getLogger("protoflask")

@@ -33,7 +33,7 @@ from .auth import token_from_request
 from .core.errors import InvalidMessage, ProtoError
 from .clock import now_ms
 from .core.bodies import is_seq
-from .hub import LiveSession
+from .live import LiveSession
 from .metrics import session_gauges
 from .transports.http import error_response, json_response
 

@@ -15,7 +15,8 @@ from .core.session import (
     RunChanged, SendRefused, SlowConsumer, TextReceived, ToolCallReceived, ToolCancelRequested,
     ToolListRequested,
 )
-from .hub import Hub, LiveSession
+from .hub import Hub
+from .live import LiveSession
 from .stats import Stats
 from .tools import ToolExecution, ToolRegistry, check_call
 from . import signals

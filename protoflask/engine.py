@@ -2,9 +2,8 @@
 sessions' lifecycle, upstream messages), the heartbeat ticker, and the operations the
 server's public API runs on sessions. What core events become is ``dispatch.py``'s.
 
-Transports only frame bytes; they call ``open_connection`` / ``new_session`` or
-``find_session`` / ``attach`` / ``receive`` / ``detach`` and write what
-``session.core.take_writable`` gives them. The engine knows the server above it only
+Transports only frame bytes, through a ``port.SessionPort`` each (``port.py``), which
+calls this. The engine knows the server above it only
 through the callables it is given (``emit``, ``emit_error``, ``invoke_tool``), and hands
 the hub below it a ``SessionHost``.
 """
@@ -14,7 +13,6 @@ from __future__ import annotations
 import gc
 import logging
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import gevent
@@ -31,7 +29,8 @@ from .core.errors import (
 )
 from .core.session import ProtocolSession
 from .dispatch import Dispatcher
-from .hub import Hub, LiveSession, SessionHost, Transport
+from .hub import Hub, SessionHost
+from .live import LiveSession, Operation, Transport
 from .kept import KeptSessions
 from .limits import UserCaps
 from .stats import HELD, Stats, add_held
@@ -51,17 +50,6 @@ Emit = Callable[..., None]
 EmitError = Callable[..., None]
 #: ``invoke_tool(tool, params, session_id, call_id)``: call the tool's ``execute``
 InvokeTool = Callable[[Tool, Any, str, str], Any]
-
-
-@dataclass(frozen=True)
-class Admission:
-    """A connection request that passed auth, the owner check and the connection limit.
-
-    ``resume`` is the user's existing session when the request named one."""
-
-    user_id: str
-    resume: LiveSession | None
-    last_seq: int | None
 
 
 class Engine:
@@ -94,7 +82,8 @@ class Engine:
         self._runner_factory = self._new_runner  # one bound method for every session
         hub.bind(SessionHost(settings=self.settings, adopt=self.adopt,
                              close_transport=self.close_transport,
-                             local_stats=self.local_stats, receive_body=self.receive_body))
+                             local_stats=self.local_stats, receive_body=self.receive_body,
+                             settle=self.settle))
 
     def local_stats(self) -> dict[str, Any]:
         """This node's statistics (docs/PROTOCOL.md §10) now, and ``errorsSent``."""
@@ -154,32 +143,6 @@ class Engine:
     def close_body(self, user_id: str) -> None:
         self.user_caps.release_body(user_id)
 
-    def admit(self, token: str | None, session_id: str | None,
-              last_seq: int | None, kind: str = "unknown",
-              ticket: str | None = None) -> Admission:
-        """Let a live transport in, or raise the contract's error (401, 404, 503). Counts
-        the connection: the caller owes one ``close_connection(kind, admission.user_id)``."""
-        try:
-            user_id = self.authenticate(token, ticket)
-            resume = self.find_session(session_id, user_id, last_seq=last_seq) \
-                if session_id else None
-            if resume is None:
-                self.budget.admit(user_id)
-            self.open_connection(kind, user_id, replacing=resume is not None
-                                 and resume.transport is not None)
-        except ProtoError as exc:
-            self.stats.count(self.stats.connections_refused, exc.code)
-            raise
-        return Admission(user_id, resume, last_seq)
-
-    def session_for(self, admission: Admission) -> tuple[LiveSession, int | None]:
-        """The session an admitted transport attaches to and the seq to replay after: a new
-        session (nothing to replay), or the resumed one from ``last_seq`` (default: its ACK)."""
-        if admission.resume is None:
-            return self.new_session(admission.user_id), None
-        last_seq = admission.last_seq
-        return admission.resume, admission.resume.core.last_ack if last_seq is None else last_seq
-
     def new_session(self, user_id: str, session_id: str | None = None) -> LiveSession:
         """A new session of the user's, named ``session_id`` (an AG-UI thread's) or random."""
         live = self.adopt(ProtocolSession(session_id or uuid.uuid4().hex, user_id,
@@ -190,12 +153,18 @@ class Engine:
     def adopt(self, core: ProtocolSession) -> LiveSession:
         """A live session around a protocol session (new, or moved here from another node)."""
         core.traffic = self.stats.traffic  # this node counts what it carries
-        return LiveSession(core, self._dispatch, self._runner_factory)
+        return LiveSession(core, self._runner_factory)
 
     def _new_runner(self, live: LiveSession) -> SessionToolRunner:
         """A session's tool runner, built on its first tool call (idle sessions have none)."""
-        sink = CallSink(live.id, update=live.tool_update, done=live.tool_done,
-                        fail=live.fail_call, invoke=self._invoke_tool,
+        def settled(deliver: Callable[..., bool]) -> Callable[..., bool]:
+            def call(*args: Any) -> bool:  # the delivery, then the events it caused
+                result = deliver(*args)
+                self.drain(live)
+                return result
+            return call
+        sink = CallSink(live.id, update=settled(live.tool_update), done=settled(live.tool_done),
+                        fail=settled(live.fail_call), invoke=self._invoke_tool,
                         tool_failed=self._tool_failed)
         return SessionToolRunner(sink, self.config.max_concurrent_runs,
                                  self.config.tool_queue_size, self.config.tool_timeout,
@@ -303,9 +272,11 @@ class Engine:
 
     def receive(self, live: LiveSession, raw: bytes | str) -> None:
         started = now_ns() // 1_000_000  # now_ms(), inline: twice for every message
-        live.core.receive(raw, started)
-        # wakes the writer, and hands the events the message caused (if any) to the dispatcher
-        live.notify()
+        core = live.core
+        core.receive(raw, started)
+        live.notify()  # wakes the writer
+        if core.has_events():  # the events the message caused, to the dispatcher
+            self._dispatch(live, core.take_events())
         finished = now_ns() // 1_000_000
         self.stats.record(finished, finished - started)
 
@@ -334,7 +305,8 @@ class Engine:
         worker for over a second (docs/RELIABILITY.md, "one body of tiny messages")."""
         # a decoded part: ``receive``'s steps for a message already parsed, with what
         # they look up bound once per body
-        core, notify, record = live.core, live.notify, self.stats.record
+        core, notify, record, dispatch = live.core, live.notify, self.stats.record, \
+            self._dispatch
         count = handled = 0
         try:
             for part in iter_body(body):
@@ -351,6 +323,8 @@ class Engine:
                 started = now_ms()
                 core.receive_decoded(part[0], part[1], started)
                 notify()
+                if core.has_events():
+                    dispatch(live, core.take_events())
                 finished = now_ms()
                 record(finished, finished - started)
         except InvalidMessage:  # raised before any part: the body is not JSON at all
@@ -369,22 +343,11 @@ class Engine:
                 count += 1
         return count
 
-    def too_large(self, live: LiveSession, exc: MessageTooLarge, *,
-                  close: bool = False) -> None:
-        """An upstream message too large for its transport to take whole (a WebSocket
-        message, an NDJSON line, a POST body): the core's MESSAGE_TOO_LARGE, reported
-        in-protocol; with ``close``, the transport is then closed with 1009 as the core
-        closes one for an oversized message it read itself. Each transport frames the rest
-        its own way (the WebSocket's 1009, the POST's 413, the stream's last line)."""
-        self.reject(live, exc)
-        if close:
-            self.close_transport(live, CloseCode.TOO_LARGE, "message too large")
-
     def close_transport(self, live: LiveSession, code: int, reason: str) -> None:
         """Close the session's transport (if any) with ``code``; the session stays."""
         transport = live.transport
         if transport is not None:
-            live.notify()
+            self.settle(live)
             transport.close(code, reason)
             self.detach(live, transport)
 
@@ -392,9 +355,9 @@ class Engine:
         """End a session the memory budget cannot keep: a live one is told (ERROR
         MESSAGE_TOO_LARGE, then 1009); either way it is gone, as if it had expired."""
         log.warning("session %s of user %s: %s", live.id, live.user_id, why)
-        if live.transport is not None:
-            self.too_large(live, MessageTooLarge(f"the session was closed: {why}"),
-                           close=True)
+        if live.transport is not None:  # the port's too_large(..., close=True)
+            self.reject(live, MessageTooLarge(f"the session was closed: {why}"))
+            self.close_transport(live, CloseCode.TOO_LARGE, "message too large")
         live.core.close()
         self._expire(live)
 
@@ -420,12 +383,33 @@ class Engine:
         live.core.open_call(call_id, run_id)
         live.tool_runner().submit(ToolExecution(call_id, tool.name, args, run_id=run_id,
                                          on_done=on_done), tool)
-        live.notify()
+        self.settle(live)
 
     def settle(self, live: LiveSession) -> None:
         """After an operation on the session's core: act on its events, wake its writer."""
         self.dispatcher.drain(live)
         live.notify()
+
+    def drain(self, live: LiveSession) -> None:
+        """Act on the events the session's core buffered, if any."""
+        if live.core.has_events():
+            self._dispatch(live, live.core.take_events())
+
+    def deliver(self, session_id: str, op: Operation) -> bool:
+        """Apply ``op`` to a session wherever it lives (SessionNotFound if none), then act
+        on the events it caused here."""
+        result = self.hub.deliver(session_id, op)
+        live = self.hub.get(session_id)
+        if live is not None:
+            self.drain(live)
+        return result
+
+    def broadcast(self, out: Any) -> int:
+        """Send to every connected session (``hub.broadcast``), then act on the events."""
+        reached = self.hub.broadcast(out)
+        for live in self.hub.sessions():
+            self.drain(live)
+        return reached
 
     def tools_busy(self) -> bool:
         """Whether a tool call runs or waits in any session of this process."""

@@ -1,42 +1,24 @@
-"""The session registry and outbound delivery of one process, behind one small interface.
+"""The session registry of one process, behind one small interface.
 
-``LocalHub`` is the seam: the engine and the transports only use its methods, and a
-cluster hub (``protoflask.cluster``) extends it with routing to other processes. The hub
-sits below the engine: what it needs of the session layer comes down as a
-``SessionHost`` (built by the engine). A ``LiveSession`` is a protocol session plus what
-only a running server has: its attached transport and its tool runner. What can be
-delivered to a session wherever it lives is one of the typed operations below (``Send``,
-``ToolUpdate``, ``ToolDone``, ``FailCall``): each applies itself to a session's core and
-encodes itself for another node.
+``LocalHub`` is the seam: the session layer uses its methods, and a cluster hub
+(``protoflask.cluster``) extends it with routing to other processes. The hub sits below
+the session layer: what it needs of it comes down as a ``SessionHost`` (built by the
+engine). The sessions it holds are ``live.LiveSession``s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Callable
 
-from .clock import now_ms
 from .core import messages
-from .core.errors import ERRORS_BY_CODE, ProtoError, SessionNotFound
+from .core.errors import SessionNotFound
 from .core.session import ProtocolSession, SessionSettings
+from .live import LiveSession, Operation
 from .tickets import MemoryTicketStore, TicketStore
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
-
-    from .tools import SessionToolRunner
-
-
-class Transport(Protocol):
-    """What a transport offers the session layer. Implementations only frame bytes."""
-
-    kind: str  # "websocket" | "sse" | "stream"
-
-    def wake(self) -> None:
-        """The session has messages to write: write them soon, never blocking the caller."""
-
-    def close(self, code: int, reason: str) -> None:
-        """Write what is pending, then close with ``code`` (WebSocket) or end the stream."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,278 +34,9 @@ class SessionHost:
     local_stats: Callable[[], dict[str, Any]]
     #: a body POSTed to another node for a session held here; the envelopes accepted
     receive_body: Callable[["LiveSession", bytes], int]
-
-
-# -- what can be delivered to a session wherever it lives ----------------------------------
-
-
-class Operation(Protocol):
-    """A delivery to a session: applied to its core here, or encoded for another node."""
-
-    name: ClassVar[str]
-
-    def apply(self, core: ProtocolSession) -> bool: ...
-
-    def encode(self) -> list[Any]:
-        """The operation's arguments as JSON-ready data (``decode`` reads them back)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    out: messages.Outbound
-    name: ClassVar[str] = "send"
-
-    def apply(self, core: ProtocolSession) -> bool:
-        return core.send(self.out)
-
-    def encode(self) -> list[Any]:
-        return [self.out.to_dict()]
-
-    @classmethod
-    def decode(cls, args: list[Any]) -> "Send":
-        return cls(messages.from_dict(args[0]))
-
-
-@dataclass(frozen=True, slots=True)
-class ToolUpdate:
-    call_id: str
-    status: str
-    progress: float | None = None
-    partial: Any = None
-    name: ClassVar[str] = "tool_update"
-
-    def apply(self, core: ProtocolSession) -> bool:
-        return core.tool_update(self.call_id, self.status, self.progress, self.partial)
-
-    def encode(self) -> list[Any]:
-        return [self.call_id, self.status, self.progress, self.partial]
-
-    @classmethod
-    def decode(cls, args: list[Any]) -> "ToolUpdate":
-        return cls(*args)
-
-
-@dataclass(frozen=True, slots=True)
-class ToolDone:
-    call_id: str
-    status: str
-    result: Any = None
-    error: ProtoError | None = None
-    name: ClassVar[str] = "tool_done"
-
-    def apply(self, core: ProtocolSession) -> bool:
-        return core.tool_done(self.call_id, self.status, self.result, self.error)
-
-    def encode(self) -> list[Any]:
-        error = self.error.to_payload() if self.error is not None else None
-        return [self.call_id, self.status, self.result, error]
-
-    @classmethod
-    def decode(cls, args: list[Any]) -> "ToolDone":
-        call_id, status, result, error = args
-        return cls(call_id, status, result, decode_error(error))
-
-
-@dataclass(frozen=True, slots=True)
-class FailCall:
-    call_id: str
-    error: ProtoError
-    name: ClassVar[str] = "fail_call"
-
-    def apply(self, core: ProtocolSession) -> bool:
-        return core.fail_call(self.call_id, self.error)
-
-    def encode(self) -> list[Any]:
-        return [self.call_id, self.error.to_payload()]
-
-    @classmethod
-    def decode(cls, args: list[Any]) -> "FailCall":
-        error = decode_error(args[1])
-        assert error is not None
-        return cls(args[0], error)
-
-
-#: The operations by wire name, for ``decode_operation``.
-OPERATIONS: dict[str, Any] = {op.name: op for op in (Send, ToolUpdate, ToolDone, FailCall)}
-
-
-def encode_operation(op: Operation) -> dict[str, Any]:
-    """An operation as JSON-ready data: {"name": ..., "args": [...]}."""
-    return {"name": op.name, "args": op.encode()}
-
-
-def decode_operation(item: dict[str, Any]) -> Operation:
-    """The inverse of ``encode_operation``; ValueError for an unknown name."""
-    kind = OPERATIONS.get(item["name"])
-    if kind is None:
-        raise ValueError(f"unknown delivery operation {item['name']!r}")
-    op: Operation = kind.decode(item["args"])
-    return op
-
-
-def decode_error(payload: dict[str, Any] | None) -> ProtoError | None:
-    """A ProtoError back from its payload: its own class when the code names one."""
-    if payload is None:
-        return None
-    cls = ERRORS_BY_CODE.get(payload["code"], ProtoError)
-    exc = cls(payload.get("message"), detail=payload.get("detail"),
-              related_id=payload.get("related_id"))
-    if cls is ProtoError:
-        exc.code = payload["code"]
-    return exc
-
-
-# -- a live session ------------------------------------------------------------------------
-
-
-class SessionLink(Protocol):
-    """How a hub that shares sessions with other processes follows one of them (set on
-    the session by that hub; None in one process)."""
-
-    #: the session moved to another process: what it writes is not this one's to send
-    moved: bool
-
-    def written(self, live: "LiveSession", ready: list[tuple[int, bytes]], now: int) -> bool:
-        """The session is about to write ``ready``: share it first. False when the
-        session moved to another process meanwhile (not this one's to send)."""
-
-    def written_then(self, live: "LiveSession", ready: list[tuple[int, bytes]], now: int,
-                     then: Callable[[], None]) -> bool:
-        """As ``written``, without waiting: True when ``then()`` will run once ``ready``
-        is shared (it must not block; ``moved`` says then whether it is still this
-        process's to send); False when nothing is shared and the session writes ``ready``
-        now."""
-
-    def deliver(self, live: "LiveSession", op: Operation) -> bool:
-        """Apply ``op`` here, or where the session lives now."""
-
-
-class LiveSession:
-    """A ProtocolSession plus its transport and tool runner; every send wakes the writer.
-
-    Slotted, and the tool runner is built on first use (``tool_runner``): ten thousand
-    idle sessions are what a worker holds (docs/PERFORMANCE.md)."""
-
-    __slots__ = ("core", "transport", "runner", "on_events", "link", "_make_runner",
-                 "has_writable")
-
-    def __init__(self, core: ProtocolSession,
-                 on_events: Callable[["LiveSession", list[Any]], None] | None = None,
-                 make_runner: "Callable[[LiveSession], SessionToolRunner] | None" = None
-                 ) -> None:
-        self.core = core
-        self.transport: Transport | None = None
-        #: None until a tool call needs it (None reads as nothing running or queued)
-        self.runner: "SessionToolRunner | None" = None
-        self.on_events = on_events  # the engine's dispatcher for events sends cause
-        self.link: SessionLink | None = None  # set by a cluster hub while it follows it
-        self._make_runner = make_runner  # shared by every session of an engine
-        #: whether the core has messages for the wire (its queue's own method: the
-        #: transports ask for every message)
-        self.has_writable: Callable[[], bool] = core.has_writable
-
-    def tool_runner(self) -> "SessionToolRunner":
-        """The session's tool runner, built the first time it is needed."""
-        runner = self.runner
-        if runner is None:
-            if self._make_runner is None:
-                raise RuntimeError(f"session {self.id} has no tool runner")
-            runner = self.runner = self._make_runner(self)
-        return runner
-
-    @property
-    def id(self) -> str:
-        return self.core.id
-
-    @property
-    def user_id(self) -> str:
-        return self.core.user_id
-
-    def take_writable(self, now: int) -> list[tuple[int, bytes]]:
-        """The core's messages ready for the wire, shared first when clustered."""
-        ready = self.core.take_writable(now)
-        if ready and self.link is not None and not self.link.written(self, ready, now):
-            return []
-        return ready
-
-    def take_writable_then(self, now: int, then: Callable[[list[tuple[int, bytes]]], None]
-                           ) -> list[tuple[int, bytes]] | None:
-        """``take_writable`` for a writer that need not wait while a cluster shares the
-        messages first: None when they went to be shared, and ``then(ready)`` runs once
-        they are (with [] if the session moved meanwhile), in another greenlet or the
-        loop's own: it must not block."""
-        ready = self.core.take_writable(now)
-        link = self.link
-        if not ready or link is None:
-            return ready
-        outbound = self.core.outbound
-        # held for the cluster, they count as being written: back-pressure, and a client
-        # that floods while they wait is a slow consumer, as when a write is blocked
-        held = 0
-        for _, data in ready:
-            held += len(data)
-        outbound.set_in_flight(held)
-
-        def shared() -> None:
-            outbound.set_in_flight(0)
-            then(ready if not link.moved else [])
-
-        if link.written_then(self, ready, now, shared):
-            return None
-        outbound.set_in_flight(0)
-        return ready
-
-    def set_in_flight(self, nbytes: int) -> None:
-        """The transport is writing ``nbytes`` (0 once written): back-pressure reads it."""
-        self.core.set_in_flight(nbytes)
-
-    def written(self) -> None:
-        """The transport wrote what it took without waiting (never in flight)."""
-        outbound = self.core.outbound
-        if outbound.paused_by_server:  # OutboundQueue.written's own test, saving a call
-            outbound.written()
-
-    def notify(self) -> None:
-        """Move queued messages toward the client: wake the transport, or while
-        disconnected stamp them into the replay window for a later resume."""
-        if self.has_writable():
-            transport = self.transport
-            if transport is not None:
-                transport.wake()
-            else:
-                self.take_writable(now_ms())
-        if self.on_events is not None and self.core.has_events():
-            self.on_events(self, self.core.take_events())
-
-    def apply(self, op: Operation) -> bool:
-        """Deliver ``op`` to this session (or, once it moved, where it lives now)."""
-        if self.link is not None:
-            return self.link.deliver(self, op)
-        return self.run(op)
-
-    def run(self, op: Operation) -> bool:
-        """Apply ``op`` to this process's copy of the session and wake its writer."""
-        result = op.apply(self.core)
-        self.notify()
-        return result
-
-    def send(self, out: messages.Outbound) -> bool:
-        return self.apply(Send(out))
-
-    def tool_update(self, call_id: str, status: str, progress: float | None = None,
-                    partial: Any = None) -> bool:
-        return self.apply(ToolUpdate(call_id, status, progress, partial))
-
-    def tool_done(self, call_id: str, status: str, result: Any = None,
-                  error: ProtoError | None = None) -> bool:
-        if self.link is None:  # the common case, without the operation object
-            done = self.core.tool_done(call_id, status, result, error)
-            self.notify()
-            return done
-        return self.apply(ToolDone(call_id, status, result, error))
-
-    def fail_call(self, call_id: str, exc: ProtoError) -> bool:
-        return self.apply(FailCall(call_id, exc))
+    #: act on the events an operation another node sent caused (the listen side of a
+    #: cluster: what it heard is handed to the session layer here, and nowhere else)
+    settle: Callable[["LiveSession"], None] = lambda live: None
 
 
 # -- the hub ---------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from .hub import Hub, LiveSession
+from .hub import Hub
+from .live import LiveSession
 
 log = logging.getLogger("protoflask")
 

@@ -36,7 +36,7 @@ from .core.errors import (
     SessionNotFound,
 )
 from .dashboard import dashboard_data
-from .hub import Send
+from .live import Send
 from .transports.http import error_response, json_response
 
 if TYPE_CHECKING:
@@ -111,11 +111,11 @@ def add_operator_routes(bp: Blueprint, engine: "Engine", operator_token: str | N
 
     def send(session_id: str) -> dict[str, Any]:
         out = message_body()
-        engine.hub.deliver(session_id, Send(out))  # SESSION_NOT_FOUND if none
+        engine.deliver(session_id, Send(out))  # SESSION_NOT_FOUND if none
         return {"session": session_id, "sent": True}
 
     def broadcast() -> dict[str, Any]:
-        return {"reached": engine.hub.broadcast(message_body())}
+        return {"reached": engine.broadcast(message_body())}
 
     bp.add_url_rule("/dashboard/operator/data", "operator_data", action(data))
     bp.add_url_rule("/dashboard/sessions/<session_id>/disconnect", "operator_disconnect",

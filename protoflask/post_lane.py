@@ -31,6 +31,7 @@ from werkzeug.http import HTTP_STATUS_CODES
 
 from .mcp import Answer
 from .origins import OriginPolicy
+from .port import Ports
 from .transports.http import PostAnswer, answer_post
 from .web import BLUEPRINT_NAME, WebContext, cors_headers, gzipped_json, log_access
 
@@ -77,6 +78,7 @@ class SessionPostLane:
         self.app = app
         self.flask_wsgi_app: WSGIApp = app.wsgi_app
         self.engine = ctx.engine
+        self.ports = Ports(ctx.engine)
         self.mcp = ctx.mcp
         self.config = ctx.config
         self.origins = OriginPolicy(ctx.config.allowed_origins)
@@ -115,7 +117,7 @@ class SessionPostLane:
             return self.flask_wsgi_app(environ, start_response)
         started = time.perf_counter()
         try:
-            answer = answer_post(self.engine, args, environ.get("HTTP_AUTHORIZATION"), environ)
+            answer = answer_post(self.ports, args, environ.get("HTTP_AUTHORIZATION"), environ)
         except Exception:  # what Flask logs and answers 500 for
             log.exception("Exception on %s [POST]", environ.get("PATH_INFO"))
             answer = PostAnswer(500, {"error": {"code": "INTERNAL_ERROR",

@@ -28,13 +28,13 @@ from .auth import authority_from_config, weak_secret_warning
 from .config import APP_CONFIG_PREFIX, ConfigError, ServerConfig
 from .core import messages
 from .core.coalesce import DEFAULT_MAX_CHARS, DEFAULT_MAX_DELAY_MS
-from .core.errors import InvalidMessage, ProtoError, RunNotFound, SessionNotFound
-from .core.errors import CloseCode
+from .core.errors import CloseCode, InvalidMessage, ProtoError, RunNotFound, SessionNotFound
 from .engine import Engine
 from .clock import now_ms
 from .cli.devtoken import forget_dev_token, save_dev_token
 from .cluster import make_hub
-from .hub import Hub, LiveSession, Send, ToolDone, ToolUpdate
+from .hub import Hub
+from .live import LiveSession, Send, ToolDone, ToolUpdate
 from .metrics import create_registry
 from .serving import EmbeddedServer
 from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools
@@ -356,7 +356,7 @@ class ProtoServer:
     def send_message(self, session_id: str, message: Mapping[str, Any]) -> None:
         """Send a message (dict with type, channel, payload) to one session."""
         out = messages.from_dict(message)
-        self._call(self.hub.deliver, session_id, Send(out))
+        self._call(self.engine.deliver, session_id, Send(out))
 
     def send_audio(self, session_id: str, data: bytes, mime: str,
                    message_id: str | None = None, final: bool = False) -> str:
@@ -365,7 +365,7 @@ class ProtoServer:
         with ``final=True`` on the last."""
         message_id = message_id or uuid.uuid4().hex
         out = messages.audio_chunk(message_id, mime, data, final)
-        self._call(self.hub.deliver, session_id, Send(out))
+        self._call(self.engine.deliver, session_id, Send(out))
         return message_id
 
     def stream_text(self, session_id: str, chunks: Iterable[Any], run_id: str | None = None,
@@ -405,7 +405,7 @@ class ProtoServer:
 
         def send(out: messages.Outbound) -> bool:
             try:
-                return bool(self._call(self.hub.deliver, session_id, Send(out)))
+                return bool(self._call(self.engine.deliver, session_id, Send(out)))
             except ProtoError:  # SessionNotFound: expired meanwhile
                 return False
 
@@ -416,11 +416,11 @@ class ProtoServer:
     def broadcast(self, message: Mapping[str, Any]) -> int:
         """Send a message to every connected session; returns how many it reached."""
         out = messages.from_dict(message)
-        return self._call(self.hub.broadcast, out)
+        return self._call(self.engine.broadcast, out)
 
     def send_tool_update(self, session_id: str, call_id: str, status: str = "RUNNING",
                          progress: float | None = None, partial: Any = None) -> bool:
-        return self._call(self.hub.deliver, session_id,
+        return self._call(self.engine.deliver, session_id,
                           ToolUpdate(call_id, status, progress, partial))
 
     def send_tool_done(self, session_id: str, call_id: str, status: str,
@@ -428,7 +428,7 @@ class ProtoServer:
         """Finish a call (OK, ERROR or CANCELLED); False if it had already finished."""
         if status not in messages.TOOL_DONE_STATUSES:
             raise InvalidMessage(f"status must be one of {messages.TOOL_DONE_STATUSES}")
-        return self._call(self.hub.deliver, session_id, ToolDone(call_id, status, result))
+        return self._call(self.engine.deliver, session_id, ToolDone(call_id, status, result))
 
     def start_run(self, session_id: str, run_id: str | None = None,
                   thread_id: str | None = None, metadata: Any = None) -> dict[str, Any]:

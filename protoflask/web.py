@@ -31,6 +31,7 @@ from .operator_actions import add_operator_routes
 from .metrics import metrics_response
 from .origins import OriginPolicy
 from .transports import sse, stream, websocket as ws
+from .port import Ports
 from .transports.admission import admit
 from .transports.http import error_response, json_response
 from .transports.sockets import is_tls, raw_socket
@@ -96,6 +97,7 @@ class _TakenOverResponse(Response):
 def create_blueprint(ctx: WebContext) -> Blueprint:
     bp = Blueprint(BLUEPRINT_NAME, __name__)
     engine = ctx.engine
+    ports = Ports(engine)  # what the transports are given of the session layer
     hub = engine.hub
     config = ctx.config
     origins = OriginPolicy(config.allowed_origins)
@@ -181,13 +183,13 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
         if sock is None:
             return _unsupported_server("WebSocket")
         try:
-            admission = admit(engine, request, ws.WebSocketConnection.kind,
+            admission = admit(ports, request, ws.WebSocketConnection.kind,
                               request.args.get("session") or None,
                               parse_seq_arg(request.args.get("last_seq"), "last_seq"))
         except ProtoError as exc:
             return error_response(exc)
         g.protoflask_live = True  # logged as open/closed, not as a request
-        _serve_apart(engine, admission, sock, request.environ, config.enable_compression)
+        _serve_apart(ports, admission, sock, request.environ, config.enable_compression)
         return _TakenOverResponse()
 
     if ctx.agui is not None:
@@ -213,17 +215,17 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
     def sse_stream() -> Response:
         if raw_socket(request.environ) is None:
             return _unsupported_server("An SSE stream")
-        return _live(sse.open_stream(engine, request))
+        return _live(sse.open_stream(ports, request))
 
     @bp.post("/proto/sse")
     def sse_post() -> Response:
-        return sse.post_messages(engine, request)
+        return sse.post_messages(ports, request)
 
     @bp.post("/proto/stream")
     def http_stream() -> Response:
         if stream.opens_stream(request) and raw_socket(request.environ) is None:
             return _unsupported_server("An NDJSON stream")
-        return _live(stream.handle_post(engine, request))
+        return _live(stream.handle_post(ports, request))
 
     add_mcp_routes(bp, ctx.mcp)  # /proto/mcp (docs/MCP.md)
 
@@ -247,7 +249,7 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
 _HANDSHAKE_KEYS = ("PATH_INFO", "QUERY_STRING")
 
 
-def _serve_apart(engine: "Engine", admission: Any, sock: Any, environ: dict[str, Any],
+def _serve_apart(ports: Ports, admission: Any, sock: Any, environ: dict[str, Any],
                  compression: bool) -> None:
     """Serve an admitted WebSocket in a greenlet of its own, on a duplicate of the
     socket, and let the request end: the WSGI server's request, Flask's context and the
@@ -259,13 +261,13 @@ def _serve_apart(engine: "Engine", admission: Any, sock: Any, environ: dict[str,
     handshake = {k: v for k, v in environ.items()
                  if k.startswith("HTTP_") or k in _HANDSHAKE_KEYS}
     if is_tls(sock):  # TLS served by gunicorn itself: dup() refuses it, so in the request
-        ws.serve(engine, admission, sock, handshake, compression)
+        ws.serve(ports, admission, sock, handshake, compression)
         return
     own = sock.dup()
 
     def run() -> None:
         try:
-            ws.serve(engine, admission, own, handshake, compression)
+            ws.serve(ports, admission, own, handshake, compression)
         except Exception:  # what Flask logged as the request's 500 before
             log.exception("WebSocket connection failed")
         finally:

@@ -21,6 +21,7 @@ from flask import Request, Response, request
 from ..auth import token_from_request
 from ..clock import now_ms
 from ..core.errors import InvalidMessage, ProtoError, RunNotFound, SessionNotFound
+from ..port import SessionPort
 from ..transports.http import HTTPDownstream, error_response, json_response
 from ..transports.request_body import read_body
 from .input import RunInput, parse_run_input, thread_session_id
@@ -29,7 +30,7 @@ from .run import AguiServices, start_run_handler
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..hub import LiveSession
+    from ..live import LiveSession
 
 #: Live transports of this kind count against the connection limits like the others.
 KIND = "agui"
@@ -46,7 +47,8 @@ class AguiStream(HTTPDownstream):
 
     def __init__(self, engine: "Engine", live: "LiveSession", last_seq: int | None,
                  environ: dict[str, Any], translator: RunTranslator) -> None:
-        super().__init__(engine, live, last_seq, environ)
+        super().__init__(SessionPort(engine, live, last_seq, KIND), environ)
+        self.engine, self.live = engine, live  # for its PONGs (``upstream``)
         self.translator = translator
 
     def frames(self, ready: list[tuple[int, bytes]]) -> bytes:

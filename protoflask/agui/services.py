@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..core import messages
 from ..core.errors import ProtoError
-from ..hub import Send
+from ..live import Send
 from .endpoint import finish_elsewhere
 from .run import AguiRun, AguiServices
 
@@ -37,7 +37,7 @@ def agui_services(engine: "Engine", *, call: Callable[..., Any],
 
     def deliver(session_id: str, out: messages.Outbound) -> bool:
         try:
-            return bool(call(hub.deliver, session_id, Send(out)))
+            return bool(call(engine.deliver, session_id, Send(out)))
         except ProtoError:  # SessionNotFound: expired meanwhile
             return False
 

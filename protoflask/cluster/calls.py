@@ -14,7 +14,7 @@ import logging
 from typing import Callable
 
 from ..core.errors import ToolExecutionError
-from ..hub import LiveSession
+from ..live import LiveSession
 from .store import RedisStore
 
 log = logging.getLogger("protoflask.cluster")

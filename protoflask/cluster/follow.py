@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from ..hub import LiveSession, Operation
+    from ..live import LiveSession, Operation
     from .routing import RoutingHub
 
 

@@ -21,7 +21,7 @@ import orjson
 
 from ..core.errors import ClusterUnavailable
 from ..clock import now_ms
-from ..hub import LiveSession
+from ..live import LiveSession
 from ..tickets import TicketStore
 from .nodes import SessionsElsewhere, aggregate_stats, node_meta, session_fields
 from .redis_client import UNAVAILABLE

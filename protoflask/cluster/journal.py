@@ -38,7 +38,7 @@ __all__ = ["Journal", "decode_state", "encode_state"]
 if TYPE_CHECKING:
     import redis
 
-    from ..hub import LiveSession
+    from ..live import LiveSession
 
 log = logging.getLogger("protoflask.cluster")
 

@@ -28,15 +28,8 @@ import orjson
 from ..core import handoff, messages
 from ..clock import now_ms
 from ..core.errors import ClusterUnavailable, CloseCode, ProtoError, SessionNotFound
-from ..hub import (
-    LiveSession,
-    LocalHub,
-    Operation,
-    Send,
-    SessionHost,
-    decode_operation,
-    encode_operation,
-)
+from ..hub import LocalHub, SessionHost
+from ..live import LiveSession, Operation, Send, decode_operation, encode_operation
 from .calls import RemoteCalls
 from .follow import Follow
 from .settling import BEAT_MS, NODE_TTL_MS, SETTLE_MS, settled, unavailable
@@ -333,6 +326,7 @@ class RoutingHub(LocalHub):
                 self.upstream(live, data)
             else:
                 live.run(decode_operation(data))
+                self.host.settle(live)
 
     # -- messages from other nodes (the listener calls these) --------------------------
 
@@ -342,6 +336,7 @@ class RoutingHub(LocalHub):
         live = self.get(sid)
         if live is not None:
             result = live.apply(op)
+            self.host.settle(live)
             if op.name in ("tool_done", "fail_call") and sid in self.calls.remote:
                 self.calls.settle(sid)
         else:  # it moved on since the sender looked
@@ -371,6 +366,8 @@ class RoutingHub(LocalHub):
     def on_broadcast(self, data: dict[str, Any]) -> None:
         if data["from"] != self.node_id:
             LocalHub.broadcast(self, messages.from_dict(data["out"]))
+            for live in self.sessions():
+                self.host.settle(live)
 
     # -- moving sessions between nodes -------------------------------------------------
 

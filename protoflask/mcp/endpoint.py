@@ -32,7 +32,7 @@ from .link import McpLink
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..hub import LiveSession
+    from ..live import LiveSession
 
 #: How long an MCP session's link lives without a request (then the session is kept
 #: for replayWindowTime, and a request after that is 404: the client initializes again)

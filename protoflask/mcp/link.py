@@ -28,7 +28,7 @@ from ..clock import now_ms
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..hub import LiveSession
+    from ..live import LiveSession
 
 log = logging.getLogger("protoflask.mcp")
 

@@ -1,9 +1,10 @@
 """How a request for a live transport (WebSocket, SSE, NDJSON stream) is let in: its token
-or connect ticket, the session it resumes and from which seq, checked by the engine.
+or connect ticket, the session it resumes and from which seq, checked by the session
+layer.
 
-The one admission path of the three transports: ``admit`` here, then
-``Engine.session_for`` / ``Engine.open_transport`` (attach and log "open") and, however
-the transport ends, ``Engine.end_transport``."""
+The one admission path of the three transports: ``admit`` here, then ``Ports.port`` (the
+session's port, attached by the transport with ``SessionPort.attach``) and, however the
+transport ends, ``SessionPort.end`` (``Ports.abandon`` if it never got a port)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,13 @@ from flask import Request
 from ..auth import token_from_request
 
 if TYPE_CHECKING:
-    from ..engine import Admission, Engine
+    from ..port import Admission, Ports
 
 
-def admit(engine: "Engine", request: Request, kind: str, session_id: str | None,
+def admit(ports: "Ports", request: Request, kind: str, session_id: str | None,
           last_seq: int | None) -> "Admission":
     """Let a live transport of ``kind`` in with the request's token (``?token=`` or
-    Bearer) or ``?ticket=``, or raise the contract's ProtoError (401, 404, 503). The
-    caller owes the engine ``end_transport`` (or ``close_connection`` if it never got
-    as far as a session)."""
-    return engine.admit(
+    Bearer) or ``?ticket=``, or raise the contract's ProtoError (401, 404, 503)."""
+    return ports.admit(
         token_from_request(request.args.get("token"), request.headers.get("Authorization")),
-        session_id, last_seq, kind=kind, ticket=request.args.get("ticket"))
+        session_id, last_seq, kind, ticket=request.args.get("ticket"))

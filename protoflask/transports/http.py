@@ -12,8 +12,8 @@
   and the periodic writes (SSE keep-alive comments, heartbeat PINGs). Each ends the
   response and detaches the session, so the ``disconnect`` signal fires and the socket is
   closed rather than left in CLOSE_WAIT.
-* The POST endpoint both share: the body is read here (``request_body``) and handed to
-  the engine (``Engine.post_body``), which decides where it goes and how it splits.
+* The POST endpoint both share: the body is read here (``request_body``) for the one
+  place the session POST is answered (``port.Ports.answer_post``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Generator, Iterator, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Generator, Iterator, Mapping
 
 import gevent
 import gevent.event
@@ -29,14 +29,15 @@ import orjson
 from flask import Request, Response
 
 from ..auth import token_from_request
-from ..core.errors import InvalidMessage, MessageTooLarge, ProtoError, RequestTimeout
-from ..clock import now_ms
+from ..core.errors import ProtoError
+from ..port import PostAnswer
 from .request_body import read_body
 from .sockets import raw_socket, shutdown
 
 if TYPE_CHECKING:
-    from ..engine import Engine
-    from ..hub import LiveSession
+    from ..port import Ports, SessionPort
+
+__all__ = ["PostAnswer", "answer_post", "post_messages", "HTTPDownstream"]
 
 log = logging.getLogger("protoflask.http")
 
@@ -64,60 +65,19 @@ def error_response(exc: ProtoError) -> Response:
     return response
 
 
-class PostAnswer(NamedTuple):
-    """What a session POST is answered with, before any web framework shapes it."""
-
-    status: int
-    body: dict[str, Any]
-    #: the rest of the body is not worth waiting for: the connection is closed after it
-    close: bool = False
-    #: seconds for a Retry-After header (a 503 the client should retry)
-    retry_after: int | None = None
-
-    def encoded(self) -> bytes:
-        return orjson.dumps(self.body)
-
-
-def answer_post(engine: "Engine", args: Mapping[str, str], authorization: str | None,
+def answer_post(ports: "Ports", args: Mapping[str, str], authorization: str | None,
                 environ: dict[str, Any]) -> PostAnswer:
-    """POST /proto/sse?session=<id> and the stream's follow-up POST: 202 {"accepted": n}.
-
-    ``args`` is the query (``get`` is all it needs), ``authorization`` the header. The
-    body's messages are handed to the session one by one; their protocol errors go
-    downstream. A body over maxMessageSize is 413 and one that is not JSON at all is 400;
-    both are also reported downstream as the ERROR a WebSocket frame would get. Flask's
-    route (``post_messages``) and protoflask's own app's lane (``post_lane``) both answer
-    with this."""
-    live: "LiveSession | None" = None
-    try:
-        user_id = engine.authenticate(token_from_request(args.get("token"), authorization),
-                                      args.get("ticket"))
-        session_id = args.get("session")
-        if not session_id:
-            raise InvalidMessage("the session query parameter is required")
-        live = engine.held_session(session_id, user_id)
-        engine.open_body(user_id)  # bodies being read count per user
-        try:
-            body = read_body(environ, engine.config.max_message_size,
-                             engine.config.body_timeout)
-        finally:
-            engine.close_body(user_id)
-        accepted = engine.post_body(session_id, user_id, body, live)
-    except MessageTooLarge as exc:
-        if live is not None:
-            engine.too_large(live, exc)
-        return PostAnswer(exc.http_status, exc.to_http_body())
-    except RequestTimeout as exc:  # the rest of the body is not worth waiting for
-        return PostAnswer(exc.http_status, exc.to_http_body(), close=True)
-    except ProtoError as exc:
-        return PostAnswer(exc.http_status, exc.to_http_body(),
-                          retry_after=getattr(exc, "retry_after", None))
-    return PostAnswer(202, {"accepted": accepted})
+    """POST /proto/sse?session=<id> and the stream's follow-up POST (``Ports.answer_post``
+    answers it; the body is read from ``environ`` here). ``args`` is the query,
+    ``authorization`` the header. Flask's route (``post_messages``) and protoflask's own
+    app's lane (``post_lane``) both answer with this."""
+    return ports.answer_post(args, token_from_request(args.get("token"), authorization),
+                             lambda limit, timeout: read_body(environ, limit, timeout))
 
 
-def post_messages(engine: "Engine", request: Request) -> Response:
+def post_messages(ports: "Ports", request: Request) -> Response:
     """The session POST as a Flask response (see ``answer_post``)."""
-    answer = answer_post(engine, request.args, request.headers.get("Authorization"),
+    answer = answer_post(ports, request.args, request.headers.get("Authorization"),
                          request.environ)
     response = Response(answer.encoded(), status=answer.status, mimetype="application/json")
     if answer.close:
@@ -136,15 +96,12 @@ class HTTPDownstream:
     kind = "http"
     mimetype = "application/octet-stream"
 
-    def __init__(self, engine: "Engine", live: "LiveSession", last_seq: int | None,
-                 environ: dict[str, Any]) -> None:
-        self.engine = engine
-        self.live = live
-        self.last_seq = last_seq
+    def __init__(self, port: "SessionPort", environ: dict[str, Any]) -> None:
+        self.port = port
         self.environ = environ
         self.sock: socket.socket | None = raw_socket(environ)
         self.keepalive = max(0.05, min(KEEPALIVE_SECONDS,
-                                       engine.config.heartbeat_interval / 1000.0))
+                                       port.limits.heartbeat_interval / 1000.0))
         self._event = gevent.event.Event()
         self._final: list[tuple[int, bytes]] = []
         self._closing: tuple[int, str] | None = None
@@ -182,8 +139,7 @@ class HTTPDownstream:
         """Take what is pending now (it belongs to this stream), then end the response."""
         if self._closing is not None or self._finished:
             return
-        if self.live.transport is self:
-            self._final.extend(self.live.take_writable(now_ms()))
+        self._final.extend(self.port.take_final())
         self._closing = (code, reason)
         self._event.set()
         gevent.spawn_later(CLOSE_TIMEOUT, self._cut_if_stuck)
@@ -191,7 +147,7 @@ class HTTPDownstream:
     def _cut_if_stuck(self) -> None:
         if not self._finished and self.sock is not None:
             log.info("%s %s: response did not end within %.0fs of closing; cutting it",
-                     self.kind, self.live.id, CLOSE_TIMEOUT)
+                     self.kind, self.port.id, CLOSE_TIMEOUT)
             shutdown(self.sock)
 
     # -- the response ------------------------------------------------------------------
@@ -199,22 +155,21 @@ class HTTPDownstream:
     def response(self, headers: dict[str, str] | None = None) -> Response:
         resp = Response(_Body(self), status=200, mimetype=self.mimetype)
         resp.headers.update(STREAM_HEADERS)
-        resp.headers["Proto-Session"] = self.live.id
+        resp.headers["Proto-Session"] = self.port.id
         if headers:
             resp.headers.update(headers)
         return resp
 
-    def _take(self) -> bytes:
+    def _take(self, final: bool = False) -> bytes:
         out = self._final
         self._final = []
-        if self.live.transport is self:
-            out.extend(self.live.take_writable(now_ms()))
+        out.extend(self.port.take_final() if final else self.port.take())
         return self.frames(out) if out else b""
 
     def _pump(self) -> Generator[bytes, None, None]:
         """The response body: attach, then write whatever the session has, as it comes."""
         try:
-            self.engine.open_transport(self.live, self, self.last_seq)
+            self.port.attach(self)
             self._attached = True
             self.started()
             chunk = self.preamble() + self._take()
@@ -232,7 +187,7 @@ class HTTPDownstream:
                 if self._gone:
                     return
                 if self._closing is not None:
-                    tail = self._take() + self.closing_frame(*self._closing)
+                    tail = self._take(final=True) + self.closing_frame(*self._closing)
                     if tail:
                         yield from self._write(tail)
                     return
@@ -252,14 +207,14 @@ class HTTPDownstream:
     def _write(self, chunk: bytes) -> Iterator[bytes]:
         """Yield one chunk to the server, which writes it; while it does, the session's
         back-pressure counts it as in flight."""
-        live = self.live
-        mine = live.transport is self
+        port = self.port
+        mine = port.attached
         if mine:
-            live.set_in_flight(len(chunk))
+            port.in_flight(len(chunk))
         yield chunk
-        if mine and live.transport is self:
-            live.set_in_flight(0)
-            if live.has_writable():  # e.g. a RESUME_CHANNEL the drained buffer queued
+        if mine and port.attached:
+            port.in_flight(0)
+            if port.has_writable():  # e.g. a RESUME_CHANNEL the drained buffer queued
                 self._event.set()
 
     def started(self) -> None:
@@ -293,7 +248,7 @@ class HTTPDownstream:
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
             watcher.kill(block=True)
-        self.engine.end_transport(self.live, self, attached=self._attached)
+        self.port.end()
 
     def after_response(self) -> None:
         """Called once the server wrote the end of the response."""

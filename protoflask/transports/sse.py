@@ -26,7 +26,7 @@ from .http import HTTPDownstream, error_response
 from .http import post_messages as post_messages  # POST /proto/sse is the shared upstream
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..port import Ports
 
 
 class SSEStream(HTTPDownstream):
@@ -34,19 +34,19 @@ class SSEStream(HTTPDownstream):
     mimetype = "text/event-stream"
 
     def preamble(self) -> bytes:
-        return b"event: session\ndata: " + orjson.dumps({"session": self.live.id}) + b"\n\n"
+        return b"event: session\ndata: " + orjson.dumps({"session": self.port.id}) + b"\n\n"
 
     _id: bytes = b""  # "id: <session>:", the start of every message's event
 
     def frame(self, seq: int, data: bytes) -> bytes:
-        return b"id: %s:%d\ndata: %s\n\n" % (self.live.id.encode(), seq, data)
+        return b"id: %s:%d\ndata: %s\n\n" % (self.port.id.encode(), seq, data)
 
     def frames(self, ready: list[tuple[int, bytes]]) -> bytes:
         head = self._id or self._event_head()
         return b"".join([b"%s%d\ndata: %s\n\n" % (head, seq, data) for seq, data in ready])
 
     def _event_head(self) -> bytes:
-        self._id = b"id: %s:" % self.live.id.encode()
+        self._id = b"id: %s:" % self.port.id.encode()
         return self._id
 
     def keepalive_frame(self) -> bytes:
@@ -74,11 +74,10 @@ def resume_point(request: Request) -> tuple[str | None, int | None]:
     return session_id, last_seq
 
 
-def open_stream(engine: "Engine", request: Request) -> Response:
+def open_stream(ports: "Ports", request: Request) -> Response:
     """GET /proto/sse: a new session's stream, or a resumed one."""
     try:
-        admission = admit(engine, request, SSEStream.kind, *resume_point(request))
+        admission = admit(ports, request, SSEStream.kind, *resume_point(request))
     except ProtoError as exc:
         return error_response(exc)
-    live, last_seq = engine.session_for(admission)
-    return SSEStream(engine, live, last_seq, request.environ).response()
+    return SSEStream(ports.port(admission, SSEStream.kind), request.environ).response()

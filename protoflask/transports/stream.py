@@ -32,7 +32,7 @@ from .request_body import body_pieces, iter_lines, taking_turns
 from .sockets import shutdown
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..port import Ports
 
 log = logging.getLogger("protoflask.stream")
 
@@ -59,9 +59,9 @@ class NDJSONStream(HTTPDownstream):
     def _read_body(self) -> None:
         """Upstream: each line of the request body, as it arrives, to the session. Once the
         response has ended, the rest of the body is read and dropped."""
-        engine, live = self.engine, self.live
+        port = self.port
         pieces = taking_turns(body_pieces(self.environ))
-        lines = iter_lines(pieces, engine.config.max_message_size, engine.config.body_timeout)
+        lines = iter_lines(pieces, port.limits.max_message_size, port.limits.body_timeout)
         try:
             while self._closing is None and not self._finished:
                 try:
@@ -76,12 +76,12 @@ class NDJSONStream(HTTPDownstream):
                 pass
         except RequestTimeout as exc:  # stalled inside a line: end the response
             log.info("stream %s: %s; ending the response, the session stays for resume",
-                     live.id, exc.message)
+                     port.id, exc.message)
             self._stalled = True
             self.gone()
             return
         except Exception as exc:  # the client went away, or broke the chunked encoding
-            log.debug("stream %s: request body ended: %r", live.id, exc)
+            log.debug("stream %s: request body ended: %r", port.id, exc)
             self.gone()
             return
         self.watch_peer()
@@ -91,11 +91,11 @@ class NDJSONStream(HTTPDownstream):
         handling it failed (the response then ends)."""
         try:
             if isinstance(line, MessageTooLarge):
-                self.engine.too_large(self.live, line, close=True)
+                self.port.too_large(line, close=True)
             else:
-                self.engine.receive(self.live, line)
+                self.port.receive(line)
         except Exception:
-            log.exception("stream %s: handling a line failed", self.live.id)
+            log.exception("stream %s: handling a line failed", self.port.id)
             self.gone()
             return False
         return True
@@ -121,15 +121,14 @@ def opens_stream(request: Request) -> bool:
     return not request.args.get("session") or bool(request.args.get("last_seq"))
 
 
-def handle_post(engine: "Engine", request: Request) -> Response:
+def handle_post(ports: "Ports", request: Request) -> Response:
     """POST /proto/stream: a new stream, a follow-up (202) or a resume (last_seq)."""
     if not opens_stream(request):
-        return post_messages(engine, request)
+        return post_messages(ports, request)
     session_id = request.args.get("session") or None
     try:
-        admission = admit(engine, request, NDJSONStream.kind, session_id,
+        admission = admit(ports, request, NDJSONStream.kind, session_id,
                           parse_seq_arg(request.args.get("last_seq"), "last_seq"))
     except ProtoError as exc:
         return error_response(exc)
-    live, last_seq = engine.session_for(admission)
-    return NDJSONStream(engine, live, last_seq, request.environ).response()
+    return NDJSONStream(ports.port(admission, NDJSONStream.kind), request.environ).response()

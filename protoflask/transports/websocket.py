@@ -32,12 +32,10 @@ except ImportError:  # pragma: no cover - websockets built without its C extensi
     from websockets.utils import apply_mask
 
 from ..core.errors import MessageTooLarge
-from ..clock import now_ms, now_ns
 from .sockets import immediate_send, read_wait, shutdown
 
 if TYPE_CHECKING:
-    from ..engine import Admission, Engine
-    from ..hub import LiveSession
+    from ..port import Admission, Limits, Ports, SessionPort
 
 log = logging.getLogger("protoflask.websocket")
 
@@ -94,16 +92,15 @@ class WebSocketConnection:
     #: split the common data frames here rather than in the protocol (no extension only)
     split_frames = True
 
-    def __init__(self, engine: "Engine", sock: socket.socket, compression: bool) -> None:
-        self.engine = engine
+    def __init__(self, limits: "Limits", sock: socket.socket, compression: bool) -> None:
+        self.limits = limits
         self.sock = sock
         #: a send() that takes what the kernel takes at once, or BlockingIOError (None for
         #: a TLS socket: every write there goes the waiting way)
         self._send_now = immediate_send(sock)
-        self._when_shared = self._shared  # bound once: every flush hands it on
         self.compression = compression
-        self.protocol = ServerProtocol(state=State.OPEN, max_size=engine.config.max_message_size)
-        self.live: "LiveSession | None" = None
+        self.protocol = ServerProtocol(state=State.OPEN, max_size=limits.max_message_size)
+        self.port: "SessionPort | None" = None
         self._fragments: list[bytes] = []
         self._fragment_opcode: Opcode | None = None
         self._writing = False
@@ -111,7 +108,7 @@ class WebSocketConnection:
         self._closing = False
         self._reader: gevent.Greenlet | None = None
         self._owed = 0  # bytes of a frame the protocol is reading still to come
-        self.opened = False  # attached to its session: ``serve`` ends it with the engine
+        self.opened = False  # attached to its session: ``serve`` leaves its end to the port
 
     # -- opening ---------------------------------------------------------------------
 
@@ -128,17 +125,13 @@ class WebSocketConnection:
         self.protocol.extensions = handshake.extensions
         return response.status_code == 101
 
-    def serve(self, live: "LiveSession", last_seq: int | None) -> None:
+    def serve(self, port: "SessionPort") -> None:
         """Attach to the session and pump until the connection ends, in the greenlet
         ``web._serve_apart`` spawns for it, apart from the upgrade request (the request's
         frames are not held for the connection's life: docs/PERFORMANCE.md)."""
         self._reader = gevent.getcurrent()
-        self._run(live, last_seq)
-
-    def _run(self, live: "LiveSession", last_seq: int | None) -> None:
-        self.live = live
-        engine = self.engine
-        engine.open_transport(live, self, last_seq)
+        self.port = port
+        port.attach(self)
         self.opened = True
         try:
             self.flush()
@@ -146,7 +139,7 @@ class WebSocketConnection:
         except OSError:
             pass  # the peer went away; the session stays for resume
         finally:
-            engine.end_transport(live, self)
+            port.end()
             self._shutdown()
 
     def _read_loop(self) -> None:
@@ -199,8 +192,8 @@ class WebSocketConnection:
             protocol.receive_data(data[:i])
             self._protocol_events()
         max_size = protocol.max_message_size
-        live, receive = self.live, self.engine.receive
-        assert live is not None
+        assert self.port is not None
+        receive = self.port.receive
         while i < n:
             if _state_of(protocol) is not _OPEN:
                 protocol.receive_data(data[i:])
@@ -229,7 +222,7 @@ class WebSocketConnection:
                     break  # the rest of it comes with the next read
                 message = apply_mask(data[start:end], data[start - 4:start])
                 if head1 == 0x81 and message.isascii() and not self._closing:
-                    receive(live, message)  # _on_message's common case, inline
+                    receive(message)  # _on_message's common case, inline
                 else:
                     self._on_message(_TEXT if head1 == 0x81 else _BINARY, message)
             else:
@@ -266,11 +259,11 @@ class WebSocketConnection:
                 self._on_message(opcode, data)
 
     def _on_message(self, opcode: Opcode, data: bytes) -> None:
-        assert self.live is not None
+        assert self.port is not None
         if self._closing:
             return
         if opcode is _BINARY:
-            self.engine.receive_binary(self.live, data)
+            self.port.receive_binary(data)
             return
         if not data.isascii():  # ASCII is UTF-8, and costs no decoding to tell
             try:
@@ -278,19 +271,20 @@ class WebSocketConnection:
             except UnicodeDecodeError as exc:
                 self.protocol.fail(1007, f"invalid UTF-8 at position {exc.start}")
                 return
-        self.engine.receive(self.live, data)
+        self.port.receive(data)
 
     def _report_too_large(self) -> None:
         """websockets already queued close 1009: put the ERROR frame in front of it."""
-        assert self.live is not None
+        port = self.port
+        assert port is not None
         self.protocol.parser_exc = None
         closing = self.protocol.data_to_send()
         self._closing = True  # from here the reader writes; a scheduled flush must not
-        self.engine.too_large(self.live, MessageTooLarge(
-            f"message exceeds maxMessageSize ({self.engine.config.max_message_size} bytes)"))
+        port.too_large(MessageTooLarge(
+            f"message exceeds maxMessageSize ({self.limits.max_message_size} bytes)"))
         frames = [Frame(Opcode.TEXT, data).serialize(
                       mask=False, extensions=self.protocol.extensions)
-                  for _, data in self.live.take_writable(now_ms())]
+                  for _, data in port.take_final()]
         self._send(frames + closing)
 
     # -- sending (Transport) ---------------------------------------------------------
@@ -317,28 +311,18 @@ class WebSocketConnection:
         The common write (the kernel takes it all at once) is one send() with no greenlet
         switch and is never in flight; only a write the kernel does not take whole is
         reported in flight (back-pressure and the slow-consumer check read it) while the
-        rest waits for room. On a cluster the messages go to its journal first, and this
-        flush does not wait for it: ``_shared`` writes them once the journal has them,
-        and until then the write is still in progress (the next flush waits its turn)."""
-        live = self.live
-        if self._writing or live is None:
+        rest waits for room. What to write comes from the port (``SessionPort.take``): on
+        a cluster it goes to the journal first and comes back with a wake, and until then
+        nothing else is written (a close frame must not overtake it)."""
+        port = self.port
+        if self._writing or port is None:
             return
         self._writing = True
         protocol = self.protocol
-        handed = False  # the messages taken went to a journal: _shared ends this write
         try:
             while True:
-                if live.has_writable() and _state_of(protocol) is _OPEN and not self._closing \
-                        and live.transport is self:
-                    now = now_ns() // 1_000_000  # now_ms(), inline: once per flush
-                    if live.link is None:  # take_writable_then's answer in one process
-                        ready = live.core.take_writable(now)
-                    else:
-                        taken = live.take_writable_then(now, self._when_shared)
-                        if taken is None:
-                            handed = True
-                            return
-                        ready = taken
+                ready = port.take(_state_of(protocol) is _OPEN and not self._closing)
+                if ready:
                     if protocol.extensions:
                         frames = self._frames(ready)
                     else:  # _frames, inline: the common case
@@ -349,6 +333,8 @@ class WebSocketConnection:
                                           else text_frame(data))
                     if protocol.writes:
                         frames += protocol.data_to_send()
+                elif port.holding:  # in the journal: its release wakes the next flush
+                    return
                 elif protocol.writes:
                     frames = protocol.data_to_send()
                 else:
@@ -362,64 +348,13 @@ class WebSocketConnection:
                     except BlockingIOError:
                         sent = 0
                     if sent < len(data):
-                        self._send_blocking(live, data, sent)
+                        self._send_blocking(port, data, sent)
                     else:
-                        live.written()
+                        port.written()
                 if frames[-1] == b"":  # websockets' signal to half-close
                     self._shutdown(socket.SHUT_WR)
         finally:
-            if not handed:
-                self._writing = False
-
-    def _shared(self, ready: list[tuple[int, bytes]]) -> None:
-        """The cluster's journal has what a flush handed it (``ready``; [] if the session
-        moved to another node meanwhile): write it and end that flush. This runs in the
-        journal's greenlet or the loop's own, so it writes only what the kernel takes at
-        once; a write that would wait finishes in a greenlet of its own."""
-        live = self.live
-        assert live is not None
-        protocol = self.protocol
-        frames = self._frames(ready)
-        # frames first: a close queued meanwhile (by another greenlet) must follow them
-        if protocol.writes:
-            frames += protocol.data_to_send()
-        data = b"".join(frames)
-        sent = 0
-        try:
-            if data and self._send_now is not None:
-                sent = self._send_now(data)
-        except BlockingIOError:
-            pass
-        except OSError:  # the peer went away: the reader sees it too
             self._writing = False
-            self._shutdown()
-            return
-        if sent < len(data) or (frames and frames[-1] == b""):
-            gevent.spawn(self._finish_write, live, data, sent, frames)
-            return
-        if data:
-            live.written()
-        self._writing = False
-        if live.has_writable() or protocol.writes:
-            self.wake()  # queued meanwhile
-
-    def _finish_write(self, live: "LiveSession", data: bytes, sent: int,
-                      frames: list[bytes]) -> None:
-        """The rest of a write ``_shared`` could not finish without waiting, then what was
-        queued meanwhile."""
-        try:
-            try:
-                if sent < len(data):
-                    self._send_blocking(live, data, sent)
-                elif data:
-                    live.written()
-                if frames and frames[-1] == b"":
-                    self._shutdown(socket.SHUT_WR)
-            finally:
-                self._writing = False
-            self.flush()
-        except OSError:
-            self._shutdown()
 
     def _frames(self, ready: list[tuple[int, bytes]]) -> list[bytes]:
         """The frames of messages taken for the wire."""
@@ -434,15 +369,15 @@ class WebSocketConnection:
             frames.append(_TEXT_HEADS[n] + data if n < HEADS_BELOW else text_frame(data))
         return frames
 
-    def _send_blocking(self, live: "LiveSession", data: bytes, sent: int) -> None:
+    def _send_blocking(self, port: "SessionPort", data: bytes, sent: int) -> None:
         """The rest of a write the kernel did not take whole: in flight until written."""
         view = memoryview(data)[sent:]
-        live.set_in_flight(len(view))
+        port.in_flight(len(view))
         try:
             while view:
                 view = view[self.sock.send(view):]
         finally:
-            live.set_in_flight(0)
+            port.in_flight(0)
 
     def close(self, code: int, reason: str) -> None:
         """Flush, send the close frame, and give the client CLOSE_TIMEOUT to answer."""
@@ -473,18 +408,18 @@ class WebSocketConnection:
         shutdown(self.sock, how)
 
 
-def serve(engine: "Engine", admission: "Admission", sock: socket.socket,
+def serve(ports: "Ports", admission: "Admission", sock: socket.socket,
           environ: dict[str, Any], compression: bool) -> None:
     """An admitted WebSocket request: answer the upgrade, then serve the session on the
     socket until the connection ends (in a greenlet of its own, apart from the upgrade
-    request: ``web._serve_apart``). The connection slot
-    ``admit`` counted is given back however it ends."""
-    conn = WebSocketConnection(engine, sock, compression)
+    request: ``web._serve_apart``). The connection slot ``admit`` counted is given back
+    however it ends."""
+    conn = WebSocketConnection(ports.limits, sock, compression)
     try:
         if conn.accept(environ):
-            conn.serve(*engine.session_for(admission))
+            conn.serve(ports.port(admission, WebSocketConnection.kind))
     except OSError:
         pass
     finally:
-        if not conn.opened:  # else the connection ended itself (Engine.end_transport)
-            engine.close_connection(WebSocketConnection.kind, admission.user_id)
+        if not conn.opened:  # else the port gave it back (SessionPort.end)
+            ports.abandon(admission, WebSocketConnection.kind)

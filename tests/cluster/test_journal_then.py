@@ -13,7 +13,7 @@ from protoflask.cluster.keys import Keys, unpack_entry
 from protoflask.cluster.redis_client import connect
 from protoflask.config import ServerConfig
 from protoflask.core.session import ProtocolSession
-from protoflask.hub import LiveSession
+from protoflask.live import LiveSession
 
 NODE = "node-a"
 

@@ -15,7 +15,9 @@ from protoflask import signals
 from protoflask.auth import authority_from_config
 from protoflask.config import ServerConfig
 from protoflask.engine import Engine
-from protoflask.hub import LiveSession, LocalHub, SessionHost, now_ms
+from protoflask.clock import now_ms
+from protoflask.hub import LocalHub, SessionHost
+from protoflask.live import LiveSession
 from protoflask.tools import Tool, ToolExecution, ToolRegistry, builtin_tools
 
 SECRET = "test-secret-that-is-long-enough-for-hs256!"

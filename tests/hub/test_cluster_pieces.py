@@ -11,7 +11,7 @@ from protoflask.cluster.calls import RemoteCalls
 from protoflask.cluster.keys import pack_entry, unpack_entry
 from protoflask.cluster.nodes import aggregate_stats, node_meta, session_fields
 from protoflask.core.handoff import export_state
-from protoflask.hub import LiveSession
+from protoflask.live import LiveSession
 
 from ..core._support import Client
 from .test_local_hub import live_session

@@ -11,7 +11,8 @@ from protoflask.config import ServerConfig
 from protoflask.core import messages
 from protoflask.core.errors import SessionNotFound, ToolExecutionError
 from protoflask.core.session import ProtocolSession
-from protoflask.hub import LiveSession, LocalHub, Operation, Send, SessionHost, ToolDone
+from protoflask.hub import LocalHub, SessionHost
+from protoflask.live import LiveSession, Operation, Send, ToolDone
 from protoflask.tickets import MemoryTicketStore
 
 from ..core._support import Client
@@ -31,13 +32,12 @@ class FakeTransport:
         self.closed = (code, reason)
 
 
-def live_session(session_id: str = "sess-1", *, handshake: bool = True,
-                 on_events: Any = None) -> LiveSession:
+def live_session(session_id: str = "sess-1", *, handshake: bool = True) -> LiveSession:
     core = ProtocolSession(session_id, "user-1", ServerConfig().session_settings(), 0)
     core.attach(0)
     if handshake:
         Client(core).handshake()
-    return LiveSession(core, on_events)
+    return LiveSession(core)
 
 
 def note(text: str = "hi") -> messages.Outbound:

@@ -8,7 +8,7 @@ import pytest
 
 from protoflask.core import messages
 from protoflask.core.errors import ProtoError, ToolExecutionError
-from protoflask.hub import (
+from protoflask.live import (
     OPERATIONS,
     FailCall,
     Operation,
