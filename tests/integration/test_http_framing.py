@@ -20,7 +20,7 @@ READY = [
 
 def _stream(cls: type[HTTPDownstream], session: str) -> HTTPDownstream:
     stream = cls.__new__(cls)  # framing reads only the session's id
-    stream.live = SimpleNamespace(id=session)  # type: ignore[assignment]
+    stream.port = SimpleNamespace(id=session)  # type: ignore[assignment]
     return stream
 
 
