@@ -109,6 +109,13 @@ def server_specs(max_connections: int) -> dict[str, ServerSpec]:
             chdir=ROOT, workers=workers,
             env={**specs[0].env, "WEB_CONCURRENCY": str(workers), "REDIS_URL": REDIS_URL,
                  "REDIS_PREFIX": f"protoflask-bench-{os.getpid()}-{name}"}))
+    before = os.environ.get("BENCH_BEFORE")
+    if before:  # --before: the same server from another checkout, side by side
+        root = Path(before).resolve()
+        specs.append(ServerSpec(
+            "protoflask-before", f"protoflask at {root.name} (before)", "proto",
+            gunicorn_app="wsgi:app", gunicorn_conf=root / "gunicorn.conf.py", chdir=root,
+            env={**specs[0].env, "PYTHONPATH": str(root)}))
     return {s.name: s for s in specs}
 
 
@@ -1042,6 +1049,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--render", metavar="JSON",
                    help="print the tables of an earlier run's JSON file and exit")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--before", metavar="DIR",
+                   help="also run protoflask from another checkout (e.g. a git worktree of "
+                        "the commit before a change) as protoflask-before, side by side")
     p.add_argument("--no-gate", action="store_true",
                    help="exit 0 even when a target row FAILs (smoke runs, whose windows are "
                         "too short for the targets to mean anything)")
@@ -1060,9 +1070,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.sections) - set(all_sections)
     if unknown:
         p.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    if args.before:
+        os.environ["BENCH_BEFORE"] = args.before
     specs = server_specs(1)
     args.server_names = [s for s in (args.servers.split(",") if args.servers
                                      else DEFAULT_SERVERS) if s]
+    if args.before and "protoflask-before" not in args.server_names:
+        at = args.server_names.index("protoflask") + 1 if "protoflask" in args.server_names \
+            else 0
+        args.server_names.insert(at, "protoflask-before")
     unknown = set(args.server_names) - set(specs)
     if unknown:
         p.error(f"unknown servers: {', '.join(sorted(unknown))}")
@@ -1165,12 +1181,15 @@ def main(argv: list[str] | None = None) -> int:
                                                    else "")
                     steps.append((label, cell, run))
 
-    if "protoflask" in names and "tool" in args.sections:
-        def run_tool() -> None:
+    for tooled in ("protoflask", "protoflask-before"):  # --before: both, side by side
+        if tooled not in names or "tool" not in args.sections:
+            continue
+
+        def run_tool(tooled: str = tooled) -> None:
             if bench.generator.supports("tool"):
-                results.setdefault("tool", {})["protoflask"] = bench.measure(
-                    live["protoflask"], "tool", args.tool_connections)
-        steps.append((f"tool calls protoflask x{args.tool_connections}", cell, run_tool))
+                results.setdefault("tool", {})[tooled] = bench.measure(
+                    live[tooled], "tool", args.tool_connections)
+        steps.append((f"tool calls {tooled} x{args.tool_connections}", cell, run_tool))
 
     if "protoflask" in names and "stream" in args.sections:
         def run_stream() -> None:

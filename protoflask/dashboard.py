@@ -33,6 +33,7 @@ from .auth import token_from_request
 from .core.errors import InvalidMessage, ProtoError
 from .clock import now_ms
 from .core.bodies import is_seq
+from .hub import cluster_stats
 from .live import LiveSession
 from .metrics import session_gauges
 from .transports.http import error_response, json_response
@@ -94,7 +95,8 @@ def dashboard_data(engine: "Engine", everyone: bool, user: str | None,
                    since: int) -> dict[str, Any]:
     """What /dashboard/data answers; ``everyone``: development mode (see the module doc)."""
     stats = engine.stats
-    overall = engine.hub.cluster_stats(stats.snapshot(now_ms()))
+    view = engine.hub.view
+    overall = cluster_stats(view, stats.snapshot(now_ms()))
     clustered = "nodes" in overall
     out: dict[str, Any] = {
         "stats": overall,
@@ -116,8 +118,9 @@ def dashboard_data(engine: "Engine", everyone: bool, user: str | None,
     sessions = engine.hub.sessions()  # only with a token (or devMode): the list itself
     visible = sessions if everyone else [s for s in sessions if s.user_id == user]
     rows = [_session_row(s) for s in visible]
-    elsewhere, complete = engine.hub.sessions_elsewhere(None if everyone else user,
-                                                        MAX_LISTED_SESSIONS)
+    elsewhere, complete = view.sessions_elsewhere(None if everyone else user,
+                                                  MAX_LISTED_SESSIONS) \
+        if view is not None else ([], True)
     for row in rows:
         row["node"] = out["node"]
     rows += elsewhere

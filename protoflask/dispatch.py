@@ -18,7 +18,7 @@ from .core.session import (
 from .hub import Hub
 from .live import LiveSession
 from .stats import Stats
-from .tools import ToolExecution, ToolRegistry, check_call
+from .tools import SessionToolRunner, ToolExecution, ToolRegistry, check_call
 from . import signals
 
 log = logging.getLogger("protoflask")
@@ -31,7 +31,9 @@ class Dispatcher:
     def __init__(self, *, hub: Hub, tools: ToolRegistry, stats: Stats,
                  emit: Callable[..., None], emit_error: Callable[..., None],
                  close_transport: Callable[[LiveSession, int, str], None],
-                 expire: Callable[[LiveSession], None], heartbeat_timeout: int) -> None:
+                 expire: Callable[[LiveSession], None],
+                 tool_runner: Callable[[LiveSession], SessionToolRunner],
+                 heartbeat_timeout: int) -> None:
         self.hub = hub
         self.tools = tools
         self.stats = stats
@@ -39,6 +41,7 @@ class Dispatcher:
         self._emit_error = emit_error
         self._close_transport = close_transport
         self._expire = expire
+        self._tool_runner = tool_runner  # the session's, built on its first call
         self._heartbeat_timeout = heartbeat_timeout  # ms, for the log line
         #: one per event type: what the event becomes
         self._handlers: dict[type, Callable[[LiveSession, Any], None]] = {
@@ -81,7 +84,7 @@ class Dispatcher:
         self._cancel_call(live, event.call_id)
 
     def _cancel_call(self, live: LiveSession, call_id: str) -> None:
-        if not live.tool_runner().cancel(call_id):
+        if not self._tool_runner(live).cancel(call_id):
             self.hub.cancel_elsewhere(live.id, call_id)  # started on another node
 
     def _on_tool_list(self, live: LiveSession, event: ToolListRequested) -> None:
@@ -131,7 +134,8 @@ class Dispatcher:
             return
         assert tool is not None
         execution = ToolExecution(event.call_id, tool.name, event.params, run_id=event.run_id)
-        self.hub.state_changed(live)  # the open call, for a node that may take it over
+        if live.link is not None:  # the open call, for a node that may take it over
+            live.link.note_state(live)
         self._emit(signals.tool_call, session_id=live.id, execution=execution)
         if tool.execute is not None:
-            live.tool_runner().submit(execution, tool)
+            self._tool_runner(live).submit(execution, tool)

@@ -29,7 +29,7 @@ from .core.errors import (
 )
 from .core.session import ProtocolSession
 from .dispatch import Dispatcher
-from .hub import Hub, SessionHost
+from .hub import Hub, SessionHost, Upstream
 from .live import LiveSession, Operation, Transport
 from .kept import KeptSessions
 from .limits import UserCaps
@@ -77,9 +77,8 @@ class Engine:
         self.dispatcher = Dispatcher(
             hub=hub, tools=tools, stats=self.stats, emit=emit, emit_error=emit_error,
             close_transport=self.close_transport, expire=self._expire,
-            heartbeat_timeout=config.heartbeat_timeout)
+            tool_runner=self.tool_runner, heartbeat_timeout=config.heartbeat_timeout)
         self._dispatch = self.dispatcher.dispatch
-        self._runner_factory = self._new_runner  # one bound method for every session
         hub.bind(SessionHost(settings=self.settings, adopt=self.adopt,
                              close_transport=self.close_transport,
                              local_stats=self.local_stats, receive_body=self.receive_body,
@@ -153,10 +152,17 @@ class Engine:
     def adopt(self, core: ProtocolSession) -> LiveSession:
         """A live session around a protocol session (new, or moved here from another node)."""
         core.traffic = self.stats.traffic  # this node counts what it carries
-        return LiveSession(core, self._runner_factory)
+        return LiveSession(core)
+
+    def tool_runner(self, live: LiveSession) -> SessionToolRunner:
+        """The session's tool runner, built on its first tool call (idle sessions have
+        none)."""
+        runner = live.runner
+        if runner is None:
+            runner = live.runner = self._new_runner(live)
+        return runner
 
     def _new_runner(self, live: LiveSession) -> SessionToolRunner:
-        """A session's tool runner, built on its first tool call (idle sessions have none)."""
         def settled(deliver: Callable[..., bool]) -> Callable[..., bool]:
             def call(*args: Any) -> bool:  # the delivery, then the events it caused
                 result = deliver(*args)
@@ -198,7 +204,7 @@ class Engine:
         """For a posted body whose session this process does not hold: None once the
         node that holds it took the body (its errors go downstream there), else the
         session, taken over here, or SESSION_NOT_FOUND."""
-        if self.hub.forward_upstream(session_id, user_id, body):
+        if self.hub.route(session_id, Upstream(user_id, body)):
             return None
         return self.find_session(session_id, user_id)
 
@@ -214,7 +220,8 @@ class Engine:
         if live is None:  # another node holds the session and processes the body
             return self.count_body(body)
         accepted = self.receive_body(live, body)
-        self.hub.persist(live)
+        if live.link is not None:  # clustered: Redis has the state before the 202
+            live.link.persist(live)
         return accepted
 
     def open_transport(self, live: LiveSession, transport: Transport,
@@ -381,7 +388,7 @@ class Engine:
         if tool.execute is None:
             raise ValueError(f"tool {name!r} has no execute function to call")
         live.core.open_call(call_id, run_id)
-        live.tool_runner().submit(ToolExecution(call_id, tool.name, args, run_id=run_id,
+        self.tool_runner(live).submit(ToolExecution(call_id, tool.name, args, run_id=run_id,
                                          on_done=on_done), tool)
         self.settle(live)
 
@@ -434,7 +441,7 @@ class Engine:
             if transport is not None:
                 transport.close(CloseCode.GOING_AWAY, "server stopping")
                 closing.append(live)
-            self.hub.hand_off(live)
+            self.hub.remove(live.id, keep=True)
         return closing
 
     # -- timers ----------------------------------------------------------------------

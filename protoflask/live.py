@@ -180,37 +180,33 @@ class SessionLink(Protocol):
     def deliver(self, live: "LiveSession", op: Operation) -> bool:
         """Apply ``op`` here, or where the session lives now."""
 
+    def persist(self, live: "LiveSession") -> None:
+        """Before a POSTed body is answered 202: return once the cluster has the
+        session's state as the body left it."""
+
+    def note_state(self, live: "LiveSession") -> None:
+        """The session's durable state changed with no message going out: share it soon."""
+
 
 class LiveSession:
     """A ProtocolSession plus its transport and tool runner; every send wakes the writer.
 
-    Slotted, and the tool runner is built on first use (``tool_runner``): ten thousand
-    idle sessions are what a worker holds (docs/PERFORMANCE.md)."""
+    Slotted, and the tool runner is built by the session layer on the first tool call
+    (``Engine.tool_runner``): ten thousand idle sessions are what a worker holds
+    (docs/PERFORMANCE.md)."""
 
-    __slots__ = ("core", "transport", "runner", "link", "_make_runner", "has_writable")
+    __slots__ = ("core", "transport", "runner", "link", "has_writable")
 
-    def __init__(self, core: ProtocolSession,
-                 make_runner: "Callable[[LiveSession], SessionToolRunner] | None" = None
-                 ) -> None:
+    def __init__(self, core: ProtocolSession) -> None:
         self.core = core
         #: the attached transport's port (None while disconnected)
         self.transport: Transport | None = None
         #: None until a tool call needs it (None reads as nothing running or queued)
         self.runner: "SessionToolRunner | None" = None
         self.link: SessionLink | None = None  # set by a cluster hub while it follows it
-        self._make_runner = make_runner  # shared by every session of an engine
         #: whether the core has messages for the wire (its queue's own method: the
         #: transports ask for every message)
         self.has_writable: Callable[[], bool] = core.has_writable
-
-    def tool_runner(self) -> "SessionToolRunner":
-        """The session's tool runner, built the first time it is needed."""
-        runner = self.runner
-        if runner is None:
-            if self._make_runner is None:
-                raise RuntimeError(f"session {self.id} has no tool runner")
-            runner = self.runner = self._make_runner(self)
-        return runner
 
     @property
     def id(self) -> str:

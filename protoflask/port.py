@@ -45,6 +45,9 @@ Ready = list[tuple[int, bytes]]
 
 # where a port's batch is in the write-behind stage
 _IDLE, _HANDING, _HELD = 0, 1, 2
+#: s a closing transport waits for a batch in the stage (the journal gives up on Redis
+#: after its WAIT_LIMIT, 2 s, and releases it either way)
+SETTLE_WAIT = 5.0
 
 
 class Writer(Protocol):
@@ -216,9 +219,12 @@ class SessionPort:
     def take_final(self) -> Ready:
         """Everything left for this transport, waiting for the stage if it must: what a
         closing transport writes before its close frame or last line."""
-        if self._stage == _HELD:
+        link = self.live.link
+        if self._stage == _HELD and link is not None and not link.moved:
+            # (a session that moved: its batch is not this node's to write, and the
+            # journal may be the caller, dropping it: no wait)
             settled = self._settled = gevent.event.Event()
-            settled.wait()
+            settled.wait(SETTLE_WAIT)
             self._settled = None
         out = self.take(fresh=False)
         live = self.live

@@ -33,7 +33,7 @@ from .engine import Engine
 from .clock import now_ms
 from .cli.devtoken import forget_dev_token, save_dev_token
 from .cluster import make_hub
-from .hub import Hub
+from .hub import Hub, cluster_stats
 from .live import LiveSession, Send, ToolDone, ToolUpdate
 from .metrics import create_registry
 from .serving import EmbeddedServer
@@ -90,13 +90,13 @@ class ProtoServer:
         if self.config.dev_mode:
             self.dev_token = self.authority.issue("dev")
         self.hub = self._hub_arg or make_hub(self.config)
-        if self.config.metrics:
-            self.hub.set_metrics_source(self._metrics_text)
+        if self.config.metrics and self.hub.view is not None:
+            self.hub.view.set_metrics_source(self._metrics_text)
         self.engine = Engine(self.config, self.hub, self.tools, self.authority,
                              emit=self._emit, emit_error=self._emit_error,
                              invoke_tool=self._invoke_tool,
                              # clustered: a ticket store every worker redeems from
-                             tickets=self.hub.ticket_store())
+                             tickets=self.hub.tickets)
 
     def _invoke_tool(self, tool: Tool, params: Any, session_id: str, call_id: str) -> Any:
         """The contract's call: ``execute(params, session_id, call_id, server)``."""
@@ -105,7 +105,6 @@ class ProtoServer:
 
     def _metrics_text(self) -> bytes:
         from prometheus_client import generate_latest
-
         return generate_latest(self.metrics_registry)
 
     # -- Flask integration -----------------------------------------------------------
@@ -351,7 +350,8 @@ class ProtoServer:
 
     def get_stats(self) -> dict[str, Any]:
         """Statistics (docs/PROTOCOL.md §10); with Redis, for the whole cluster plus ``nodes``."""
-        return self._call(lambda: self.hub.cluster_stats(self.engine.stats.snapshot(now_ms())))
+        return self._call(
+            lambda: cluster_stats(self.hub.view, self.engine.stats.snapshot(now_ms())))
 
     def send_message(self, session_id: str, message: Mapping[str, Any]) -> None:
         """Send a message (dict with type, channel, payload) to one session."""

@@ -25,6 +25,7 @@ from .core.bodies import parse_seq_arg
 from .core.errors import InvalidMessage, OriginNotAllowed, ProtoError, ShuttingDown
 from .dashboard import add_dashboard_routes
 from .clock import now_ms
+from .hub import cluster_stats
 from .logs import redacted_query
 from .mcp import McpEndpoint, add_mcp_routes
 from .operator_actions import add_operator_routes
@@ -98,7 +99,7 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
     bp = Blueprint(BLUEPRINT_NAME, __name__)
     engine = ctx.engine
     ports = Ports(engine)  # what the transports are given of the session layer
-    hub = engine.hub
+    view = engine.hub.view  # what only a cluster answers (None on one node)
     config = ctx.config
     origins = OriginPolicy(config.allowed_origins)
     bp.record_once(lambda state: install_error_handlers(state.app, ctx))
@@ -121,9 +122,10 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
 
     @bp.get("/health")
     def health() -> Response:
-        stats = hub.cluster_stats(engine.stats.snapshot(now_ms()))
+        stats = cluster_stats(view, engine.stats.snapshot(now_ms()))
         body = {
-            "status": "draining" if engine.shutting_down else hub.health(),
+            "status": "draining" if engine.shutting_down
+            else view.health() if view is not None else "ok",
             "uptime": stats["uptime"],
             "activeConnections": stats["activeConnections"],
             "totalConnections": stats["totalConnections"],
@@ -140,7 +142,7 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
     def stats() -> Response:
         """docs/PROTOCOL.md §10's figures (public); in a cluster each node's too, with its host and
         pid only for a caller with a valid Bearer token."""
-        body = hub.cluster_stats(engine.stats.snapshot(now_ms()))
+        body = cluster_stats(view, engine.stats.snapshot(now_ms()))
         if "nodes" in body and not _bearer_is_valid():
             body["nodes"] = [{k: v for k, v in n.items() if k not in PRIVATE_NODE_FIELDS}
                              for n in body["nodes"]]
@@ -160,8 +162,8 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
         @bp.get("/metrics")
         def metrics() -> Response:
             registry = ctx.metrics_registry
-            if request.args.get("scope") != "node":  # in a cluster: every node's, labelled
-                registry = hub.metrics_registry(registry)
+            if request.args.get("scope") != "node" and view is not None:
+                registry = view.metrics_registry(registry)  # every node's, labelled
             return metrics_response(registry, request.headers.get("Accept"))
 
     if config.dashboard:

@@ -21,7 +21,7 @@ def make_hub(config: "ServerConfig") -> LocalHub:
     if config.redis_url:
         from .hub import RedisHub
 
-        return RedisHub(config.redis_url, config.redis_prefix)
+        return RedisHub(config.redis_url, config.redis_prefix, config=config)
     return LocalHub()
 
 

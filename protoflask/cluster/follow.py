@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from ..clock import now_ms
+
 if TYPE_CHECKING:
     from ..live import LiveSession, Operation
     from .routing import RoutingHub
@@ -43,3 +45,16 @@ class Follow:
         if self.moved:
             return self.hub.forward_moved(live.id, op)
         return live.run(op)
+
+    def persist(self, live: LiveSession) -> None:
+        """Before a POSTed body is answered 202: returns once Redis has the session's
+        state as the body left it (group-committed), so a holder that dies right after
+        cannot leave a 202 for messages no other node knows it received."""
+        if self.journaling and self.hub.get(live.id) is live:
+            self.hub.journal.append(live, self, [], now_ms())
+
+    def note_state(self, live: LiveSession) -> None:
+        """The session's durable state changed with no message going out (a tool call
+        opened): shared with the next batch, so a node taking the session over knows."""
+        if self.hub.get(live.id) is not None:
+            self.hub.journal.note_state(live)

@@ -5,7 +5,8 @@ is ``RoutingHub``'s (``routing``); this adds what keeps the cluster's view fresh
 greenlets: the beat (this node is alive, its figures and /metrics text, the expiry of its
 sessions, deliveries queued for it, calls running on nodes that may die, and the way out
 of degraded mode: every local session copied over again), and the listener on this
-node's pub/sub channel; and it reads the cluster for /stats, /metrics and the dashboard.
+node's pub/sub channel. What it reads of the cluster for /stats, /metrics and the
+dashboard is its ``view`` (``view``).
 A node that stops beating drops out of the counts and its sessions read as disconnected
 until they expire.
 """
@@ -13,23 +14,22 @@ until they expire.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import gevent
 import gevent.event
 import orjson
 
-from ..core.errors import ClusterUnavailable
 from ..clock import now_ms
 from ..live import LiveSession
-from ..tickets import TicketStore
-from .nodes import SessionsElsewhere, aggregate_stats, node_meta, session_fields
+from .nodes import node_meta
 from .redis_client import UNAVAILABLE
 from .routing import BEAT_MS, NODE_TTL_MS, Follow, RoutingHub
 from .tickets import RedisTicketStore
+from .view import RedisView
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
+    from ..config import ServerConfig
 
 log = logging.getLogger("protoflask.cluster")
 
@@ -45,22 +45,14 @@ def backoff(failures: int) -> float:
 
 class RedisHub(RoutingHub):
     def __init__(self, url: str, prefix: str = "protoflask", *,
-                 node_id: str | None = None) -> None:
-        super().__init__(url, prefix, node_id=node_id)
-        self.elsewhere = SessionsElsewhere(self.redis, self.keys, self.node_id,
-                                           self.went_down)
+                 node_id: str | None = None, config: "ServerConfig | None" = None) -> None:
+        super().__init__(url, prefix, node_id=node_id, config=config)
+        self.view: RedisView = RedisView(self)
+        self.tickets = RedisTicketStore(self.redis, self.keys.prefix)
         self._greenlets: list[gevent.Greenlet] = []
         self._subscribed = gevent.event.Event()
         self._channel = self.keys.node_channel(self.node_id)
         self._handle_failing: str | None = None  # the listener's last message failure
-        #: the node's /metrics text, stored every beat for the others' /metrics to merge
-        self._metrics_source: Callable[[], bytes] | None = None
-
-    def set_metrics_source(self, source: Callable[[], bytes]) -> None:
-        self._metrics_source = source
-
-    def ticket_store(self) -> TicketStore:
-        return RedisTicketStore(self.redis, self.keys.prefix)
 
     def start(self) -> None:
         if self._greenlets:
@@ -78,66 +70,12 @@ class RedisHub(RoutingHub):
     def stop(self) -> None:
         gevent.killall(self._greenlets, block=True, timeout=2)
         self._greenlets = []
-        if self._journal is not None:
-            self._journal.stop()
+        self.journal.stop()
         try:
             self.store.leave()
         except UNAVAILABLE:
             pass
         self.redis.connection_pool.disconnect()
-
-    # -- reading the cluster -----------------------------------------------------------
-
-    def lookup(self, session_id: str) -> dict[str, Any] | None:
-        try:
-            record = self.store.record(session_id)
-            if not record:
-                return None
-            node = record.get(b"node", b"").decode()
-            alive = bool(node) and self.store.node_alive(node)
-        except UNAVAILABLE as exc:
-            self.went_down(exc)
-            raise ClusterUnavailable("Redis is unreachable") from exc
-        return session_fields(session_id, record, alive)
-
-    def sessions_elsewhere(self, user_id: str | None, limit: int) -> tuple[list[dict[str, Any]],
-                                                                         bool]:
-        return self.elsewhere.rows(user_id, limit, lambda sid: self.get(sid) is not None,
-                                   now_ms() - NODE_TTL_MS)
-
-    def cluster_stats(self, local: dict[str, Any]) -> dict[str, Any]:
-        own = {**local, **self.node_meta()}
-        others: list[dict[str, Any]] = []
-        try:
-            ids = self.other_live_nodes()
-            if ids:
-                others = [orjson.loads(raw) for raw in self.store.node_reports(ids) if raw]
-        except UNAVAILABLE as exc:
-            self.went_down(exc)
-        return {**aggregate_stats([own, *others]), "node": self.node_id,
-                "cluster": self.health()}
-
-    def metrics_registry(self, local: "CollectorRegistry") -> "CollectorRegistry":
-        from prometheus_client import generate_latest
-
-        from .metrics import cluster_registry
-
-        return cluster_registry({self.node_id: generate_latest(local).decode(),
-                                 **self.node_metrics()})
-
-    def node_metrics(self) -> dict[str, str]:
-        """The other live nodes' stored /metrics texts, by node id."""
-        try:
-            ids = self.other_live_nodes()
-            texts = self.store.node_metrics(ids) if ids else []
-        except UNAVAILABLE as exc:
-            self.went_down(exc)
-            return {}
-        return {n: t.decode() for n, t in zip(ids, texts, strict=True) if t}
-
-    def other_live_nodes(self) -> list[str]:
-        """The ids of the other nodes that beat within NODE_TTL_MS."""
-        return [n for n in self.store.nodes_since(now_ms() - NODE_TTL_MS) if n != self.node_id]
 
     def node_meta(self) -> dict[str, Any]:
         return node_meta(self.node_id, self.sessions(),
@@ -198,7 +136,7 @@ class RedisHub(RoutingHub):
                 self.calls.forget_finished_moves()
                 if self.calls.remote:
                     self.calls.watch()
-                source = self._metrics_source
+                source = self.view.metrics_source
                 kept, waiting = self.store.beat(
                     now, orjson.dumps(report), source() if source is not None else None,
                     NODE_TTL_MS, MARKER_TTL_MS, 10 * NODE_TTL_MS, refresh)

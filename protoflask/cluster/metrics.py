@@ -1,7 +1,7 @@
 """/metrics for a cluster: every node's families, each sample labelled with its ``node``.
 
 With several workers on one port a scrape lands on whichever worker accepts it, so each
-node stores its own exposition in Redis every beat (``hub.set_metrics_source``) and the
+node stores its own exposition in Redis every beat (``view.set_metrics_source``) and the
 node that answers merges its fresh figures with the others' (at most a beat old).
 """
 

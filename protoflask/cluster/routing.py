@@ -28,7 +28,8 @@ import orjson
 from ..core import handoff, messages
 from ..clock import now_ms
 from ..core.errors import ClusterUnavailable, CloseCode, ProtoError, SessionNotFound
-from ..hub import LocalHub, SessionHost
+from ..config import ServerConfig
+from ..hub import LocalHub, Upstream
 from ..live import LiveSession, Operation, Send, decode_operation, encode_operation
 from .calls import RemoteCalls
 from .follow import Follow
@@ -60,8 +61,9 @@ class RoutingHub(LocalHub):
     clustered = True
 
     def __init__(self, url: str, prefix: str = "protoflask", *,
-                 node_id: str | None = None) -> None:
+                 node_id: str | None = None, config: ServerConfig | None = None) -> None:
         super().__init__()
+        config = config if config is not None else ServerConfig()
         self.url = url
         self.redis = connect(url)
         self.keys = Keys(prefix)
@@ -75,23 +77,14 @@ class RoutingHub(LocalHub):
         #: so an AG-UI thread or MCP session created on a fresh node is not refused 503.
         self.reachable_since: int | None = now_ms() - SETTLE_MS
         self.background_failing: str | None = None  # the beat's last unexpected failure
-        self._journal: Journal | None = None
-
-    def bind(self, host: SessionHost) -> None:
-        super().bind(host)
-        s = host.settings
-        self.store.ttl_ms = s.replay_window_time + NODE_TTL_MS + BEAT_MS
-        self._journal = Journal(self.redis, self.keys, self.node_id, s.replay_window_size,
-                                self.ttl_ms, self.journal_failed, self._fenced)
+        # a session's keys outlive its replay window by a node's silence
+        self.store.ttl_ms = config.replay_window_time + NODE_TTL_MS + BEAT_MS
+        self.journal = Journal(self.redis, self.keys, self.node_id, config.replay_window_size,
+                               self.ttl_ms, self.journal_failed, self._fenced)
 
     @property
     def ttl_ms(self) -> int:
         return self.store.ttl_ms
-
-    @property
-    def journal(self) -> Journal:
-        assert self._journal is not None, "RedisHub used before an engine bound it"
-        return self._journal
 
     # -- degraded mode -------------------------------------------------------------------
 
@@ -102,8 +95,7 @@ class RoutingHub(LocalHub):
             log.error("%s", first)
         self.degraded = True
         self.reachable_since = None
-        if self._journal is not None:
-            self._journal.paused = True
+        self.journal.paused = True
 
     def went_down(self, exc: BaseException) -> None:
         self.degrade(f"Redis at {self.url} is unreachable ({exc}): degraded; local "
@@ -134,7 +126,7 @@ class RoutingHub(LocalHub):
     def health(self) -> str:
         """"degraded" while this node cannot write to Redis: unreachable, lost our data
         and not yet copied over again, the journal failing, a background failure."""
-        journal_ok = self._journal is None or self._journal.alive
+        journal_ok = self.journal.alive
         return "ok" if not self.degraded and journal_ok and self.background_failing is None \
             else "degraded"
 
@@ -144,7 +136,12 @@ class RoutingHub(LocalHub):
         self.hold(live, 1)
         self.write_record(live)
 
-    def remove(self, session_id: str) -> LiveSession | None:
+    def remove(self, session_id: str, keep: bool = False) -> LiveSession | None:
+        if keep:  # this node is stopping: leave the session to the cluster
+            held = self.get(session_id)
+            if held is not None:
+                self._let_go(held)
+            return held
         live = super().remove(session_id)
         if live is not None:
             epoch = live.link.epoch if isinstance(live.link, Follow) else 0
@@ -160,15 +157,6 @@ class RoutingHub(LocalHub):
     def changed(self, live: LiveSession) -> None:
         if self.get(live.id) is not None:
             self.write_record(live)
-
-    def persist(self, live: LiveSession) -> None:
-        link = live.link
-        if isinstance(link, Follow) and link.journaling and self.get(live.id) is live:
-            self.journal.append(live, link, [], now_ms())  # the state, group-committed
-
-    def state_changed(self, live: LiveSession) -> None:
-        if self.get(live.id) is not None:
-            self.journal.note_state(live)
 
     def hold(self, live: LiveSession, epoch: int) -> None:
         """Hold the session here at ``epoch``, journaling what it writes from now on."""
@@ -205,11 +193,10 @@ class RoutingHub(LocalHub):
 
     # -- delivery ----------------------------------------------------------------------
 
-    def deliver(self, session_id: str, op: Operation) -> bool:
-        live = self.get(session_id)
-        if live is not None:
-            return live.apply(op)
-        return self.deliver_remote(session_id, op)
+    def route(self, session_id: str, item: Operation | Upstream) -> bool:
+        if isinstance(item, Upstream):
+            return self.forward_upstream(session_id, item.user_id, item.body)
+        return self.deliver_remote(session_id, item)
 
     def deliver_remote(self, session_id: str, op: Operation, hops: int = 0) -> bool:
         item = encode_operation(op)
@@ -239,17 +226,12 @@ class RoutingHub(LocalHub):
             raise ClusterUnavailable(
                 f"session {session_id!r} is not on this node and Redis is unreachable") from exc
 
-    def broadcast(self, out: messages.Outbound) -> int:
-        reached = super().broadcast(out)
+    def publish(self, message: dict[str, Any]) -> None:
         try:
-            self.store.publish(self.keys.broadcast,
-                               {"op": "broadcast", "from": self.node_id, "out": out.to_dict()})
+            self.store.publish(self.keys.broadcast, {**message, "from": self.node_id})
         except UNAVAILABLE as exc:
             self.went_down(exc)
-            raise ClusterUnavailable(
-                f"broadcast reached {reached} sessions on this node; Redis is unreachable, "
-                "so other nodes' sessions were not reached") from exc
-        return reached
+            raise ClusterUnavailable("Redis is unreachable") from exc
 
     def forward_upstream(self, session_id: str, user_id: str, body: bytes) -> bool:
         """Hand a posted body to the session's holder; or, when the holder does not listen
@@ -297,13 +279,6 @@ class RoutingHub(LocalHub):
                                    "just now (Redis lost data or was unreachable a moment "
                                    "ago); its node may be writing it back")
         raise SessionNotFound(f"no session {session_id!r}")
-
-    def cancel_elsewhere(self, session_id: str, call_id: str) -> None:
-        try:
-            self.store.publish(self.keys.broadcast, {
-                "op": "cancel", "from": self.node_id, "sid": session_id, "call": call_id})
-        except UNAVAILABLE as exc:
-            self.went_down(exc)  # the client has its TOOL_DONE CANCELLED already
 
     def forward_moved(self, session_id: str, op: Operation) -> bool:
         """A delivery to a session that moved away (a tool call still running here)."""
@@ -361,11 +336,12 @@ class RoutingHub(LocalHub):
             self.host.receive_body(live, base64.b64decode(data["body"]))
         except ProtoError:
             pass  # already reported downstream; the posting node answered the HTTP 400
-        self.persist(live)
+        if live.link is not None:
+            live.link.persist(live)
 
     def on_broadcast(self, data: dict[str, Any]) -> None:
         if data["from"] != self.node_id:
-            LocalHub.broadcast(self, messages.from_dict(data["out"]))
+            self.send_here(messages.from_dict(data["out"]))
             for live in self.sessions():
                 self.host.settle(live)
 
@@ -491,7 +467,3 @@ class RoutingHub(LocalHub):
             self.host.close_transport(live, CloseCode.MOVED, "the session moved to another "
                                       "node; resume it")
 
-    def hand_off(self, live: LiveSession) -> None:
-        """This node is stopping: leave the session to the cluster for a resume elsewhere."""
-        if self.get(live.id) is not None:
-            self._let_go(live)

@@ -105,7 +105,7 @@ def test_the_engine_hands_the_hub_a_session_host(h: Harness) -> None:
     assert host is not None and host.settings is h.engine.settings
     live = host.adopt(h.engine.new_session("u1").core)
     assert live.runner is None  # built on the session's first tool call
-    assert live.tool_runner() is live.runner is not None
+    assert h.engine.tool_runner(live) is live.runner is not None
     assert live.core.traffic is h.engine.stats.traffic
     assert host.local_stats()["totalMessages"] == host.local_stats()["errorsSent"] == 0
 

@@ -11,7 +11,7 @@ from protoflask.config import ServerConfig
 from protoflask.core import messages
 from protoflask.core.errors import SessionNotFound, ToolExecutionError
 from protoflask.core.session import ProtocolSession
-from protoflask.hub import LocalHub, SessionHost
+from protoflask.hub import LocalHub, SessionHost, Upstream, cluster_stats
 from protoflask.live import LiveSession, Operation, Send, ToolDone
 from protoflask.tickets import MemoryTicketStore
 
@@ -159,14 +159,24 @@ def test_hooks_of_one_process() -> None:
     hub.add(live)
     assert hub.clustered is False
     assert hub.claim("x", "user-1") is None and hub.lookup("x") is None
-    assert hub.forward_upstream("x", "user-1", b"{}") is False
-    assert hub.sessions_elsewhere(None, 10) == ([], True)
-    assert hub.cluster_stats({"a": 1}) == {"a": 1}
-    assert hub.health() == "ok"
-    assert isinstance(hub.ticket_store(), MemoryTicketStore)
-    hub.set_metrics_source(lambda: b"")
-    hub.hand_off(live)
+    assert hub.route("x", Upstream("user-1", b"{}")) is False
+    with pytest.raises(SessionNotFound):
+        hub.route("x", Send(note()))
+    assert hub.view is None and cluster_stats(hub.view, {"a": 1}) == {"a": 1}
+    assert isinstance(hub.tickets, MemoryTicketStore)
+    hub.publish({"op": "cancel"})  # nobody else to tell
+    hub.remove(live.id, keep=True)
     assert hub.get(live.id) is None
+
+
+def test_the_cluster_seam_is_eight_methods() -> None:
+    """What a cluster hub overrides of LocalHub (docs/ARCHITECTURE.md, "The seams")."""
+    from protoflask.cluster.hub import RedisHub
+
+    overridden = {name for klass in RedisHub.__mro__[:-2] for name, value in vars(klass).items()
+                  if callable(value) and hasattr(LocalHub, name) and not name.startswith("__")}
+    assert overridden == {"start", "stop", "add", "remove", "changed", "route", "publish",
+                          "claim"}
 
 
 def test_bind_keeps_the_host() -> None:
