@@ -114,17 +114,19 @@ def time_read_loop(engine: Any, live: Any, sock: FakeSocket) -> float:
     they run out; the CPU seconds the read loop took (HELLO included: one in thousands)."""
     import gevent
 
+    from protoflask.port import SessionPort
     from protoflask.transports.websocket import WebSocketConnection
 
-    conn = WebSocketConnection(engine, sock, compression=False)  # type: ignore[arg-type]
+    port = SessionPort(engine, live, None, WebSocketConnection.kind)
+    conn = WebSocketConnection(port.limits, sock, compression=False)  # type: ignore[arg-type]
     conn._reader = gevent.getcurrent()
-    conn.live = live
-    engine.open_transport(live, conn, None)
+    conn.port = port
+    port.attach(conn)
     conn.flush()
     t0 = time.process_time()
     conn._read_loop()
     spent = time.process_time() - t0
-    engine.end_transport(live, conn)
+    port.end()
     return spent
 
 

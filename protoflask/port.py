@@ -50,6 +50,10 @@ _IDLE, _HANDING, _HELD = 0, 1, 2
 SETTLE_WAIT = 5.0
 
 
+def _nothing() -> None:
+    return None
+
+
 class Writer(Protocol):
     """What a transport offers its port."""
 
@@ -103,8 +107,8 @@ class PostAnswer(NamedTuple):
 class SessionPort:
     """One transport's hold on one session (see the module doc)."""
 
-    __slots__ = ("engine", "live", "kind", "last_seq", "limits", "receive", "_writer",
-                 "_stage", "_shared", "_settled")
+    __slots__ = ("engine", "live", "kind", "last_seq", "limits", "receive", "wake",
+                 "_writer", "_stage", "_shared", "_settled")
 
     def __init__(self, engine: "Engine", live: LiveSession, last_seq: int | None,
                  kind: str, limits: Limits | None = None) -> None:
@@ -115,6 +119,9 @@ class SessionPort:
         self.limits = limits if limits is not None else Limits.of(engine.config)
         #: ``receive(data)``: one upstream message (bound once: every message calls it)
         self.receive: Callable[[bytes | str], None] = partial(engine.receive, live)
+        #: ``wake()``: the session has messages to write (Transport): the writer's own
+        #: wake once attached, called as it is (every message the session sends calls it)
+        self.wake: Callable[[], None] = _nothing
         self._writer: Writer | None = None
         self._stage = _IDLE
         self._shared: Ready | None = None  # a batch the stage released, for the next take
@@ -133,6 +140,7 @@ class SessionPort:
     def attach(self, writer: Writer) -> None:
         """The transport serves the session from now on (an older one is closed, 4002)."""
         self._writer = writer
+        self.wake = writer.wake
         self.engine.open_transport(self.live, self, self.last_seq)
 
     def end(self) -> None:
@@ -146,10 +154,6 @@ class SessionPort:
         return self.live.transport is self
 
     # -- Transport: what the registry and the session layer call ---------------------------
-
-    def wake(self) -> None:
-        if self._writer is not None:
-            self._writer.wake()
 
     def close(self, code: int, reason: str) -> None:
         if self._writer is not None:
@@ -188,7 +192,7 @@ class SessionPort:
             self._shared = None
             return shared
         live = self.live
-        if self._stage or not fresh or live.transport is not self:
+        if self._stage or not fresh or live.transport is not self or not live.has_writable():
             return []
         now = now_ns() // 1_000_000  # now_ms(), inline: once per write
         if live.link is None:  # one process: no stage

@@ -71,12 +71,6 @@ class OutboundQueue:
 
     # -- a transport comes and goes -------------------------------------------------------
 
-    def attached(self) -> None:
-        """A fresh connection: nothing in flight, nothing to resend yet."""
-        self.drop_resends()
-        self.in_flight = 0
-        self._overflowed = False
-
     def drop_resends(self) -> None:
         """A replay in progress was for the connection that went; a resume asks for its own."""
         self._resend.clear()

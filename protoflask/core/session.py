@@ -103,6 +103,29 @@ _TABLE = (
 #: state -> transition -> next state
 TRANSITIONS: dict[SessionState, dict[Transition, SessionState]] = {
     row[0]: dict(zip(_COLUMNS, row[1:], strict=True)) for row in _TABLE}
+#: The rest of the session's state, listed beside the table (as h11's ``_state.py``
+#: lists its flags): each flag that lives outside the lifecycle above and what it means
+#: (its start value in brackets); ``RESETS``: the transitions that put one back to its
+#: start value, which ``_to`` applies (``tests/core/test_session_state.py``). "outbound."
+#: names the session's outbound queue (``core/outbound.py``).
+BESIDE: dict[str, str] = {
+    "_flooding": "closed for flooding: later messages are dropped unread (False)",
+    "_ping_nonce": "the heartbeat PING waiting for its PONG (None)",
+    "outbound._overflowed": "SlowConsumer reported for this connection (False)",
+    "outbound._pause_armed": "back-pressure may pause USER: data was queued since the "
+                             "last resume (True)",
+    "outbound.in_flight": "bytes the transport is writing (0)",
+}
+#: transition -> (state, start value) reset when it happens
+RESETS: dict[Transition, tuple[tuple[str, Any], ...]] = {
+    Transition.ATTACH: (("_flooding", False), ("_ping_nonce", None),
+                        ("outbound._overflowed", False), ("outbound.in_flight", 0)),
+    Transition.DETACH: (("_ping_nonce", None),),
+    Transition.HELLO: (),
+    Transition.CLOSE: (),
+}
+_RESETS = {t: tuple((name.startswith("outbound."), name.rpartition(".")[2], value)
+                    for name, value in steps) for t, steps in RESETS.items()}
 _ATTACHED = frozenset({_S.GREETING, _S.OPEN})
 _GREETED = frozenset({_S.OPEN, _S.DETACHED})
 _CLOSED = _S.CLOSED
@@ -157,6 +180,8 @@ class ProtocolSession(UpstreamHandlers):
     def _to(self, transition: Transition) -> None:
         before = self._state
         after = self._state = TRANSITIONS[before][transition]
+        for on_queue, name, value in _RESETS[transition]:  # the state beside the table
+            setattr(self.outbound if on_queue else self, name, value)
         if (before in _ATTACHED) is not (after in _ATTACHED):  # the shared running count
             self.traffic.attached += 1 if after in _ATTACHED else -1
 
@@ -236,17 +261,14 @@ class ProtocolSession(UpstreamHandlers):
         self._to(Transition.ATTACH)
         self.disconnected_at = None
         self.last_activity = now
-        self._ping_nonce = None
         self._next_ping_at = now + self.settings.heartbeat_interval
-        self.outbound.attached()
-        self._flooding = False
+        self.outbound.drop_resends()  # a fresh connection: nothing to resend yet
         if last_seq is not None:
             self._queue_replay(last_seq + 1, None, now, source="resume")
 
     def detach(self, now: int) -> None:
         self._to(Transition.DETACH)
         self.disconnected_at = now
-        self._ping_nonce = None
         self.outbound.drop_resends()
 
     # -- upstream (the handlers are in upstream.py) --------------------------------------
