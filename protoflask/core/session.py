@@ -121,8 +121,7 @@ RESETS: dict[Transition, tuple[tuple[str, Any], ...]] = {
     Transition.ATTACH: (("_flooding", False), ("_ping_nonce", None),
                         ("outbound._overflowed", False), ("outbound.in_flight", 0)),
     Transition.DETACH: (("_ping_nonce", None),),
-    Transition.HELLO: (),
-    Transition.CLOSE: (),
+    Transition.HELLO: (), Transition.CLOSE: (),
 }
 _RESETS = {t: tuple((name.startswith("outbound."), name.rpartition(".")[2], value)
                     for name, value in steps) for t, steps in RESETS.items()}
