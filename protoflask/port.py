@@ -108,7 +108,7 @@ class SessionPort:
     """One transport's hold on one session (see the module doc)."""
 
     __slots__ = ("engine", "live", "kind", "last_seq", "limits", "receive", "wake",
-                 "_writer", "_stage", "_shared", "_settled")
+                 "translate", "_writer", "_stage", "_shared", "_settled")
 
     def __init__(self, engine: "Engine", live: LiveSession, last_seq: int | None,
                  kind: str, limits: Limits | None = None) -> None:
@@ -122,6 +122,9 @@ class SessionPort:
         #: ``wake()``: the session has messages to write (Transport): the writer's own
         #: wake once attached, called as it is (every message the session sends calls it)
         self.wake: Callable[[], None] = _nothing
+        #: rewrites what the session sends before the transport frames it (the AG-UI
+        #: WebSocket extension's translator, agui/socket.py), or None
+        self.translate: Callable[[Ready], Ready] | None = None
         self._writer: Writer | None = None
         self._stage = _IDLE
         self._shared: Ready | None = None  # a batch the stage released, for the next take
@@ -190,23 +193,26 @@ class SessionPort:
         shared = self._shared
         if shared is not None:
             self._shared = None
-            return shared
+            return shared if self.translate is None else self.translate(shared)
         live = self.live
         if self._stage or not fresh or live.transport is not self or not live.has_writable():
             return []
         now = now_ns() // 1_000_000  # now_ms(), inline: once per write
         if live.link is None:  # one process: no stage
-            return live.core.take_writable(now)
+            ready = live.core.take_writable(now)
+            return ready if self.translate is None or not ready else self.translate(ready)
         self._stage = _HANDING
         taken = live.take_writable_then(now, self._released)
         if taken is not None:  # not journaled: written now
             self._stage = _IDLE
-            return taken
+            return taken if self.translate is None or not taken else self.translate(taken)
         if self._stage == _HANDING:  # the stage has it; _released wakes the writer
             self._stage = _HELD
             return []
         shared, self._shared = self._shared, None  # released at once (a paused journal)
-        return shared or []
+        if not shared:
+            return []
+        return shared if self.translate is None else self.translate(shared)
 
     def _released(self, ready: Ready) -> None:
         """The stage has the batch (``ready``; [] when the session moved meanwhile): the
@@ -233,7 +239,10 @@ class SessionPort:
         out = self.take(fresh=False)
         live = self.live
         if live.transport is self:
-            out = out + live.take_writable(now_ms()) if out else live.take_writable(now_ms())
+            more = live.take_writable(now_ms())
+            if more and self.translate is not None:
+                more = self.translate(more)
+            out = out + more if out else more
         return out
 
     def in_flight(self, nbytes: int) -> None:

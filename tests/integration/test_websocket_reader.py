@@ -42,11 +42,10 @@ class Recording(WebSocketConnection):
         self._closing = False
         self._owed = 0
         self.seen: list[Any] = []
-        # the reader hands a common ASCII text message to engine.receive itself
-        self.live = object()  # type: ignore[assignment]
-        self.engine = self  # type: ignore[assignment]
+        # the reader hands a common ASCII text message to its port's receive itself
+        self.port = self  # type: ignore[assignment]
 
-    def receive(self, _live: Any, data: bytes) -> None:
+    def receive(self, data: bytes) -> None:
         self.seen.append(("message", Opcode.TEXT, data))
 
     def _on_message(self, opcode: Opcode, data: bytes) -> None:
