@@ -663,7 +663,7 @@ class PrivateRedis:
     """A redis-server of its own on a free port, for a test or bench that kills, flushes or
     restarts it (never the shared one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("needs redis-server on PATH (.ci/run installs it)")
@@ -671,14 +671,18 @@ class PrivateRedis:
         listener = free_listener()
         self.port = listener.getsockname()[1]
         listener.close()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
     def start(self) -> None:
+        auth = ["--requirepass", self.password] if self.password else []
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--appendonly", "no", *auth], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
         wait_for(self._answers, what="the private redis-server")
 
     def _answers(self) -> bool:

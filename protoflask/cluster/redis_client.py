@@ -149,6 +149,17 @@ def connect(url: str, *, timeout: float = 5.0) -> redis.Redis:
     return redis.Redis(connection_pool=pool)
 
 
+def display_url(url: str) -> str:
+    """``url`` as it may be logged or shown in /health: its password replaced by ``***``
+    (``redis://:secret@host`` and ``redis://user:secret@host`` alike)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
 def text(reply: bytes | str) -> str:
     """A Redis reply as text (this client's replies are bytes: no decode_responses)."""
     return reply.decode() if isinstance(reply, bytes) else reply
