@@ -218,7 +218,13 @@ def free_listener() -> socket.socket:
 
 class GunicornServer:
     """``gunicorn -k gevent wsgi:app`` in a subprocess, on a socket bound here (no race).
-    ``app`` and ``chdir`` serve another WSGI app (the examples)."""
+    ``app`` and ``chdir`` serve another WSGI app (the examples).
+
+    Every one started and not yet stopped is in ``running``: tests/conftest.py stops what
+    a test left behind (a test that failed between starting its nodes and its
+    ``try``/``finally`` left gunicorn processes serving after the suite)."""
+
+    running: "set[GunicornServer]" = set()
 
     def __init__(self, env: dict[str, str] | None = None, app: str = "wsgi:app",
                  chdir: Path = ROOT) -> None:
@@ -232,6 +238,7 @@ class GunicornServer:
             [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"),
              "--bind", f"fd://{fd}", "--chdir", str(chdir), app],
             pass_fds=(fd,), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        GunicornServer.running.add(self)
         try:
             wait_for(self._healthy, within=20, what="gunicorn to answer /health")
         except BaseException:
@@ -252,6 +259,7 @@ class GunicornServer:
         self.proc.kill()
         self._killed_output, _ = self.proc.communicate()
         self.listener.close()
+        GunicornServer.running.discard(self)
 
     def stop(self) -> str:
         if hasattr(self, "_killed_output"):
@@ -264,6 +272,7 @@ class GunicornServer:
             self.proc.kill()
             out, _ = self.proc.communicate()
         self.listener.close()
+        GunicornServer.running.discard(self)
         return out.decode() if out else ""
 
 
