@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import orjson
 import redis
@@ -217,11 +217,12 @@ def free_listener() -> socket.socket:
 
 
 class GunicornServer:
-    """``gunicorn -k gevent wsgi:app`` in a subprocess, on a socket bound here (no race).
-    ``app`` and ``chdir`` serve another WSGI app (the examples)."""
+    """``gunicorn wsgi:app`` with the repository's gunicorn.conf.py in a subprocess, on a
+    socket bound here (no race). ``app`` and ``chdir`` serve another WSGI app (the
+    examples); ``args`` go on gunicorn's command line."""
 
     def __init__(self, env: dict[str, str] | None = None, app: str = "wsgi:app",
-                 chdir: Path = ROOT) -> None:
+                 chdir: Path = ROOT, args: Sequence[str] = ()) -> None:
         self.listener = free_listener()
         self.port = self.listener.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -230,7 +231,7 @@ class GunicornServer:
                     **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"),
-             "--bind", f"fd://{fd}", "--chdir", str(chdir), app],
+             "--bind", f"fd://{fd}", "--chdir", str(chdir), *args, app],
             pass_fds=(fd,), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             wait_for(self._healthy, within=20, what="gunicorn to answer /health")
