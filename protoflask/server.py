@@ -235,7 +235,7 @@ class ProtoServer:
         self._call(wait)
 
     def serving_started(self) -> None:
-        """For hosting servers that are not ``start()`` (gunicorn's post_worker_init)."""
+        """For hosting servers that are not ``start()`` (gunicorn_worker.GeventWorker)."""
         self.engine.ensure_running()
         self._warn_about_open_origins()
         self._emit(signals.started)

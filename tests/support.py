@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import orjson
 import redis
@@ -217,8 +217,9 @@ def free_listener() -> socket.socket:
 
 
 class GunicornServer:
-    """``gunicorn -k gevent wsgi:app`` in a subprocess, on a socket bound here (no race).
-    ``app`` and ``chdir`` serve another WSGI app (the examples).
+    """``gunicorn wsgi:app`` with the repository's gunicorn.conf.py in a subprocess, on a
+    socket bound here (no race). ``app`` and ``chdir`` serve another WSGI app (the
+    examples); ``args`` go on gunicorn's command line.
 
     Every one started and not yet stopped is in ``running``: tests/conftest.py stops what
     a test left behind (a test that failed between starting its nodes and its
@@ -227,7 +228,7 @@ class GunicornServer:
     running: "set[GunicornServer]" = set()
 
     def __init__(self, env: dict[str, str] | None = None, app: str = "wsgi:app",
-                 chdir: Path = ROOT) -> None:
+                 chdir: Path = ROOT, args: Sequence[str] = ()) -> None:
         self.listener = free_listener()
         self.port = self.listener.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -236,7 +237,7 @@ class GunicornServer:
                     **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"),
-             "--bind", f"fd://{fd}", "--chdir", str(chdir), app],
+             "--bind", f"fd://{fd}", "--chdir", str(chdir), *args, app],
             pass_fds=(fd,), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         GunicornServer.running.add(self)
         try:

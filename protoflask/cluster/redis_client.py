@@ -24,6 +24,10 @@ from redis.sentinel import Sentinel, SentinelManagedConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..pins import check_redis
+
+check_redis()  # GeventConnection reads redis-py's internals: fail here if they moved
+
 
 class GeventConnection(redis.connection.Connection):
     def _connect(self) -> gsocket.socket:

@@ -16,7 +16,7 @@ from .messages import (
     Outbound, SUPPORTED_MAJORS, flow_update, hello as hello_message, pong as pong_message,
 )
 from .envelope import (
-    CLIENT_TYPES, CONTROL_TYPES, PAYLOAD_CHECKS, SERVER_TYPES, Message, byte_length,
+    CLIENT_TYPES, CONTROL_TYPES, SERVER_TYPES, Message, byte_length,
     validate_payload,
 )
 from .errors import (
@@ -126,9 +126,7 @@ class UpstreamHandlers:
                 raise UnsupportedType(f"unsupported message type {mtype!r}")
             if mtype not in PRE_HANDSHAKE_TYPES and not self.handshake_completed:
                 raise HandshakeRequired()
-            accept = PAYLOAD_CHECKS.get(mtype)  # validate_payload's fast path, inline
-            if accept is None or accept(msg.payload) is not msg.payload:
-                msg = validate_payload(msg)
+            msg = validate_payload(msg)
             if mtype not in CONTROL_TYPES:
                 # refused before it is charged: a message the client must send again
                 # must not cost it credit (nor earn it a top-up)
