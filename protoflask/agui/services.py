@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..core import messages
 from ..core.errors import ProtoError
 from ..hub import Send
+from .. import signals
 from .endpoint import finish_elsewhere
 from .run import AguiRun, AguiServices
+from .socket import SocketAgui
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -51,3 +53,21 @@ def agui_services(engine: "Engine", *, call: Callable[..., Any],
                         finish_run=finish, run_status=run_status, report_error=report_error,
                         handler=handler, echo=engine.config.echo_messages,
                         max_message_size=engine.config.max_message_size)
+
+
+def install_socket_agui(server: Any, engine: Callable[[], "Engine"],
+                        services: Callable[[], AguiServices]) -> SocketAgui:
+    """AG-UI events on the server's WebSockets (agui/socket.py): listen, as the server's
+    own receivers, for the transports that attach, the first HELLOs and the runs started."""
+    socket_agui = SocketAgui(engine, services)
+
+    def attached(sender: Any, session_id: str, **_: Any) -> None:
+        socket_agui.attach(session_id)
+
+    def run_started(sender: Any, session_id: str, run: Any, **_: Any) -> None:
+        socket_agui.run_started(session_id, run)
+
+    signals.connect.connect(attached, sender=server, weak=False)
+    signals.handshake.connect(attached, sender=server, weak=False)
+    signals.run_started.connect(run_started, sender=server, weak=False)
+    return socket_agui
