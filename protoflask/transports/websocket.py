@@ -112,10 +112,8 @@ class WebSocketConnection:
         self._reader: gevent.Greenlet | None = None
         self._owed = 0  # bytes of a frame the protocol is reading still to come
         self.opened = False  # attached to its session: ``serve`` ends it with the engine
-        #: what the session sends, rewritten before it is framed (None: as it is); an
-        #: extension sets it (protoflask/agui/socket.py: AG-UI events, docs/AGUI.md)
-        self.translate: Callable[[list[tuple[int, bytes]]], list[tuple[int, bytes]]] | None \
-            = None
+        #: rewrites what the session sends before framing (agui/socket.py), or None
+        self.translate: Callable[[list[tuple[int, bytes]]], list[tuple[int, bytes]]] | None = None
 
     # -- opening ---------------------------------------------------------------------
 
