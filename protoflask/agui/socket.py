@@ -28,6 +28,7 @@ import orjson
 
 from ..core.errors import ProtoError
 from .input import parse_run_input
+from .lost import HANDLER_NODE, LostHandlers, node_of
 from .mapping import SOCKET, RunTranslator
 from .run import AguiServices, start_run_handler
 
@@ -134,12 +135,17 @@ class SocketAgui:
         self.services = services
         self.translators: "weakref.WeakKeyDictionary[Any, SocketTranslator]" = \
             weakref.WeakKeyDictionary()
+        #: runs whose handler is on another node, watched (agui/lost.py)
+        self.lost = LostHandlers(engine, services)
 
     def attach(self, session_id: str) -> None:
         """A transport attached, or the session's first HELLO came: a WebSocket of a session
         that asked for the extension writes through the session's translator."""
         live = self.engine().hub.get(session_id)
-        if live is None or EXTENSION not in live.core.extensions:
+        if live is None:
+            return
+        self.lost.attached(live)
+        if EXTENSION not in live.core.extensions:
             return
         transport = live.transport
         if transport is None or getattr(transport, "kind", None) != "websocket":
@@ -166,6 +172,10 @@ class SocketAgui:
         except ProtoError as exc:  # the run has started: it ends with RUN_ERROR
             gevent.spawn(_refuse, self.services(), session_id, run.run_id, exc)
             return
+        node = node_of(self.engine())
+        if node is not None:  # the node its handler runs on (agui/lost.py)
+            metadata[HANDLER_NODE] = node
+            self.engine().hub.state_changed(live)
         start_run_handler(self.services(), session_id, run_input)
 
 
