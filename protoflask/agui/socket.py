@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
@@ -43,6 +44,7 @@ log = logging.getLogger("protoflask.agui")
 EXTENSION = "agui"
 _RUN_STARTED = b'"type":"RUN_STARTED"'
 Ready = list[tuple[int, bytes]]
+TRIM_EVERY = 256
 
 
 class SocketTranslator:
@@ -55,7 +57,11 @@ class SocketTranslator:
         #: the highest seq translated; the frames each run's seq became, while the
         #: client may be replayed it (until its ACK or the window's bound)
         self.last = 0
-        self.memo: dict[int, list[bytes]] = {}
+        #: (an OrderedDict: a plain dict emptied from the front makes finding its first
+        #: key slower with every key removed)
+        self.memo: OrderedDict[int, list[bytes]] = OrderedDict()
+        self.bound = live.core.settings.replay_window_size
+        self.trimmed = 0  # the last seq when the memo was trimmed
 
     def __call__(self, ready: Ready) -> Ready:
         if not ready:
@@ -70,17 +76,21 @@ class SocketTranslator:
                 if frames is None:
                     out.append((seq, data))
                 else:
-                    out.extend((seq, frame) for frame in frames)
+                    out += [(seq, frame) for frame in frames]
                 continue
             frames = []
             if self._feed(seq, data, frames, True):
                 memo[seq] = frames
-                out.extend((seq, frame) for frame in frames)
+                if len(frames) == 1:  # the common case, without a list of its own
+                    out.append((seq, frames[0]))
+                else:
+                    out += [(seq, frame) for frame in frames]
             else:
                 out.append((seq, data))
             last = seq
         self.last = last
-        self._trim()
+        if len(memo) > self.bound or last - self.trimmed >= TRIM_EVERY:
+            self._trim()
         return out
 
     def _feed(self, seq: int, data: bytes, frames: list[bytes], write: bool) -> bool:
@@ -112,17 +122,17 @@ class SocketTranslator:
         self.last = first - 1
 
     def _trim(self) -> None:
-        """Forget what the client can no longer be replayed: ACKed, or beyond the window."""
+        """Forget what the client can no longer be replayed: ACKed, or beyond the window
+        (looked at every TRIM_EVERY seqs, and whenever the memo outgrows the window)."""
         memo = self.memo
-        if not memo:
-            return
+        self.trimmed = self.last
         floor = self.core.last_ack
-        bound = self.core.settings.replay_window_size
+        bound = self.bound
         while memo:
             oldest = next(iter(memo))
             if oldest > floor and len(memo) <= bound:
                 return
-            del memo[oldest]
+            memo.popitem(last=False)
 
 
 class SocketAgui:
