@@ -57,7 +57,8 @@ class SseFraming:
         return sse_event(event, seq)
 
     @staticmethod
-    def content(seq: int, data: bytes, mid: bytes, delta: bytes) -> bytes:
+    def content(seq: int, data: bytes, at: int, mid: bytes, delta: bytes) -> bytes:
+        """A text part's event; ``at``: where the envelope's "type" key starts."""
         return _CONTENT % (seq, mid, delta)
 
 
@@ -88,8 +89,8 @@ class SocketFraming:
         return _head(data) + body if seq is not None else b"{" + body
 
     @staticmethod
-    def content(seq: int, data: bytes, mid: bytes, delta: bytes) -> bytes:
-        return _head(data) + _SOCKET_CONTENT % (mid, delta)
+    def content(seq: int, data: bytes, at: int, mid: bytes, delta: bytes) -> bytes:
+        return data[:at] + _SOCKET_CONTENT % (mid, delta)
 
 
 SSE = SseFraming()
@@ -140,7 +141,7 @@ class RunTranslator:
                 end = data.find(b'","content":', start)
                 mid = data[start:end]
                 if end > 0 and b"\\" not in mid and ("text", mid.decode()) in self.open:
-                    out.append(self.framing.content(seq, data, mid, data[end + 12:-2]))
+                    out.append(self.framing.content(seq, data, at, mid, data[end + 12:-2]))
                     return True
         if resume is not None and seq > resume:
             self._prelude(out)

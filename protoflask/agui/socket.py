@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
@@ -57,11 +56,12 @@ class SocketTranslator:
         #: the highest seq translated; the frames each run's seq became, while the
         #: client may be replayed it (until its ACK or the window's bound)
         self.last = 0
-        #: (an OrderedDict: a plain dict emptied from the front makes finding its first
-        #: key slower with every key removed)
-        self.memo: OrderedDict[int, list[bytes]] = OrderedDict()
+        #: (trimmed by seq, never iterated: a dict emptied from the front is slow to
+        #: iterate, and an OrderedDict costs twice as much to fill)
+        self.memo: dict[int, list[bytes]] = {}
         self.bound = live.core.settings.replay_window_size
         self.trimmed = 0  # the last seq when the memo was trimmed
+        self.floor = 0  # no seq at or below it is in the memo
 
     def __call__(self, ready: Ready) -> Ready:
         if not ready:
@@ -79,7 +79,14 @@ class SocketTranslator:
                     out += [(seq, frame) for frame in frames]
                 continue
             frames = []
-            if self._feed(seq, data, frames, True):
+            run = self.run
+            if run is not None and not run.ended:  # _feed's common case, inline
+                taken = run.feed(seq, data, frames)
+                if run.ended:
+                    self.run = None
+            else:
+                taken = self._feed(seq, data, frames, True)
+            if taken:
                 memo[seq] = frames
                 if len(frames) == 1:  # the common case, without a list of its own
                     out.append((seq, frames[0]))
@@ -89,7 +96,7 @@ class SocketTranslator:
                 out.append((seq, data))
             last = seq
         self.last = last
-        if len(memo) > self.bound or last - self.trimmed >= TRIM_EVERY:
+        if last - self.trimmed >= TRIM_EVERY:
             self._trim()
         return out
 
@@ -120,19 +127,19 @@ class SocketTranslator:
             if seq > last:
                 self._feed(seq, data, [], False)
         self.last = first - 1
+        if not self.memo:  # the memo starts here (so _trim never walks the seqs before)
+            self.floor = self.trimmed = first - 1
 
     def _trim(self) -> None:
         """Forget what the client can no longer be replayed: ACKed, or beyond the window
         (looked at every TRIM_EVERY seqs, and whenever the memo outgrows the window)."""
         memo = self.memo
-        self.trimmed = self.last
-        floor = self.core.last_ack
-        bound = self.bound
-        while memo:
-            oldest = next(iter(memo))
-            if oldest > floor and len(memo) <= bound:
-                return
-            memo.popitem(last=False)
+        self.trimmed = last = self.last
+        # the window keeps at most ``bound`` seqs: anything older is gone from it too
+        floor = max(self.core.last_ack, last - self.bound)
+        for seq in range(self.floor + 1, floor + 1):
+            memo.pop(seq, None)
+        self.floor = max(self.floor, floor)
 
 
 class SocketAgui:
