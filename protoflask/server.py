@@ -281,7 +281,7 @@ class ProtoServer:
 
     def _agui_services(self) -> AguiServices:
         return agui_services(
-            self.engine, call=self._call, call_tool=self.call_tool,
+            self.engine, call=self._call, call_tool=self.call_tool, invoke=self._invoke_tool,
             send_message=self.send_message, finish_run=self.finish_run, handler=self._agui_handler,
             report_error=lambda exc, session_id: self._emit_error(exc, session_id=session_id))
 
