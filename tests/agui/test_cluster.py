@@ -132,3 +132,27 @@ def test_a_server_tool_call_after_the_session_moved(make_server, redis_url, pref
     assert "CUSTOM" in kinds  # the tool's progress, from node a through the cluster
     deltas = [e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT"]
     assert deltas == ["before", "after 21"]
+
+
+def test_ag_ui_events_on_a_socket_resumed_on_the_other_node(make_server, redis_url, prefix):
+    """The WebSocket extension in a cluster: a socket that asked for AG-UI events is cut
+    mid-run on node a and resumed on node b, which rebuilds the session's translation
+    from its replay window: the client ends with exactly the events of an uncut run."""
+    from .test_socket import agui_hello, run_events, shape, socket_client, start
+
+    a, b = node(make_server, redis_url, prefix), node(make_server, redis_url, prefix)
+    with socket_client(a, "uncut") as client:
+        agui_hello(client)
+        start(client, "r-uncut", "long")
+        uncut = run_events(client)
+    client = socket_client(a, "cut")
+    agui_hello(client)
+    start(client, "r-cut", "long")
+    got = [client.recv_until(lambda m: m["type"] == "AGUI_EVENT") for _ in range(5)]
+    session, last_seq = client.session_id, max(int(e["seq"]) for e in got)
+    client.drop()
+    with socket_client(b, "cut", session=session, last_seq=last_seq) as resumed:
+        got += run_events(resumed)
+    assert shape(got) == shape(uncut)
+    seqs = [int(e["seq"]) for e in got if "seq" in e]
+    assert seqs == sorted(set(seqs))
