@@ -131,12 +131,15 @@ class SocketTranslator:
             self.floor = self.trimmed = first - 1
 
     def _trim(self) -> None:
-        """Forget what the client can no longer be replayed: ACKed, or beyond the window
-        (looked at every TRIM_EVERY seqs, and whenever the memo outgrows the window)."""
+        """Forget what the client can no longer be replayed (looked at every TRIM_EVERY
+        seqs)."""
         memo = self.memo
         self.trimmed = last = self.last
-        # the window keeps at most ``bound`` seqs: anything older is gone from it too
-        floor = max(self.core.last_ack, last - self.bound)
+        # what the replay window no longer holds (ACKed, or evicted by its size, bytes or
+        # age) is never replayed: the memo is at most the window's seqs
+        first = self.core.replay.first_seq
+        floor = max(self.core.last_ack, last - self.bound,
+                    first - 1 if first is not None else last)
         for seq in range(self.floor + 1, floor + 1):
             memo.pop(seq, None)
         self.floor = max(self.floor, floor)
