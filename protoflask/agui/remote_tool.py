@@ -1,8 +1,8 @@
 """``run.call_tool`` when the run's thread session has moved to another node of a cluster
 (a re-attach there) while its handler goes on here (docs/AGUI.md, "Re-attach").
 
-The call opens on the node that holds the session (``OpenCall``, a delivery operation of
-the hub's kind, so the cluster carries it), and runs here, in a tool runner of its own
+The call opens on the node that holds the session (the hub's ``OpenCall`` delivery, which
+the cluster carries), and runs here, in a tool runner of its own
 whose TOOL_UPDATEs and TOOL_DONE go to the session through the cluster, like a call that
 kept running here after its session moved: the tool's timeout, output check and failure
 reporting are the runner's, as for any call.
@@ -10,45 +10,16 @@ reporting are the runner's, as for any call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable
 
 import gevent.event
 
 from ..core.errors import ProtoError, ToolCancelled
-from ..core.session import ProtocolSession
-from ..hub import OPERATIONS, FailCall, Operation, ToolDone, ToolUpdate
+from ..hub import FailCall, OpenCall, Operation, ToolDone, ToolUpdate
 from ..tools import CallSink, SessionToolRunner, Tool, ToolExecution, check_call
 
 if TYPE_CHECKING:
     from ..engine import Engine
-
-
-@dataclass(frozen=True, slots=True)
-class OpenCall:
-    """Open a call of the application's own agent in the session (``core.open_call``)."""
-
-    call_id: str
-    run_id: str | None
-    name: ClassVar[str] = "agui_open_call"
-
-    def apply(self, core: ProtocolSession) -> bool:
-        try:
-            core.open_call(self.call_id, self.run_id)
-        except ProtoError:  # the run ended meanwhile (or the id is taken): nothing opens
-            return False
-        return True
-
-    def encode(self) -> list[Any]:
-        return [self.call_id, self.run_id]
-
-    @classmethod
-    def decode(cls, args: list[Any]) -> "OpenCall":
-        return cls(args[0], args[1])
-
-
-# a node decodes what another delivers by name: every node imports this module
-OPERATIONS.setdefault(OpenCall.name, OpenCall)
 
 
 def call_tool_elsewhere(engine: "Engine", session_id: str, name: str, params: dict[str, Any],
