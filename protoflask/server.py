@@ -63,7 +63,7 @@ class ProtoServer:
         self._own_app = False  # the app was created here: the page may take "/"
         self._listeners: list[Callable[..., Any]] = []
         self._agui_handler: Callable[[AguiRun], Any] | None = None
-        install_socket_agui(self, lambda: self.engine, self._agui_services)  # AG-UI on WS
+        self._socket_agui = install_socket_agui(self, lambda: self.engine, self._agui_services)
         self._serving = EmbeddedServer()
         if app is not None:
             self.init_app(app)

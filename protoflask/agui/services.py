@@ -72,17 +72,11 @@ def agui_services(engine: "Engine", *, call: Callable[..., Any],
 
 def install_socket_agui(server: Any, engine: Callable[[], "Engine"],
                         services: Callable[[], AguiServices]) -> SocketAgui:
-    """AG-UI events on the server's WebSockets (agui/socket.py): listen, as the server's
-    own receivers, for the transports that attach, the first HELLOs and the runs started."""
+    """AG-UI events on the server's WebSockets (agui/socket.py): its receivers, for the
+    transports that attach, the first HELLOs and the runs started. The signals hold them
+    weakly: the server keeps the returned object (else a server could never be freed)."""
     socket_agui = SocketAgui(engine, services)
-
-    def attached(sender: Any, session_id: str, **_: Any) -> None:
-        socket_agui.attach(session_id)
-
-    def run_started(sender: Any, session_id: str, run: Any, **_: Any) -> None:
-        socket_agui.run_started(session_id, run)
-
-    signals.connect.connect(attached, sender=server, weak=False)
-    signals.handshake.connect(attached, sender=server, weak=False)
-    signals.run_started.connect(run_started, sender=server, weak=False)
+    signals.connect.connect(socket_agui.on_attached, sender=server)
+    signals.handshake.connect(socket_agui.on_attached, sender=server)
+    signals.run_started.connect(socket_agui.on_run_started, sender=server)
     return socket_agui

@@ -158,6 +158,14 @@ class SocketAgui:
         #: runs whose handler is on another node, watched (agui/lost.py)
         self.lost = LostHandlers(engine, services)
 
+    def on_attached(self, sender: Any, session_id: str, **_: Any) -> None:
+        """The ``connect`` and ``handshake`` signals' receiver."""
+        self.attach(session_id)
+
+    def on_run_started(self, sender: Any, session_id: str, run: "Run", **_: Any) -> None:
+        """The ``runStarted`` signal's receiver."""
+        self.run_started(session_id, run)
+
     def attach(self, session_id: str) -> None:
         """A transport attached, or the session's first HELLO came: a WebSocket of a session
         that asked for the extension writes through the session's translator."""
