@@ -121,10 +121,22 @@ class RunTranslator:
         self._data = b""
 
     def translate(self, ready: list[tuple[int, bytes]]) -> bytes:
+        """The SSE stream's bytes for ``ready`` (``feed``, with its common case inline:
+        a call less per text part on the stream's hot path)."""
         out: list[bytes] = []
+        open_, content = self.open, self.framing.content
         for seq, data in ready:
             if self.ended:
                 break
+            if self.resume_after is None and self.started:
+                at = data.find(_PART_HEAD)
+                if at >= 0 and data.endswith(b"}}"):
+                    start = at + _PART_HEAD_LEN
+                    end = data.find(b'","content":', start)
+                    mid = data[start:end]
+                    if end > 0 and b"\\" not in mid and ("text", mid.decode()) in open_:
+                        out.append(content(seq, data, at, mid, data[end + 12:-2]))
+                        continue
             self.feed(seq, data, out)
         return b"".join(out)
 
