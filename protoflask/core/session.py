@@ -125,6 +125,8 @@ class ProtocolSession(UpstreamHandlers):
         self.up_seqs = SeenSeqs()  # upstream seqs seen: the highest, and gaps below it
         self.last_ack = 0
         self.accept_events: frozenset[str] | None = None
+        #: the protocol extensions the client asked for in its first HELLO (upstream.py)
+        self.extensions: frozenset[str] = frozenset()
         self.rate = RateLimiter(settings.rate_limit, settings.rate_limit_burst, now)
         self._flooding = False  # closed for flooding: later messages are dropped silently
         self.credits = CreditLedger(settings.credits)

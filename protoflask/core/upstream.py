@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from .traffic import TrafficCounters
 
 PRE_HANDSHAKE_TYPES = frozenset({"HELLO", "PING"})
+#: Protocol extensions a client may ask for in its first HELLO
+#: (``capabilities.extensions``, docs/PROTOCOL.md §3): "agui", AG-UI events on the socket.
+EXTENSIONS = frozenset({"agui"})
 
 
 @dataclass(slots=True)
@@ -81,6 +84,7 @@ class UpstreamHandlers:
     last_activity: int
     last_ack: int
     accept_events: frozenset[str] | None
+    extensions: frozenset[str]
     traffic: TrafficCounters
     up_seqs: SeenSeqs
     credits: CreditLedger
@@ -174,11 +178,20 @@ class UpstreamHandlers:
                                             _positive_int(fc.get("initial_credit_bytes")),
                                             downstream=fc.get("downstream") is True)
         first = not self.handshake_completed
+        if first:  # the session's first HELLO decides its extensions, for its whole life
+            asked = p["capabilities"].get("extensions") \
+                if isinstance(p["capabilities"], dict) else None
+            if isinstance(asked, list):
+                self.extensions = EXTENSIONS.intersection(
+                    e for e in asked[:16] if isinstance(e, str))
         self._greeted()
+        caps = capabilities(self.settings)
+        if self.extensions:  # answered only to a client that asked: the ones it has
+            caps["extensions"] = sorted(self.extensions)
         self.send(hello_message(
             session_id=self.id,
             accept_events=self.accept_events or SERVER_TYPES,
-            capabilities=capabilities(self.settings),
+            capabilities=caps,
             last_client_seq=seen_before,
         ))
         if first:

@@ -112,6 +112,8 @@ class WebSocketConnection:
         self._reader: gevent.Greenlet | None = None
         self._owed = 0  # bytes of a frame the protocol is reading still to come
         self.opened = False  # attached to its session: ``serve`` ends it with the engine
+        #: rewrites what the session sends before framing (agui/socket.py), or None
+        self.translate: Callable[[list[tuple[int, bytes]]], list[tuple[int, bytes]]] | None = None
 
     # -- opening ---------------------------------------------------------------------
 
@@ -288,9 +290,12 @@ class WebSocketConnection:
         self._closing = True  # from here the reader writes; a scheduled flush must not
         self.engine.too_large(self.live, MessageTooLarge(
             f"message exceeds maxMessageSize ({self.engine.config.max_message_size} bytes)"))
+        ready = self.live.take_writable(now_ms())
+        if self.translate is not None:
+            ready = self.translate(ready)
         frames = [Frame(Opcode.TEXT, data).serialize(
                       mask=False, extensions=self.protocol.extensions)
-                  for _, data in self.live.take_writable(now_ms())]
+                  for _, data in ready]
         self._send(frames + closing)
 
     # -- sending (Transport) ---------------------------------------------------------
@@ -339,6 +344,8 @@ class WebSocketConnection:
                             handed = True
                             return
                         ready = taken
+                    if self.translate is not None:
+                        ready = self.translate(ready)
                     if protocol.extensions:
                         frames = self._frames(ready)
                     else:  # _frames, inline: the common case
@@ -379,6 +386,8 @@ class WebSocketConnection:
         live = self.live
         assert live is not None
         protocol = self.protocol
+        if self.translate is not None and ready:
+            ready = self.translate(ready)
         frames = self._frames(ready)
         # frames first: a close queued meanwhile (by another greenlet) must follow them
         if protocol.writes:
