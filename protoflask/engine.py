@@ -33,7 +33,7 @@ from .core.session import ProtocolSession
 from .dispatch import Dispatcher
 from .hub import Hub, LiveSession, SessionHost, Transport
 from .kept import KeptSessions
-from .limits import UserCaps
+from .limits import user_caps
 from .stats import HELD, Stats, add_held
 from .tools import CallSink, SessionToolRunner, Tool, ToolExecution, ToolRegistry, check_call
 from . import signals
@@ -77,7 +77,7 @@ class Engine:
         self.stats = Stats(now_ms())
         self.shutting_down = False
         self._ticker: gevent.Greenlet | None = None
-        self.user_caps = UserCaps(config.connections_per_user)
+        self.user_caps = user_caps(config)  # the per-user cap, and the light users' reserve
         #: transports replaced by a resume whose slot was given back before they ended
         #: (by id; the transport is held so its id is not reused meanwhile)
         self._released: dict[int, Transport] = {}
