@@ -315,6 +315,12 @@ def test_metrics_on_any_node_cover_every_node(make_node: Callable[..., ProtoServ
                         what="both nodes' connections in b's /metrics")
         local = requests.get(b.base_url + "/metrics?scope=node", timeout=timeout(5)).text
         assert a.hub.node_id not in local and 'transport="websocket"' in local
+        # a flood of scrapes parses the other nodes' texts once a second, not once each
+        others = b.hub._others
+        before = others.parses
+        for _ in range(20):
+            requests.get(b.base_url + "/metrics", timeout=timeout(5)).raise_for_status()
+        assert others.parses - before < 20, others.parses - before  # at most one a second
     finally:
         for c in clients:
             c.close()
