@@ -9,7 +9,7 @@ from sys import getsizeof
 
 import orjson
 
-from protoflask.core.meter import Meter, OverBudget, memory_of
+from protoflask.core.meter import JSON_FACTOR, WALK_LIMIT, Meter, OverBudget, memory_of
 
 from ._support import Client, errors, make_session, types
 
@@ -44,6 +44,18 @@ def test_memory_of_counts_objects_not_utf8_bytes():
     emoji = "\U0001F600" + "x" * 1000
     assert memory_of({"m": emoji}) >= 4 * 1001  # 1004 bytes of UTF-8
     assert memory_of(None) == getsizeof(None)
+
+
+def test_a_value_of_many_objects_is_bounded_from_its_json_without_a_walk():
+    """330,000 ``{}``: one encoding instead of a walk of every object, and a bound."""
+    huge = orjson.loads(b"[" + b",".join([b"{}"] * 330_000) + b"]")
+    assert memory_of(huge) == JSON_FACTOR * (330_000 * 3 + 1) >= 330_000 * getsizeof({})
+    small = [{}] * (WALK_LIMIT - 1)
+    assert memory_of(small) == getsizeof(small) + (WALK_LIMIT - 1) * getsizeof({})
+    deep: dict = {}
+    for _ in range(200):  # the densest JSON this bound must cover
+        deep = {"": deep}
+    assert memory_of(deep) <= JSON_FACTOR * len(orjson.dumps(deep))
 
 
 def test_a_text_part_is_charged_by_its_memory_and_given_back_at_its_end():
