@@ -14,14 +14,15 @@ Two checks:
   user's ``Account`` (a few additions) and refused when the user or the worker would go
   over (MESSAGE_TOO_LARGE for a text part, the text discarded; MAX_RUNS_EXCEEDED for a
   call, which gets its TOOL_DONE ERROR, or a run); a new session is refused while over
-  (503 USER_CONNECTION_LIMIT / MAX_CONNECTIONS). The window and unsent bytes, bounded
-  per session by settings, enter the accounts at each tick;
+  (503 USER_CONNECTION_LIMIT / MAX_CONNECTIONS). What the sessions queue downstream
+  (echoes, TOOL_DONEs, the application's messages: never refused, they are the server's
+  own) is added to the user's count as it is queued, so the next admission sees it;
 * at the heartbeat's tick (it walks the sessions anyway): the accounts are counted
-  again from the sessions (what a session that vanished without giving back held is
-  forgotten), and a user over ``maxUserBytes`` loses their oldest kept sessions first,
-  then their heaviest session is closed (an ERROR MESSAGE_TOO_LARGE, then 1009); all
-  sessions over ``memoryCeiling``: the oldest kept sessions of anyone go, then the
-  heaviest session is closed.
+  again from the sessions (windows as they are, evictions included; what a session that
+  vanished without giving back held is forgotten), and a user over ``maxUserBytes``
+  loses their oldest kept sessions first, then their heaviest session is closed (an
+  ERROR MESSAGE_TOO_LARGE, then 1009); all sessions over ``memoryCeiling``: the oldest
+  kept sessions of anyone go, then the heaviest session is closed.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class Account:
         self.budget = budget
         self.worker = budget
         self.held = 0  # charged by the user's meters since the last tick, and before it
-        self.window = 0  # the user's windows and unsent bytes at the last tick
+        self.window = 0  # the user's windows and unsent bytes at the last tick, plus
+        # what their sessions queued since
 
     def over(self, more: int = 0) -> str | None:
         """Why ``more`` bytes would take the user or the worker over, or None."""
@@ -81,6 +83,12 @@ class Account:
     def give(self, nbytes: int) -> None:
         self.held -= nbytes
         self.worker.held -= nbytes
+
+    def grow(self, nbytes: int) -> None:
+        """What the user's sessions queued downstream since the tick: counted until the
+        tick counts the windows again (an overestimate: nothing evicted is taken off)."""
+        self.window += nbytes
+        self.worker.window += nbytes
 
 
 class MemoryBudget:

@@ -29,6 +29,10 @@ class Account(Protocol):
     def give(self, nbytes: int) -> None:
         """Count ``nbytes`` less."""
 
+    def grow(self, nbytes: int) -> None:
+        """The session queued ``nbytes`` more downstream (never refused: the server's
+        own output; what admission checks next sees it)."""
+
 
 class Meter:
     __slots__ = ("held", "account")
@@ -43,6 +47,13 @@ class Meter:
         if account is not None:
             account.take(nbytes)
         self.held += nbytes
+
+    def grew(self, nbytes: int) -> None:
+        """A message of ``nbytes`` was queued downstream: it joins the unsent bytes, then
+        the replay window (the user's count of them grows until the tick counts again)."""
+        account = self.account
+        if account is not None:
+            account.grow(nbytes)
 
     def release(self, nbytes: int) -> None:
         if nbytes:

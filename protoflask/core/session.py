@@ -142,7 +142,7 @@ class ProtocolSession(UpstreamHandlers):
             self.outbound.take_writable
         self.texts: dict[str, Text] = {}
         #: what the client made this session hold beyond its window (texts, calls, runs)
-        self.meter = Meter()
+        self.meter = self.outbound.meter = Meter()
         self.registry = CallRegistry(settings.max_concurrent_runs, self.meter)
         #: the last number used in an id this session made (message and run ids); it
         #: moves with the session so that ids never repeat

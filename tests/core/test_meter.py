@@ -18,7 +18,7 @@ class Limit:
     """An account that holds at most ``budget`` bytes (the user's, in budget.py)."""
 
     def __init__(self, budget: int) -> None:
-        self.budget, self.held = budget, 0
+        self.budget, self.held, self.queued = budget, 0, 0
 
     def take(self, nbytes: int) -> None:
         if self.held + nbytes > self.budget:
@@ -27,6 +27,9 @@ class Limit:
 
     def give(self, nbytes: int) -> None:
         self.held -= nbytes
+
+    def grow(self, nbytes: int) -> None:
+        self.queued += nbytes
 
 
 def metered(budget: int, **settings):

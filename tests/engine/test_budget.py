@@ -166,3 +166,20 @@ def test_the_tick_drops_the_oldest_kept_session_first_then_closes_the_heaviest()
     with pytest.raises(UserConnectionLimit):
         budget.accounts["u2"].window = 2000 * KB
         budget.admit("u2")
+
+
+def test_what_a_session_queues_downstream_counts_before_the_tick() -> None:
+    """Echoes, TOOL_DONEs and the application's messages are never refused, but the
+    user's count grows as they are queued: the next admission sees them, not the tick."""
+    h = Harness(maxUserBytes=1000 * KB)
+    live = greeted(h, "u1")
+    budget = h.engine.budget
+    before = budget.accounts["u1"].window
+    live.core.send_text("o" * 700 * KB)
+    assert budget.accounts["u1"].window >= before + 700 * KB
+    start(h, live, "t")
+    out = part(h, live, "t", "x" * 400 * KB)
+    assert [m["payload"]["code"] for m in out if m["type"] == "ERROR"] == ["MESSAGE_TOO_LARGE"]
+    h.engine.tick()  # counted exactly again: the window and what is still unsent
+    account = budget.accounts["u1"]
+    assert account.held + account.window == held_bytes(live)
