@@ -55,6 +55,7 @@ class RedisHub(RoutingHub):
         self._handle_failing: str | None = None  # the listener's last message failure
         #: the node's /metrics text, stored every beat for the others' /metrics to merge
         self._metrics_source: Callable[[], bytes] | None = None
+        self._others: Any = None  # metrics.OthersCache, built on the first cluster scrape
 
     def set_metrics_source(self, source: Callable[[], bytes]) -> None:
         self._metrics_source = source
@@ -120,10 +121,12 @@ class RedisHub(RoutingHub):
     def metrics_registry(self, local: "CollectorRegistry") -> "CollectorRegistry":
         from prometheus_client import generate_latest
 
-        from .metrics import cluster_registry
+        from .metrics import OthersCache, cluster_registry
 
-        return cluster_registry({self.node_id: generate_latest(local).decode(),
-                                 **self.node_metrics()})
+        if self._others is None:
+            self._others = OthersCache(self.node_metrics)
+        return cluster_registry({self.node_id: generate_latest(local).decode()},
+                                self._others.families())
 
     def node_metrics(self) -> dict[str, str]:
         """The other live nodes' stored /metrics texts, by node id."""

@@ -9,6 +9,7 @@ a fraction of the cost.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain, compress
 from typing import Any, Callable, Mapping
 
 import orjson
@@ -168,16 +169,51 @@ def _depth_checked(msg: Message, max_depth: int) -> Message:
 
 def _nested_deeper_than(value: dict[str, Any], limit: int) -> bool:
     """Whether containers nest more than ``limit`` levels below and including ``value``
-    (no recursion: a hostile depth must not cost stack)."""
+    (no recursion: a hostile depth must not cost stack).
+
+    One container at a time for the common small payload; past WALK_ONE_BY_ONE
+    containers, a level at a time (``_levels_deeper_than``): a payload of 300,000 ``{}``
+    took over a second of the worker one by one (issue 24)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
+    walked = 0
     while stack:
         container, depth = stack.pop()
         if depth > limit:
             return True
+        walked += len(container)  # children about to be looked at
+        if walked > WALK_ONE_BY_ONE:
+            return _levels_deeper_than(value, limit)
         for child in container.values() if type(container) is dict else container:
             if type(child) is dict or type(child) is list:
                 stack.append((child, depth + 1))
     return False
+
+
+WALK_ONE_BY_ONE = 256
+
+
+def _levels_deeper_than(value: dict[str, Any], limit: int) -> bool:
+    """``_nested_deeper_than`` a level at a time, each level's children sorted out by C
+    iterators (``map``, ``compress``, ``chain``) rather than a Python loop over each:
+    about a tenth of the time on a list of many small containers."""
+    level: list[Any] = [value]
+    depth = 1
+    while level:
+        if depth > limit:
+            return True
+        level = list(filter(None, level))  # an empty container has no level below
+        kinds = list(map(type, level))
+        dicts = compress(level, map(_IS_DICT, kinds))
+        children = list(chain(chain.from_iterable(map(dict.values, dicts)),
+                              chain.from_iterable(compress(level, map(_IS_LIST, kinds)))))
+        level = list(compress(children, map(_IS_CONTAINER, map(type, children))))
+        depth += 1
+    return False
+
+
+_IS_DICT = frozenset({dict}).__contains__
+_IS_LIST = frozenset({list}).__contains__
+_IS_CONTAINER = frozenset({dict, list}).__contains__
 
 
 def _load_envelope(obj: dict[str, Any]) -> Message:

@@ -18,6 +18,7 @@ from .credits import CreditLedger
 from .envelope import CONTROL_TYPES, ENCODING
 from .errors import ReplayUnavailable
 from .events import Event, SendRefused, SlowConsumer
+from .meter import Meter
 from .replay import ReplayWindow, ResendQueue
 from .settings import SessionSettings
 from .traffic import TrafficCounters
@@ -68,6 +69,9 @@ class OutboundQueue:
         self._overflowed = False  # SlowConsumer reported for this connection
         self._resend = ResendQueue()  # window ranges to write again (resume, REPLAY_REQUEST)
         self._resend_bytes = 0  # what they hold; counts toward the outbound buffer
+        #: the session's meter: what is queued grows its user's count of windows and
+        #: unsent bytes at once (the tick counts them exactly again)
+        self.meter: Meter | None = None
 
     # -- a transport comes and goes -------------------------------------------------------
 
@@ -130,6 +134,9 @@ class OutboundQueue:
         channel = out.channel
         by_channel[channel] = by_channel.get(channel, 0) + size
         pending_bytes = self._pending_bytes = self._pending_bytes + size
+        meter = self.meter
+        if meter is not None:
+            meter.grew(size)
         if out.type not in CONTROL_TYPES:
             self._pause_armed = True
         if pending_bytes + self._resend_bytes + self.in_flight >= self._low_water \

@@ -37,6 +37,7 @@ import enum
 import secrets
 from typing import Any, Callable
 
+from .meter import Meter
 from .messages import (
     Outbound, error as error_message, ping as ping_message, run_finished, run_started, split_text,
     text_end, text_part, text_start, tool_done as tool_done_message,
@@ -142,7 +143,9 @@ class ProtocolSession(UpstreamHandlers):
         self.take_writable: Callable[[int], list[tuple[int, bytes]]] = \
             self.outbound.take_writable
         self.texts: dict[str, Text] = {}
-        self.registry = CallRegistry(settings.max_concurrent_runs)
+        #: what the client made this session hold beyond its window (texts, calls, runs)
+        self.meter = self.outbound.meter = Meter()
+        self.registry = CallRegistry(settings.max_concurrent_runs, self.meter)
         #: the last number used in an id this session made (message and run ids); it
         #: moves with the session so that ids never repeat
         self.id_counter = 0
@@ -338,11 +341,16 @@ class ProtocolSession(UpstreamHandlers):
 
     # -- tool calls (the application's side) ---------------------------------------------
 
-    def open_call(self, call_id: str, run_id: str | None = None) -> None:
+    def open_call(self, call_id: str, run_id: str | None = None, params: Any = None) -> None:
         """A call the application starts itself (its agent calling a tool): from here on
         it is like a client's call, with TOOL_UPDATEs and exactly one TOOL_DONE, and
-        cancelled with its run."""
+        cancelled with its run. MAX_RUNS_EXCEEDED when its params are over budget."""
         self.registry.add_call(call_id, run_id, None, check_run=True)
+        try:
+            self.registry.charge_call(call_id, params)
+        except ProtoError:
+            self.registry.end_call(call_id)
+            raise
 
     def tool_update(self, call_id: str, status: str, progress: float | None = None,
                     partial: Any = None) -> bool:
@@ -353,7 +361,7 @@ class ProtocolSession(UpstreamHandlers):
     def tool_done(self, call_id: str, status: str, result: Any = None,
                   error: ProtoError | None = None) -> bool:
         """Finish a call with its single TOOL_DONE; False if it had already finished."""
-        if self.registry.calls.pop(call_id, None) is None:
+        if self.registry.end_call(call_id) is None:
             return False
         self.send(tool_done_message(call_id, status, result, error))
         return True

@@ -27,6 +27,7 @@ from .events import (
     AudioReceived, CloseRequested, Handshake, TextReceived, ToolCallReceived,
     ToolCancelRequested, ToolListRequested,
 )
+from .meter import Meter, OverBudget
 from .settings import SessionSettings
 from .traffic import UNKNOWN_TYPE
 
@@ -90,6 +91,7 @@ class UpstreamHandlers:
     credits: CreditLedger
     outbound: OutboundQueue
     registry: CallRegistry
+    meter: Meter
     texts: dict[str, Text]
     _events: list[Event]
     _ping_nonce: str | None
@@ -225,21 +227,31 @@ class UpstreamHandlers:
             content = p["content"]
             text.size += len(content) if content.isascii() else byte_length(content)
             if text.size > self.settings.max_text_size:
-                del self.texts[mid]
+                self._drop_text(mid)
                 raise MessageTooLarge(f"text {mid!r} exceeds maxTextSize "
                                       f"({self.settings.max_text_size} bytes); it was "
                                       "discarded")
+            cost = getsizeof(content)
+            try:
+                self.meter.charge(cost)
+            except OverBudget as exc:
+                self._drop_text(mid)
+                raise MessageTooLarge(f"text {mid!r} was discarded: {exc}") from None
             text.parts.append(content)
-            text.memory += getsizeof(content)
+            text.memory += cost
             self._events.append(TextReceived(wire))
             return
-        del self.texts[mid]
+        self._drop_text(mid)
         assembled = "".join(text.parts)
         wire["payload"]["text"] = assembled
         wire["payload"]["content_type"] = text.content_type
         self._events.append(TextReceived(wire))
         if self.settings.echo_messages:
             self.send_text(assembled, text.content_type)
+
+    def _drop_text(self, mid: str) -> None:
+        """An open text ends (assembled or discarded): its parts' bytes are given back."""
+        self.meter.release(self.texts.pop(mid).memory)
 
     def _on_tool_call(self, msg: Message, seen_before: int, now: int) -> None:
         p = msg.payload
@@ -248,6 +260,11 @@ class UpstreamHandlers:
         self.registry.add_call(call_id, run_id, msg.id)
         if run_id is not None and run_id not in self.registry.runs:
             self.fail_call(call_id, RunNotFound(f"run {run_id!r} is not active in this session"))
+            return
+        try:  # its params are held until its TOOL_DONE (queued calls' too)
+            self.registry.charge_call(call_id, p["params"])
+        except ProtoError as exc:
+            self.fail_call(call_id, exc)
             return
         self._events.append(ToolCallReceived(call_id, p["tool"], p["params"], run_id, msg))
 
