@@ -10,7 +10,11 @@ chunk (``max_delay_ms=0``), so each chunk is one event on the wire:
 * native: an SSE stream (``GET /proto/sse``) whose session calls the ``emit`` tool,
   which streams the chunks; the client reads until the MESSAGE_END;
 * AG-UI: ``POST /proto/agui`` whose handler streams the same chunks; the client reads
-  until RUN_FINISHED.
+  until RUN_FINISHED;
+
+and the same pair on the WebSocket: a native socket whose session calls ``emit``, and a
+socket that asks for AG-UI events (HELLO ``capabilities.extensions: ["agui"]``) and starts
+the run with a RunAgentInput in ``RUN_STARTED`` (one AGUI_EVENT envelope a frame).
 
 The server process's CPU time (utime + stime, /proc/<pid>/stat) is read before and after
 each, and divided by the number of events; best of ``--repeat``. Prints both figures and
@@ -127,6 +131,54 @@ def agui(port: int, token: str, n: int, run: int) -> int:
     return data.count(b'"type":"TEXT_MESSAGE_CONTENT"')
 
 
+HELLO = {"id": "h", "session": "", "seq": "1", "ts": "1", "type": "HELLO", "channel": "SYSTEM",
+         "payload": {"proto_version": "1.1.2", "accept_major": [1]}}
+
+
+def on_socket(port: int, token: str, first: dict[str, Any], hello: dict[str, Any],
+              marker: str, counted: str) -> int:
+    """A WebSocket: HELLO, then ``first``; frames read until one holds ``marker``; returns
+    how many held ``counted``."""
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{port}/proto/websocket?token={token}", compression=None,
+                 max_size=None) as ws:
+        ws.send(json.dumps(hello))
+        ws.send(json.dumps(first))
+        count = 0
+        while True:
+            frame = ws.recv()
+            if counted in frame:
+                count += 1
+            elif marker in frame:
+                return count
+
+
+def native_ws(port: int, token: str, n: int) -> int:
+    """A native socket whose session streams n MESSAGE_PARTs."""
+    call = {"id": "c", "session": "", "seq": "2", "ts": "1", "type": "TOOL_CALL",
+            "channel": "USER", "payload": {"call_id": "emit", "tool": "emit", "params": {"n": n}}}
+    return on_socket(port, token, call, HELLO, '"type":"TOOL_DONE"', '"type":"MESSAGE_PART"')
+
+
+def agui_ws(port: int, token: str, n: int, run: int) -> int:
+    """An AG-UI run of n TEXT_MESSAGE_CONTENTs on a socket that asked for the extension."""
+    hello = {**HELLO, "payload": {**HELLO["payload"],
+                                  "capabilities": {"extensions": ["agui"]}}}
+    start = {"id": "r", "session": "", "seq": "2", "ts": "1", "type": "RUN_STARTED",
+             "channel": "USER", "payload": {"run_id": f"w{run}", "thread_id": "bench",
+                                            "metadata": {"agui": {
+                                                "messages": [{"id": "m", "role": "user",
+                                                              "content": "go"}],
+                                                "forwardedProps": {"n": n}}}}}
+    return on_socket(port, token, start, hello, '"type":"RUN_FINISHED"',
+                     '"type":"TEXT_MESSAGE_CONTENT"')
+
+
+PATHS = {"native": lambda port, token, n, r: native(port, token, n), "agui": agui,
+         "native_ws": lambda port, token, n, r: native_ws(port, token, n), "agui_ws": agui_ws}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=20000)
@@ -143,14 +195,13 @@ def main() -> None:
         assert proc.stdout is not None
         info = json.loads(proc.stdout.readline())
         port, token = info["port"], info["token"]
-        native(port, token, 500)  # warm both paths (imports, first sessions)
-        agui(port, token, 500, -1)
+        for run_path in PATHS.values():  # warm every path (imports, first sessions)
+            run_path(port, token, 500, -1)
         best: dict[str, float] = {}
         for r in range(args.repeat):
-            for name in ("native", "agui"):
+            for name, run_path in PATHS.items():
                 before = cpu_seconds(proc.pid)
-                got = native(port, token, args.events) if name == "native" else \
-                    agui(port, token, args.events, r)
+                got = run_path(port, token, args.events, r)
                 used = cpu_seconds(proc.pid) - before
                 if got != args.events:
                     raise RuntimeError(f"{name}: {got} events of {args.events}")
@@ -159,14 +210,21 @@ def main() -> None:
                 time.sleep(0.2)
         # CPU time comes in clock ticks (10 ms): too few events can measure 0
         ratio = best["agui"] / best["native"] if best["native"] else None
+        ws_ratio = best["agui_ws"] / best["native_ws"] if best["native_ws"] else None
         result = {"events": args.events, "native_us_per_event": round(best["native"], 2),
                   "agui_us_per_event": round(best["agui"], 2),
                   "ratio": None if ratio is None else round(ratio, 3),
-                  "target_ratio": 1.5, "met": ratio is not None and ratio <= 1.5}
-        verdict = "too few events to tell" if ratio is None else \
-            f"ratio {ratio:.2f} (target <= 1.5: {'met' if ratio <= 1.5 else 'NOT met'})"
-        print(f"server CPU per event: native MESSAGE_PART {best['native']:.2f} µs, "
-              f"AG-UI TEXT_MESSAGE_CONTENT {best['agui']:.2f} µs, {verdict}")
+                  "native_ws_us_per_event": round(best["native_ws"], 2),
+                  "agui_ws_us_per_event": round(best["agui_ws"], 2),
+                  "ws_ratio": None if ws_ratio is None else round(ws_ratio, 3),
+                  "target_ratio": 1.5, "met": ratio is not None and ratio <= 1.5
+                  and ws_ratio is not None and ws_ratio <= 1.5}
+        for label, a, b, r_ in (("SSE", "native", "agui", ratio),
+                                ("WebSocket", "native_ws", "agui_ws", ws_ratio)):
+            verdict = "too few events to tell" if r_ is None else \
+                f"ratio {r_:.2f} (target <= 1.5: {'met' if r_ <= 1.5 else 'NOT met'})"
+            print(f"server CPU per event, {label}: native MESSAGE_PART {best[a]:.2f} µs, "
+                  f"AG-UI TEXT_MESSAGE_CONTENT {best[b]:.2f} µs, {verdict}")
         if args.json:
             args.json.write_text(json.dumps(result, indent=2))
     finally:

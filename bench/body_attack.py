@@ -12,6 +12,15 @@
   with 2 open texts of 4 parts of an emoji and 1,000,000 ASCII characters (1 MB of
   UTF-8, 4 MB as the str the server keeps), left open; worker RSS before and after, and
   how many of the user's sessions are still open.
+* user-calls (tests/fixtures/hardening_app.py's ``sleep`` tool, ``MAX_USER_BYTES`` 64
+  MiB): one user opens 4 sessions, each sending 12 calls of ``sleep`` 20 s whose params
+  carry 100,000 ``{}`` (300 kB of JSON, about 7 MB of objects), 2 running and 10 queued
+  a session; a run with the same metadata; worker RSS before and after, how many calls
+  were refused (MAX_RUNS_EXCEEDED) and the bystander's probe.
+* tiny-call (the ``sleep`` app, ``MAX_USER_BYTES`` 64 MiB): one session sends 8 calls of
+  ``sleep`` whose params hold 300,000 ``{}`` (900 kB) back to back while a bystander
+  probes; how long until the session's PING after them is answered, worker CPU and RSS,
+  how many calls were refused, and the bystander's slowest probe.
 * resume-churn: one user opens a session and resumes it 50 times over WebSockets that
   never answer the server's close frame; then how many connections the worker counts.
 """
@@ -100,6 +109,70 @@ def user_texts(server: Server) -> None:
         ws.close()
 
 
+def user_calls(server: Server) -> None:
+    rss0 = server.rss_mib()
+    pad = [{}] * 100_000
+    clients, refused = [], 0
+    for _ in range(4):
+        ws, _session = session_of(server)
+        clients.append(ws)
+        for i in range(12):
+            ws.send(orjson.dumps(env(10 + i, "TOOL_CALL", "AGENT", {
+                "call_id": f"c{i}", "tool": "sleep",
+                "params": {"seconds": 20, "pad": pad}})).decode())
+        ws.send(orjson.dumps(env(30, "RUN_STARTED", "SYSTEM", {
+            "run_id": "r", "metadata": {"pad": pad}})).decode())
+        ws.send(orjson.dumps(env(31, "PING", payload={"nonce": "n"})).decode())
+        while True:
+            msg = orjson.loads(ws.recv(timeout=60))
+            if msg["type"] == "ERROR" and msg["payload"]["code"] == "MAX_RUNS_EXCEEDED":
+                refused += 1
+            if msg["type"] == "PONG":
+                break
+    time.sleep(2)
+    health, ping = server.probe()
+    print(f"user-calls: RSS {rss0:.0f} -> {server.rss_mib():.0f} MiB; {refused} of 52 calls "
+          f"and runs refused (MAX_RUNS_EXCEEDED); bystander /health {health * 1000:.0f} ms, "
+          f"PING {ping * 1000:.0f} ms")
+    for ws in clients:
+        ws.close()
+
+
+def tiny_call(server: Server) -> None:
+    ws, _session = session_of(server)
+    pad = orjson.dumps([{}] * 300_000).decode()
+    done = threading.Event()
+    result: list[object] = []
+
+    def calls() -> None:
+        t0, refused = time.monotonic(), 0
+        for i in range(8):
+            ws.send(f'{{"id":"c{i}","session":"","seq":"{10 + i}","ts":"1","type":"TOOL_CALL",'
+                    f'"channel":"AGENT","payload":{{"call_id":"c{i}","tool":"sleep",'
+                    f'"params":{{"seconds":20,"pad":{pad}}}}}}}')
+        ws.send(orjson.dumps(env(30, "PING", payload={"nonce": "n"})).decode())
+        while True:
+            msg = orjson.loads(ws.recv(timeout=120))
+            if msg["type"] == "ERROR" and msg["payload"]["code"] == "MAX_RUNS_EXCEEDED":
+                refused += 1
+            if msg["type"] == "PONG":
+                break
+        result.extend((time.monotonic() - t0, refused))
+        done.set()
+
+    cpu0, rss0 = server.cpu(), server.rss_mib()
+    threading.Thread(target=calls, daemon=True).start()
+    probes = []
+    while not done.is_set():
+        health, ping = server.probe()
+        probes.append(max(health, ping))
+    print(f"tiny-call: 8 calls answered in {result[0]:.2f} s, worker CPU "
+          f"{server.cpu() - cpu0:.2f} s, RSS {rss0:.0f} -> {server.rss_mib():.0f} MiB, "
+          f"{result[1]} of 8 refused; {len(probes)} probes, the slowest "
+          f"{max(probes) * 1000:.0f} ms")
+    ws.close()
+
+
 def resume_churn(server: Server) -> None:
     ws, session = session_of(server)
     socks = []
@@ -125,10 +198,18 @@ def resume_churn(server: Server) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", type=Path, default=HERE.parent)
+    parser.add_argument("attacks", nargs="*", help="tiny-body user-texts user-calls "
+                        "resume-churn (default: all)")
     args = parser.parse_args()
-    for attack in (tiny_body, user_texts, resume_churn):
-        extra = {"MAX_USER_BYTES": str(64 << 20)} if attack is user_texts else None
-        server = Server(args.root.resolve(), extra)
+    attacks = {"tiny-body": tiny_body, "user-texts": user_texts, "user-calls": user_calls,
+               "tiny-call": tiny_call, "resume-churn": resume_churn}
+    for name in args.attacks or attacks:
+        attack = attacks[name]
+        extra = {"MAX_USER_BYTES": str(64 << 20)} \
+            if name.startswith("user") or attack is tiny_call else None
+        app = ("hardening_app:app", "tests/fixtures") if attack in (user_calls, tiny_call) \
+            else ("wsgi:app", ".")
+        server = Server(args.root.resolve(), extra, *app)
         try:
             attack(server)
         finally:

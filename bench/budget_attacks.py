@@ -49,7 +49,8 @@ HELLO = {"proto_version": "1.1.2", "accept_major": [1], "accept_events": []}
 
 
 class Server:
-    def __init__(self, root: Path, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path, extra_env: dict[str, str] | None = None,
+                 app: str = "wsgi:app", chdir: str = ".") -> None:
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         listener.listen(1024)
@@ -61,7 +62,7 @@ class Server:
                     **(extra_env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "-c", str(root / "gunicorn.conf.py"),
-             "--bind", f"fd://{listener.fileno()}", "--chdir", str(root), "wsgi:app"],
+             "--bind", f"fd://{listener.fileno()}", "--chdir", str(root / chdir), app],
             pass_fds=(listener.fileno(),), env=full_env, cwd=root, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30

@@ -55,6 +55,7 @@ def rounds(redis: str | None, connections: int, n: int) -> None:
     import gevent
 
     from micro_ping import frame, make_server, pings
+    from protoflask.port import SessionPort
     from protoflask.transports.websocket import WebSocketConnection
 
     engine = make_server(redis).engine
@@ -64,10 +65,11 @@ def rounds(redis: str | None, connections: int, n: int) -> None:
     for _ in range(connections):
         live = engine.new_session("micro")
         sock = SwallowingSocket()
-        conn = WebSocketConnection(engine, sock, compression=False)  # type: ignore[arg-type]
-        conn.live = live
+        port = SessionPort(engine, live, None, WebSocketConnection.kind)
+        conn = WebSocketConnection(port.limits, sock, compression=False)  # type: ignore[arg-type]
+        conn.port = port
         conn._reader = gevent.getcurrent()
-        engine.open_transport(live, conn, None)
+        port.attach(conn)
         conn.flush()
         conn._read_frames(frame({"id": "c-1", "session": live.id, "seq": "1", "ts": "1",
                                  "type": "HELLO", "channel": "SYSTEM",

@@ -34,6 +34,7 @@ class YieldingSocket(FakeSocket):
 
 
 def run_once(server: Any, connections: int, n: int) -> float:
+    from protoflask.port import SessionPort
     from protoflask.transports.websocket import WebSocketConnection
 
     engine = server.engine
@@ -45,10 +46,11 @@ def run_once(server: Any, connections: int, n: int) -> float:
                        "type": "HELLO", "channel": "SYSTEM",
                        "payload": {"proto_version": "1.1.2", "accept_major": [1]}})
         sock = YieldingSocket([hello] + pings(live.id, 2, n))
-        conn = WebSocketConnection(engine, sock, compression=False)  # type: ignore[arg-type]
-        conn.live = live
+        port = SessionPort(engine, live, None, WebSocketConnection.kind)
+        conn = WebSocketConnection(port.limits, sock, compression=False)  # type: ignore[arg-type]
+        conn.port = port
         conn._reader = gevent.getcurrent()
-        engine.open_transport(live, conn, None)
+        port.attach(conn)
         conn.flush()
         conn._read_frames(hello)  # the HELLO, outside the timing
         conn.flush()
@@ -74,8 +76,8 @@ def run_once(server: Any, connections: int, n: int) -> float:
     if journal is not None:
         del journal._write
         print(f"  {connections * n / batches[0]:.1f} replies per journal batch", file=sys.stderr)
-    for live, conn, sock in conns:
-        engine.end_transport(live, conn)
+    for _, conn, sock in conns:
+        conn.port.end()
         assert sock.sent >= n, sock.sent
     return spent / (connections * n)
 

@@ -1,44 +1,94 @@
 """maxUserBytes and memoryCeiling: what sessions make the worker hold, per user and in
 all, and what the worker does when that is too much (docs/PROTOCOL.md §1.4).
 
-A session holds its replay window, its unsent downstream bytes (queued, being resent or
-written) and its open texts, each counted by what it costs in memory: a text's parts
-by ``sys.getsizeof`` (a str holding one character beyond Latin-1 costs 2 or 4 bytes a
-character, not its UTF-8 length). The heartbeat's tick reviews every session once a
-tick (it walks them anyway), so the cost of a review is a few attribute reads a session
-and reading the totals costs nothing:
+A session holds its replay window and its unsent downstream bytes (queued, being resent
+or written), and what its client made it hold (``core.meter``): open texts' parts,
+tool calls' params until their TOOL_DONE (queued calls included) and runs' metadata,
+each counted by what it costs in memory (``sys.getsizeof`` of every object: a str with
+one character beyond Latin-1 costs 2 or 4 bytes a character, a list of ``{}`` 24 bytes
+of memory a byte of JSON), not by its UTF-8 length.
 
-* a user over ``maxUserBytes`` (all their sessions, live and kept) loses their oldest
-  kept sessions first, then their heaviest session is closed (an ERROR
-  MESSAGE_TOO_LARGE, then 1009), and while over it their new sessions are refused (503
-  USER_CONNECTION_LIMIT);
-* all sessions over ``memoryCeiling``: new sessions are refused (503 MAX_CONNECTIONS),
-  the oldest kept sessions of anyone are dropped, then the heaviest session is closed.
+Two checks:
 
-Tool calls' parameters and results are not counted (they are bounded per session by
-maxConcurrentRuns + toolQueueSize calls of maxMessageSize each).
+* at admission, where it is cheap: every text part, tool call and run is charged to its
+  user's ``Account`` (a few additions) and refused when the user or the worker would go
+  over (MESSAGE_TOO_LARGE for a text part, the text discarded; MAX_RUNS_EXCEEDED for a
+  call, which gets its TOOL_DONE ERROR, or a run); a new session is refused while over
+  (503 USER_CONNECTION_LIMIT / MAX_CONNECTIONS). What the sessions queue downstream
+  (echoes, TOOL_DONEs, the application's messages: never refused, they are the server's
+  own) is added to the user's count as it is queued, so the next admission sees it;
+* at the heartbeat's tick (it walks the sessions anyway): the accounts are counted
+  again from the sessions (windows as they are, evictions included; what a session that
+  vanished without giving back held is forgotten), and a user over ``maxUserBytes``
+  loses their oldest kept sessions first, then their heaviest session is closed (an
+  ERROR MESSAGE_TOO_LARGE, then 1009); all sessions over ``memoryCeiling``: the oldest
+  kept sessions of anyone go, then the heaviest session is closed.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable
+from typing import Callable
 
 from .core.errors import MaxConnections, UserConnectionLimit
+from .core.meter import OverBudget
+from .core.session import ProtocolSession
 from .live import LiveSession
 from .kept import KeptSessions
 
 log = logging.getLogger("protoflask")
 
 
+def window_bytes(live: LiveSession) -> int:
+    """What the session holds for its client: its replay window and unsent bytes."""
+    outbound = live.core.outbound
+    return outbound.replay.nbytes + outbound.unsent_bytes
+
+
 def held_bytes(live: LiveSession) -> int:
     """What the session makes the worker hold, in bytes of memory (see the module doc)."""
-    core = live.core
-    outbound = core.outbound
-    held = outbound.replay.nbytes + outbound.unsent_bytes
-    for text in core.texts.values():
-        held += text.memory
-    return held
+    return window_bytes(live) + live.core.meter.held
+
+
+class Account:
+    """One user's running count (``core.meter.Account``), and the worker's through it."""
+
+    __slots__ = ("budget", "worker", "held", "window")
+
+    def __init__(self, budget: "MemoryBudget") -> None:
+        self.budget = budget
+        self.worker = budget
+        self.held = 0  # charged by the user's meters since the last tick, and before it
+        self.window = 0  # the user's windows and unsent bytes at the last tick, plus
+        # what their sessions queued since
+
+    def over(self, more: int = 0) -> str | None:
+        """Why ``more`` bytes would take the user or the worker over, or None."""
+        budget = self.budget
+        if budget.user_budget and self.held + self.window + more > budget.user_budget:
+            return (f"this user's sessions hold {self.held + self.window} bytes "
+                    f"(maxUserBytes {budget.user_budget})")
+        if budget.ceiling and budget.held + budget.window + more > budget.ceiling:
+            return (f"the sessions hold {budget.held + budget.window} bytes "
+                    f"(memoryCeiling {budget.ceiling})")
+        return None
+
+    def take(self, nbytes: int) -> None:
+        why = self.over(nbytes)
+        if why is not None:
+            raise OverBudget(why)
+        self.held += nbytes
+        self.worker.held += nbytes
+
+    def give(self, nbytes: int) -> None:
+        self.held -= nbytes
+        self.worker.held -= nbytes
+
+    def grow(self, nbytes: int) -> None:
+        """What the user's sessions queued downstream since the tick: counted until the
+        tick counts the windows again (an overestimate: nothing evicted is taken off)."""
+        self.window += nbytes
+        self.worker.window += nbytes
 
 
 class MemoryBudget:
@@ -48,43 +98,99 @@ class MemoryBudget:
         self.ceiling = ceiling  # 0: none
         self.kept = kept
         self.drop = drop  # ends a session (closing its transport, if any), saying why
-        #: after the last review: bytes held by all sessions, and by each user over budget
-        self.total = 0
-        self.over: dict[str, int] = {}
+        self.accounts: dict[str, Account] = {}
+        #: all sessions: what their meters hold now, and their windows at the last tick
+        self.held = 0
+        self.window = 0
+
+    @property
+    def total(self) -> int:
+        return self.held + self.window
+
+    def account(self, user_id: str) -> Account:
+        account = self.accounts.get(user_id)
+        if account is None:
+            account = self.accounts[user_id] = Account(self)
+        return account
+
+    def bind(self, core: ProtocolSession) -> None:
+        """Charge a session's meter (a new session, or one moved here) to its user."""
+        meter = core.meter
+        if meter.account is None:
+            account = self.account(core.user_id)
+            account.held += meter.held
+            self.held += meter.held
+            meter.account = account
+
+    def forget(self, live: LiveSession) -> None:
+        """A session is gone: what its meter held is given back now, not at the tick."""
+        meter = live.core.meter
+        if meter.account is not None:
+            meter.account.give(meter.held)
+            meter.account = None
 
     def admit(self, user_id: str) -> None:
         """Refuse a new session while the worker or the user is over budget."""
         if self.ceiling and self.total > self.ceiling:
             raise MaxConnections(f"the sessions hold {self.total} bytes "
                                  f"(memoryCeiling {self.ceiling})")
-        held = self.over.get(user_id)
-        if held is not None:
-            raise UserConnectionLimit(f"this user's sessions hold {held} bytes "
+        account = self.accounts.get(user_id)
+        if account is not None and self.user_budget \
+                and account.held + account.window > self.user_budget:
+            raise UserConnectionLimit(f"this user's sessions hold "
+                                      f"{account.held + account.window} bytes "
                                       f"(maxUserBytes {self.user_budget})")
 
-    def review(self, sessions: Iterable[LiveSession]) -> None:
-        """Count every session, then bring users and the worker back under budget."""
-        by_user: dict[str, int] = {}
+    def review(self, sessions: list[LiveSession]) -> None:
+        """Count every session again, then bring users and the worker back under budget."""
+        by_user: dict[str, list[int]] = {}
         weights: dict[str, int] = {}
         total = 0
         for live in sessions:
             if live.core.closed:
                 continue
-            held = weights[live.id] = held_bytes(live)
-            by_user[live.user_id] = by_user.get(live.user_id, 0) + held
+            window = window_bytes(live)
+            metered = live.core.meter.held
+            weights[live.id] = held = window + metered
+            sums = by_user.get(live.user_id)
+            if sums is None:
+                sums = by_user[live.user_id] = [0, 0]
+            sums[0] += metered
+            sums[1] += window
             total += held
-        self.over = {}
         if self.user_budget:
-            for user, held in by_user.items():
+            for user, (metered, window) in by_user.items():
+                held = metered + window
                 if held > self.user_budget:
                     total -= held
-                    held = self._shed(user, held, self.user_budget, weights, "maxUserBytes")
-                    total += held
-                    if held > self.user_budget:
-                        self.over[user] = held
+                    total += self._shed(user, held, self.user_budget, weights,
+                                        "maxUserBytes")
         if self.ceiling and total > self.ceiling:
-            total = self._shed(None, total, self.ceiling, weights, "memoryCeiling")
-        self.total = total
+            self._shed(None, total, self.ceiling, weights, "memoryCeiling")
+        self._recount(sessions, weights)
+
+    def _recount(self, sessions: list[LiveSession], weights: dict[str, int]) -> None:
+        """The accounts as the sessions still standing hold them: sessions shed by this
+        review are left out, a user without sessions loses their account."""
+        accounts: dict[str, Account] = {}
+        held = window = 0
+        for live in sessions:
+            weight = weights.get(live.id)
+            if weight is None or live.core.closed:
+                continue
+            account = accounts.get(live.user_id)
+            if account is None:
+                account = self.accounts.get(live.user_id) or Account(self)
+                account.held = account.window = 0
+                accounts[live.user_id] = account
+            meter = live.core.meter
+            meter.account = account
+            account.held += meter.held
+            account.window += weight - meter.held
+            held += meter.held
+            window += weight - meter.held
+        self.accounts = accounts
+        self.held, self.window = held, window
 
     def _shed(self, user: str | None, held: int, budget: int, weights: dict[str, int],
               why: str) -> int:

@@ -32,7 +32,7 @@ from .dispatch import Dispatcher
 from .hub import Hub, SessionHost, Upstream
 from .live import LiveSession, Operation, Transport
 from .kept import KeptSessions
-from .limits import UserCaps
+from .limits import user_caps
 from .stats import HELD, Stats, add_held
 from .tools import CallSink, SessionToolRunner, Tool, ToolExecution, ToolRegistry, check_call
 from . import signals
@@ -65,7 +65,7 @@ class Engine:
         self.stats = Stats(now_ms())
         self.shutting_down = False
         self._ticker: gevent.Greenlet | None = None
-        self.user_caps = UserCaps(config.connections_per_user)
+        self.user_caps = user_caps(config)  # the per-user cap, and the light users' reserve
         #: transports replaced by a resume whose slot was given back before they ended
         #: (by id; the transport is held so its id is not reused meanwhile)
         self._released: dict[int, Transport] = {}
@@ -152,6 +152,7 @@ class Engine:
     def adopt(self, core: ProtocolSession) -> LiveSession:
         """A live session around a protocol session (new, or moved here from another node)."""
         core.traffic = self.stats.traffic  # this node counts what it carries
+        self.budget.bind(core)  # its texts, calls and runs charged to its user as they come
         return LiveSession(core)
 
     def tool_runner(self, live: LiveSession) -> SessionToolRunner:
@@ -370,6 +371,7 @@ class Engine:
 
     def _expire(self, live: LiveSession) -> None:
         self.kept.forget(live)
+        self.budget.forget(live)
         self.hub.remove(live.id)
         if live.runner is not None:
             live.runner.cancel_all()
@@ -387,7 +389,7 @@ class Engine:
         assert tool is not None
         if tool.execute is None:
             raise ValueError(f"tool {name!r} has no execute function to call")
-        live.core.open_call(call_id, run_id)
+        live.core.open_call(call_id, run_id, args)
         self.tool_runner(live).submit(ToolExecution(call_id, tool.name, args, run_id=run_id,
                                          on_done=on_done), tool)
         self.settle(live)
@@ -419,9 +421,8 @@ class Engine:
         return reached
 
     def tools_busy(self) -> bool:
-        """Whether a tool call runs or waits in any session of this process."""
-        return any(live.runner is not None and (live.runner.running or live.runner.waiting)
-                   for live in self.hub.sessions())
+        """Whether a tool call runs or waits in any session of this process (counted)."""
+        return bool(self.stats.tools.running or self.stats.tools.queued)
 
     def close_transports(self, code: int, reason: str) -> None:
         """Close every live transport; the sessions stay for resume."""
@@ -474,7 +475,7 @@ class Engine:
         now = now_ms()
         self.stats.sample(now)
         self.kept.prune(now)
-        self.budget.review(self.hub.sessions())
+        self.budget.review(self.hub.sessions())  # the degrade actions (budget.py)
         held = dict.fromkeys(HELD, 0)
         for live in self.hub.sessions():
             live.core.tick(now)

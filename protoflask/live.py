@@ -126,8 +126,32 @@ class FailCall:
         return cls(args[0], error)
 
 
+@dataclass(frozen=True, slots=True)
+class OpenCall:
+    """Open a call of the application's own agent (``core.open_call``) from the node it runs
+    on, for a session another node holds (agui/remote_tool.py); False if it cannot open."""
+    call_id: str
+    run_id: str | None
+    name: ClassVar[str] = "open_call"
+
+    def apply(self, core: ProtocolSession) -> bool:
+        try:
+            core.open_call(self.call_id, self.run_id)
+        except ProtoError:  # the run ended meanwhile, or the id is taken
+            return False
+        return True
+
+    def encode(self) -> list[Any]:
+        return [self.call_id, self.run_id]
+
+    @classmethod
+    def decode(cls, args: list[Any]) -> "OpenCall":
+        return cls(args[0], args[1])
+
+
 #: The operations by wire name, for ``decode_operation``.
-OPERATIONS: dict[str, Any] = {op.name: op for op in (Send, ToolUpdate, ToolDone, FailCall)}
+OPERATIONS: dict[str, Any] = {op.name: op for op in (Send, ToolUpdate, ToolDone, FailCall,
+                                                     OpenCall)}
 
 
 def encode_operation(op: Operation) -> dict[str, Any]:

@@ -85,19 +85,23 @@ OPTIONS: tuple[Option, ...] = (
        "simultaneous live transports", 1),
     _o("maxConnectionsPerUser", "max_connections_per_user", "MAX_CONNECTIONS_PER_USER", int,
        None, "live transports per user, and concurrent POST bodies per user, per worker "
-       "(503 USER_CONNECTION_LIMIT beyond); unset: max(1, maxConnections // 10)", 1),
+       "(503 USER_CONNECTION_LIMIT beyond); unset: max(1, maxConnections // 10), and then "
+       "a user holding maxConnections // 100 or more may not take the last tenth of the "
+       "slots (kept for lighter users)", 1),
     _o("maxKeptSessionsPerUser", "max_kept_sessions_per_user", "MAX_KEPT_SESSIONS_PER_USER",
        int, 10, "disconnected sessions kept per user, per worker; beyond it the oldest "
        "disconnected one is dropped", 0),
     _o("maxUserBytes", "max_user_bytes", "MAX_USER_BYTES", int, 256 << 20,
-       "bytes of memory all of one user's sessions (live and kept) may hold, per worker: "
-       "beyond it the user's oldest kept sessions are dropped, then their heaviest session "
-       "is closed and new sessions are refused (503 USER_CONNECTION_LIMIT); 0: no budget",
+       "bytes of memory all of one user's sessions (live and kept) may hold, per worker "
+       "(texts, tool calls' params, runs, replay windows): a text part, tool call or run "
+       "that would exceed it is refused (MESSAGE_TOO_LARGE / MAX_RUNS_EXCEEDED), new "
+       "sessions too (503 USER_CONNECTION_LIMIT); over it, the user's oldest kept sessions "
+       "are dropped, then their heaviest session is closed; 0: no budget",
        0),
     _o("memoryCeiling", "memory_ceiling", "MEMORY_CEILING", int, 768 << 20,
-       "bytes of memory all sessions of a worker may hold: beyond it new sessions are "
-       "refused (503 MAX_CONNECTIONS), the oldest kept sessions are dropped, then the "
-       "heaviest session is closed; 0: no ceiling", 0),
+       "bytes of memory all sessions of a worker may hold: what would exceed it is refused "
+       "as for maxUserBytes, new sessions with 503 MAX_CONNECTIONS; over it, the oldest "
+       "kept sessions are dropped, then the heaviest session is closed; 0: no ceiling", 0),
     _o("bodyTimeout", "body_timeout", "BODY_TIMEOUT", int, 30000,
        "ms to read a POST body (408 REQUEST_TIMEOUT beyond); also how long an open stream "
        "body may stall inside a line before its response ends", 1),

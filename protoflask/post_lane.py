@@ -31,12 +31,15 @@ from werkzeug.http import HTTP_STATUS_CODES
 
 from .mcp import Answer
 from .origins import OriginPolicy
+from .pins import check_flask
 from .port import Ports
 from .transports.http import PostAnswer, answer_post
 from .web import BLUEPRINT_NAME, WebContext, cors_headers, gzipped_json, log_access
 
 if TYPE_CHECKING:
     from flask import Flask
+
+check_flask()  # app_is_plain reads Flask's hook tables: fail here if they moved
 
 log = logging.getLogger("protoflask.web")
 

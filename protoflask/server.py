@@ -43,7 +43,7 @@ from .post_lane import SessionPostLane
 from .mcp import McpEndpoint
 from .web import WebContext, create_blueprint
 from .agui.run import AguiRun, AguiServices
-from .agui.services import agui_services
+from .agui.services import agui_services, install_socket_agui
 
 log = logging.getLogger("protoflask")
 
@@ -63,6 +63,7 @@ class ProtoServer:
         self._own_app = False  # the app was created here: the page may take "/"
         self._listeners: list[Callable[..., Any]] = []
         self._agui_handler: Callable[[AguiRun], Any] | None = None
+        self._socket_agui = install_socket_agui(self, lambda: self.engine, self._agui_services)
         self._serving = EmbeddedServer()
         if app is not None:
             self.init_app(app)
@@ -234,7 +235,7 @@ class ProtoServer:
         self._call(wait)
 
     def serving_started(self) -> None:
-        """For hosting servers that are not ``start()`` (gunicorn's post_worker_init)."""
+        """For hosting servers that are not ``start()`` (gunicorn_worker.GeventWorker)."""
         self.engine.ensure_running()
         self._warn_about_open_origins()
         self._emit(signals.started)
@@ -279,10 +280,9 @@ class ProtoServer:
 
     def _agui_services(self) -> AguiServices:
         return agui_services(
-            self.engine, call=self._call, call_tool=self.call_tool,
-            send_message=self.send_message, finish_run=self.finish_run,
-            report_error=lambda exc, session_id: self._emit_error(exc, session_id=session_id),
-            handler=self._agui_handler)
+            self.engine, call=self._call, call_tool=self.call_tool, invoke=self._invoke_tool,
+            send_message=self.send_message, finish_run=self.finish_run, handler=self._agui_handler,
+            report_error=lambda exc, session_id: self._emit_error(exc, session_id=session_id))
 
     def tool(self, name: str | None = None, *, description: str | None = None,
              input_schema: dict[str, Any] | None = None,

@@ -69,7 +69,7 @@ class Handler(WSGIHandler):
         Every request starts with a turn for every other greenlet: gevent switches only
         when a read or a write has to wait, and a client that pipelines its requests
         leaves the next one in the buffer every time, so this connection would be served
-        alone until it stopped (gunicorn.conf.py's ``pre_request`` does the same there;
+        alone until it stopped (gunicorn_worker.GeventWorker does the same there;
         tests/integration/test_reader_fairness.py)."""
         gevent.sleep(0)
         result = super().handle_one_request()

@@ -31,6 +31,7 @@ from .mcp import McpEndpoint, add_mcp_routes
 from .operator_actions import add_operator_routes
 from .metrics import metrics_response
 from .origins import OriginPolicy
+from .pins import check_websockets
 from .transports import sse, stream, websocket as ws
 from .port import Ports
 from .transports.admission import admit
@@ -44,6 +45,10 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 access_log = logging.getLogger("protoflask.access")
+# transports/websocket.py reads websockets' internals: fail here, at start-up, if they
+# moved (the check belongs beside them; it is here until that module imports it)
+check_websockets()
+
 log = logging.getLogger("protoflask.web")
 
 GZIP_MIN_BYTES = 100

@@ -9,7 +9,18 @@ import redis
 
 from protoflask import ProtoServer
 
-from .support import CLIENTS, SECRET, BaseClient
+from .support import CLIENTS, SECRET, BaseClient, GunicornServer
+
+
+@pytest.fixture(autouse=True)
+def no_gunicorn_left() -> Iterator[None]:
+    """Stop the gunicorn servers a test started and did not stop (see GunicornServer).
+    Those of wider-scoped fixtures were started before this fixture's snapshot (pytest
+    sets up wider scopes first) and are left to their fixtures."""
+    before = set(GunicornServer.running)
+    yield
+    for server in GunicornServer.running - before:
+        server.stop()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import orjson
 import redis
@@ -217,11 +217,18 @@ def free_listener() -> socket.socket:
 
 
 class GunicornServer:
-    """``gunicorn -k gevent wsgi:app`` in a subprocess, on a socket bound here (no race).
-    ``app`` and ``chdir`` serve another WSGI app (the examples)."""
+    """``gunicorn wsgi:app`` with the repository's gunicorn.conf.py in a subprocess, on a
+    socket bound here (no race). ``app`` and ``chdir`` serve another WSGI app (the
+    examples); ``args`` go on gunicorn's command line.
+
+    Every one started and not yet stopped is in ``running``: tests/conftest.py stops what
+    a test left behind (a test that failed between starting its nodes and its
+    ``try``/``finally`` left gunicorn processes serving after the suite)."""
+
+    running: "set[GunicornServer]" = set()
 
     def __init__(self, env: dict[str, str] | None = None, app: str = "wsgi:app",
-                 chdir: Path = ROOT) -> None:
+                 chdir: Path = ROOT, args: Sequence[str] = ()) -> None:
         self.listener = free_listener()
         self.port = self.listener.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -230,8 +237,9 @@ class GunicornServer:
                     **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"),
-             "--bind", f"fd://{fd}", "--chdir", str(chdir), app],
+             "--bind", f"fd://{fd}", "--chdir", str(chdir), *args, app],
             pass_fds=(fd,), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        GunicornServer.running.add(self)
         try:
             wait_for(self._healthy, within=20, what="gunicorn to answer /health")
         except BaseException:
@@ -252,6 +260,7 @@ class GunicornServer:
         self.proc.kill()
         self._killed_output, _ = self.proc.communicate()
         self.listener.close()
+        GunicornServer.running.discard(self)
 
     def stop(self) -> str:
         if hasattr(self, "_killed_output"):
@@ -264,6 +273,7 @@ class GunicornServer:
             self.proc.kill()
             out, _ = self.proc.communicate()
         self.listener.close()
+        GunicornServer.running.discard(self)
         return out.decode() if out else ""
 
 
@@ -663,7 +673,7 @@ class PrivateRedis:
     """A redis-server of its own on a free port, for a test or bench that kills, flushes or
     restarts it (never the shared one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("needs redis-server on PATH (.ci/run installs it)")
@@ -671,14 +681,18 @@ class PrivateRedis:
         listener = free_listener()
         self.port = listener.getsockname()[1]
         listener.close()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
     def start(self) -> None:
+        auth = ["--requirepass", self.password] if self.password else []
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--appendonly", "no", *auth], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
         wait_for(self._answers, what="the private redis-server")
 
     def _answers(self) -> bool:

@@ -27,14 +27,14 @@ MAX_LINES = 500
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("core",),
     ("config", "options", "auth", "jwks", "signals", "tools", "logs", "origins", "tickets",
-     "clock", "fastschema", "streaming", "stats", "limits"),
+     "clock", "fastschema", "streaming", "stats", "limits", "pins"),
     ("hub", "live", "cluster"),
     ("engine", "port", "dispatch", "kept", "budget"),
     ("transports",),
     ("web", "post_lane", "dashboard", "operator_actions", "metrics", "vitals", "blueprints",
      "mcp", "agui"),
     # "": the package itself (its lazy public names); __main__: python -m protoflask
-    ("server", "serving", "cli", "wsgi", "__main__", ""),
+    ("server", "serving", "gunicorn_worker", "cli", "wsgi", "__main__", ""),
 )
 #: The client sits beside the core's users: it imports the core only.
 CLIENT = "client"

@@ -25,6 +25,7 @@ from ..port import SessionPort
 from ..transports.http import HTTPDownstream, error_response, json_response
 from ..transports.request_body import read_body
 from .input import RunInput, parse_run_input, thread_session_id
+from .lost import handler_metadata
 from .mapping import RunTranslator
 from .run import AguiServices, start_run_handler
 
@@ -125,7 +126,8 @@ def run(engine: "Engine", request: Request, services: Callable[[], AguiServices]
         # the stream replays from here: while no transport is attached, what the session
         # sends goes straight into its replay window
         before = live.core.downstream_seq
-        live.core.start_run(now_ms(), run_input.run_id, run_input.thread_id)
+        live.core.start_run(now_ms(), run_input.run_id, run_input.thread_id,
+                            handler_metadata(engine))
         engine.settle(live)
     except ProtoError as exc:
         engine.close_connection(KIND, user_id)

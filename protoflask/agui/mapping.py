@@ -45,12 +45,67 @@ def sse_event(event: dict[str, Any], seq: int | None) -> bytes:
     return b"id: %d\ndata: %s\n\n" % (seq, data)
 
 
-class RunTranslator:
-    """The AG-UI events of run ``run_id`` of thread ``thread_id`` (see the module doc)."""
+class SseFraming:
+    """Events as AG-UI's HTTP binding writes them (``/proto/agui``)."""
 
-    def __init__(self, thread_id: str, run_id: str, resume_after: int | None = None) -> None:
+    #: the heartbeat's PINGs are the stream's to answer (an AG-UI client knows nothing
+    #: of them)
+    answers_pings = True
+
+    @staticmethod
+    def event(event: dict[str, Any], seq: int | None, data: bytes) -> bytes:
+        return sse_event(event, seq)
+
+    @staticmethod
+    def content(seq: int, data: bytes, at: int, mid: bytes, delta: bytes) -> bytes:
+        """A text part's event; ``at``: where the envelope's "type" key starts."""
+        return _CONTENT % (seq, mid, delta)
+
+
+#: The native envelope an AG-UI event travels in on the WebSocket (docs/AGUI.md, "AG-UI
+#: events on the WebSocket"): the head of the message it was made from (id, session, seq,
+#: ts), then these keys, then the event.
+_AGUI_ENVELOPE = b'"type":"AGUI_EVENT","channel":"AGENT","payload":'
+_SOCKET_CONTENT = _AGUI_ENVELOPE + \
+    b'{"type":"TEXT_MESSAGE_CONTENT","messageId":"%s","delta":%s}}'
+
+
+def _head(data: bytes) -> bytes:
+    """A stamped envelope up to its "type" key: ``{"id":..,"session":..,"seq":..,"ts":..,``
+    (the first ``"type":`` is the key: in a JSON string a quote is escaped)."""
+    return data[:data.find(b'"type":')]
+
+
+class SocketFraming:
+    """Events as native ``AGUI_EVENT`` envelopes, one a frame, carrying the seq of the
+    message each was made from; an event the translator makes up has no seq (nor id,
+    session, ts): ``{"type": "AGUI_EVENT", "channel": "AGENT", "payload": event}``."""
+
+    answers_pings = False  # the native client answers them itself
+
+    @staticmethod
+    def event(event: dict[str, Any], seq: int | None, data: bytes) -> bytes:
+        body = _AGUI_ENVELOPE + orjson.dumps(event) + b"}"
+        return _head(data) + body if seq is not None else b"{" + body
+
+    @staticmethod
+    def content(seq: int, data: bytes, at: int, mid: bytes, delta: bytes) -> bytes:
+        return data[:at] + _SOCKET_CONTENT % (mid, delta)
+
+
+SSE = SseFraming()
+SOCKET = SocketFraming()
+
+
+class RunTranslator:
+    """The AG-UI events of run ``run_id`` of thread ``thread_id`` (see the module doc),
+    framed by ``framing`` (SSE for ``/proto/agui``, SOCKET for the WebSocket)."""
+
+    def __init__(self, thread_id: str, run_id: str, resume_after: int | None = None,
+                 framing: SseFraming | SocketFraming = SSE) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
+        self.framing = framing
         self.started = False
         self.ended = False
         #: seqs up to this one are not written (a re-attach: the client has them)
@@ -62,52 +117,77 @@ class RunTranslator:
         self.calls: set[str] = set()
         #: the nonces of the heartbeat PINGs read, for the stream to answer
         self.pings: list[str] = []
+        #: the envelope being translated (SocketFraming keeps its head)
+        self._data = b""
 
     def translate(self, ready: list[tuple[int, bytes]]) -> bytes:
+        """The SSE stream's bytes for ``ready`` (``feed``, with its common case inline:
+        a call less per text part on the stream's hot path)."""
         out: list[bytes] = []
-        open_ = self.open
+        open_, content = self.open, self.framing.content
         for seq, data in ready:
             if self.ended:
                 break
-            resume = self.resume_after
-            if resume is None and self.started:
-                # the common message, a text's part, without decoding it: its content is
-                # already a JSON string, which is what the delta is (docs/PERFORMANCE.md, AG-UI)
+            if self.resume_after is None and self.started:
                 at = data.find(_PART_HEAD)
                 if at >= 0 and data.endswith(b"}}"):
                     start = at + _PART_HEAD_LEN
                     end = data.find(b'","content":', start)
                     mid = data[start:end]
                     if end > 0 and b"\\" not in mid and ("text", mid.decode()) in open_:
-                        out.append(_CONTENT % (seq, mid, data[end + 12:-2]))
+                        out.append(content(seq, data, at, mid, data[end + 12:-2]))
                         continue
-            if resume is not None and seq > resume:
-                self._prelude(out)
-                resume = None
-            self._message(seq, orjson.loads(data), out, resume is None)
-            if resume is not None and seq >= resume:
-                self._prelude(out)
+            self.feed(seq, data, out)
         return b"".join(out)
+
+    def feed(self, seq: int, data: bytes, out: list[bytes], write: bool = True) -> bool:
+        """Translate one stamped message into ``out``; False if it is none of the run's
+        (nothing written: the WebSocket sends it as it is)."""
+        resume = self.resume_after
+        if resume is None and self.started and write:
+            # the common message, a text's part, without decoding it: its content is
+            # already a JSON string, which is what the delta is (docs/PERFORMANCE.md, AG-UI)
+            at = data.find(_PART_HEAD)
+            if at >= 0 and data.endswith(b"}}"):
+                start = at + _PART_HEAD_LEN
+                end = data.find(b'","content":', start)
+                mid = data[start:end]
+                if end > 0 and b"\\" not in mid and ("text", mid.decode()) in self.open:
+                    out.append(self.framing.content(seq, data, at, mid, data[end + 12:-2]))
+                    return True
+        if resume is not None and seq > resume:
+            self._prelude(out)
+            resume = None
+        self._data = data
+        taken = self._message(seq, orjson.loads(data), out, write and resume is None)
+        if resume is not None and seq >= resume:
+            self._prelude(out)
+        return taken
 
     # -- one message -------------------------------------------------------------------
 
-    def _message(self, seq: int, env: dict[str, Any], out: list[bytes], write: bool) -> None:
+    def _message(self, seq: int, env: dict[str, Any], out: list[bytes], write: bool) -> bool:
         mtype = env.get("type")
         payload = env.get("payload") or {}
         if mtype == "PING":
-            self.pings.append(str(payload.get("nonce", "")))
-            return
+            if self.framing.answers_pings:
+                self.pings.append(str(payload.get("nonce", "")))
+            return False
         if not self.started:
             if mtype == "RUN_STARTED" and payload.get("run_id") == self.run_id:
                 self.started = True
                 self._emit({"type": "RUN_STARTED", "threadId": self.thread_id,
                             "runId": self.run_id}, seq, out, write)
-            return
+                return True
+            return False
+        if self.ended:
+            return False
         if mtype == "MESSAGE_PART":
             mid = payload.get("message_id")
-            if ("text", mid) in self.open:
-                self._emit({"type": "TEXT_MESSAGE_CONTENT", "messageId": mid,
-                            "delta": payload.get("content", "")}, seq, out, write)
+            if ("text", mid) not in self.open:
+                return False
+            self._emit({"type": "TEXT_MESSAGE_CONTENT", "messageId": mid,
+                        "delta": payload.get("content", "")}, seq, out, write)
         elif mtype == AGUI_EVENT:
             self._emit(payload, seq, out, write)
         elif mtype == "MESSAGE_START":
@@ -115,22 +195,28 @@ class RunTranslator:
                         "role": "assistant"}, seq, out, write)
         elif mtype == "MESSAGE_END":
             mid = payload.get("message_id")
-            if ("text", mid) in self.open:
-                self._emit({"type": "TEXT_MESSAGE_END", "messageId": mid}, seq, out, write)
+            if ("text", mid) not in self.open:
+                return False
+            self._emit({"type": "TEXT_MESSAGE_END", "messageId": mid}, seq, out, write)
         elif mtype == "TOOL_UPDATE":
             call_id = payload.get("call_id")
-            if call_id in self.calls:
-                self._emit({"type": "CUSTOM", "name": PROGRESS_EVENT,
-                            "value": progress_value(call_id, payload)}, seq, out, write)
+            if call_id not in self.calls:
+                return False
+            self._emit({"type": "CUSTOM", "name": PROGRESS_EVENT,
+                        "value": progress_value(call_id, payload)}, seq, out, write)
         elif mtype == "TOOL_DONE":
             call_id = payload.get("call_id")
-            if call_id in self.calls:
-                self.calls.discard(call_id)
-                self._emit({"type": "TOOL_CALL_RESULT", "messageId": f"{call_id}-result",
-                            "toolCallId": call_id, "role": "tool",
-                            "content": result_content(payload)}, seq, out, write)
+            if call_id not in self.calls:
+                return False
+            self.calls.discard(call_id)
+            self._emit({"type": "TOOL_CALL_RESULT", "messageId": f"{call_id}-result",
+                        "toolCallId": call_id, "role": "tool",
+                        "content": result_content(payload)}, seq, out, write)
         elif mtype == "RUN_FINISHED" and payload.get("run_id") == self.run_id:
             self._finish(seq, payload, out, write)
+        else:
+            return False
+        return True
 
     def _emit(self, event: dict[str, Any], seq: int | None, out: list[bytes],
               write: bool) -> None:
@@ -146,7 +232,7 @@ class RunTranslator:
             if kind is not None:
                 self.open.pop((kind, str(event.get(_KEY[kind]))), None)
         if write:
-            out.append(sse_event(event, seq))
+            out.append(self.framing.event(event, seq, self._data))
 
     def _finish(self, seq: int, payload: dict[str, Any], out: list[bytes],
                 write: bool) -> None:
@@ -178,10 +264,11 @@ class RunTranslator:
         self.resume_after = None
         if not self.started or self.ended:
             return
-        out.append(sse_event({"type": "RUN_STARTED", "threadId": self.thread_id,
-                              "runId": self.run_id}, None))
+        framing = self.framing
+        out.append(framing.event({"type": "RUN_STARTED", "threadId": self.thread_id,
+                                  "runId": self.run_id}, None, b""))
         for event in self.open.values():
-            out.append(sse_event(event, None))
+            out.append(framing.event(event, None, b""))
 
 
 def progress_value(call_id: str, payload: dict[str, Any]) -> dict[str, Any]:

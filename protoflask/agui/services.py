@@ -4,13 +4,19 @@ another node of a cluster moves the session there while the handler runs here.""
 
 from __future__ import annotations
 
+import uuid
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..core import messages
 from ..core.errors import ProtoError
 from ..live import Send
+from .. import signals
 from .endpoint import finish_elsewhere
+from ..tools import Tool
+from .remote_tool import call_tool_elsewhere
 from .run import AguiRun, AguiServices
+from .socket import SocketAgui
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -20,10 +26,21 @@ def agui_services(engine: "Engine", *, call: Callable[..., Any],
                   call_tool: Callable[..., Any], send_message: Callable[..., None],
                   finish_run: Callable[..., Any],
                   report_error: Callable[[BaseException, str], None],
-                  handler: Callable[[AguiRun], Any] | None) -> AguiServices:
-    """``call(fn, *args)`` runs ``fn`` in the server's hub (ProtoServer._call); the others
-    are the server's own methods of those names."""
+                  handler: Callable[[AguiRun], Any] | None,
+                  invoke: Callable[[Tool, Any, str, str], Any]) -> AguiServices:
+    """``call(fn, *args)`` runs ``fn`` in the server's hub (ProtoServer._call); ``invoke``
+    calls a tool's execute (the engine's invoke_tool); the others are the server's own
+    methods of those names."""
     hub = engine.hub
+
+    def tool_call(session_id: str, name: str, params: Any, *, run_id: str | None = None,
+                  call_id: str | None = None) -> Any:
+        if call(hub.get, session_id) is not None or call(hub.lookup, session_id) is None:
+            return call_tool(session_id, name, params, run_id=run_id, call_id=call_id)
+        # the session moved to another node (a re-attach there): the call runs here
+        return call(partial(call_tool_elsewhere, invoke=invoke, report_error=report_error),
+                    engine, session_id, name, dict(params or {}), run_id,
+                    call_id or f"agent-{uuid.uuid4().hex[:16]}")
 
     def run_status(session_id: str, run_id: str) -> str | None:
         def read() -> str | None:
@@ -47,7 +64,19 @@ def agui_services(engine: "Engine", *, call: Callable[..., Any],
         else:
             call(finish_elsewhere, engine, session_id, run_id, summary, error)
 
-    return AguiServices(deliver=deliver, call_tool=call_tool, send_message=send_message,
+    return AguiServices(deliver=deliver, call_tool=tool_call, send_message=send_message,
                         finish_run=finish, run_status=run_status, report_error=report_error,
                         handler=handler, echo=engine.config.echo_messages,
                         max_message_size=engine.config.max_message_size)
+
+
+def install_socket_agui(server: Any, engine: Callable[[], "Engine"],
+                        services: Callable[[], AguiServices]) -> SocketAgui:
+    """AG-UI events on the server's WebSockets (agui/socket.py): its receivers, for the
+    transports that attach, the first HELLOs and the runs started. The signals hold them
+    weakly: the server keeps the returned object (else a server could never be freed)."""
+    socket_agui = SocketAgui(engine, services)
+    signals.connect.connect(socket_agui.on_attached, sender=server)
+    signals.handshake.connect(socket_agui.on_attached, sender=server)
+    signals.run_started.connect(socket_agui.on_run_started, sender=server)
+    return socket_agui

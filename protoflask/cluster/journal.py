@@ -29,7 +29,7 @@ from gevent.event import Event
 from redis.exceptions import NoScriptError
 
 from ..core.handoff import export_state
-from .keys import Keys
+from .keys import ENTRY, Keys
 from .redis_client import UNAVAILABLE, GeventConnection, pack, text
 from .state import StateLine, decode_state, encode_state
 
@@ -229,7 +229,7 @@ class Journal:
         journaled = cursor.journaled_seq
         for seq, data in ready:
             if seq > journaled:
-                entries.append(b"%d %d %b" % (seq, now, data))  # keys.pack_entry, inline
+                entries.append(ENTRY % (seq, now, data))
                 journaled = seq
         cursor.journaled_seq = journaled
         committed = self._committed

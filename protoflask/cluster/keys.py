@@ -67,8 +67,13 @@ class Keys:
         return self.session(session_id), self.replay(session_id), self.inbox(session_id)
 
 
+#: A replay list entry: "seq stored_at data". The journal formats its entries with it
+#: directly (``ENTRY % (seq, now, data)``: one call fewer per message than pack_entry).
+ENTRY = b"%d %d %b"
+
+
 def pack_entry(seq: int, stored_at: int, data: bytes) -> bytes:
-    return b"%d %d %b" % (seq, stored_at, data)
+    return ENTRY % (seq, stored_at, data)
 
 
 def unpack_entry(item: bytes) -> tuple[int, int, bytes]:

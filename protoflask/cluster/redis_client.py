@@ -24,6 +24,10 @@ from redis.sentinel import Sentinel, SentinelManagedConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..pins import check_redis
+
+check_redis()  # GeventConnection reads redis-py's internals: fail here if they moved
+
 
 class GeventConnection(redis.connection.Connection):
     def _connect(self) -> gsocket.socket:
@@ -147,6 +151,17 @@ def connect(url: str, *, timeout: float = 5.0) -> redis.Redis:
         url, connection_class=GeventConnection, socket_connect_timeout=timeout,
         socket_timeout=timeout, health_check_interval=0, max_connections=None)
     return redis.Redis(connection_pool=pool)
+
+
+def display_url(url: str) -> str:
+    """``url`` as it may be logged or shown in /health: its password replaced by ``***``
+    (``redis://:secret@host`` and ``redis://user:secret@host`` alike)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
 
 
 def text(reply: bytes | str) -> str:

@@ -36,7 +36,7 @@ from .follow import Follow
 from .settling import BEAT_MS, NODE_TTL_MS, SETTLE_MS, settled, unavailable
 from .journal import Journal, decode_state
 from .keys import Keys, unpack_entry
-from .redis_client import UNAVAILABLE, connect
+from .redis_client import UNAVAILABLE, connect, display_url
 from .store import RELEASE_WAIT, RedisStore
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class RoutingHub(LocalHub):
                  node_id: str | None = None, config: ServerConfig | None = None) -> None:
         super().__init__()
         config = config if config is not None else ServerConfig()
-        self.url = url
+        self.url = display_url(url)  # for log lines and /health: never its password
         self.redis = connect(url)
         self.keys = Keys(prefix)
         self.node_id = node_id or default_node_id()

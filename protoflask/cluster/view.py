@@ -30,6 +30,7 @@ class RedisView:
         self.elsewhere = SessionsElsewhere(hub.redis, hub.keys, hub.node_id, hub.went_down)
         #: the node's /metrics text, stored every beat for the others' /metrics to merge
         self.metrics_source: Callable[[], bytes] | None = None
+        self._others: Any = None  # metrics.OthersCache, built on the first cluster scrape
 
     def set_metrics_source(self, source: Callable[[], bytes]) -> None:
         self.metrics_source = source
@@ -70,10 +71,12 @@ class RedisView:
     def metrics_registry(self, local: "CollectorRegistry") -> "CollectorRegistry":
         from prometheus_client import generate_latest
 
-        from .metrics import cluster_registry
+        from .metrics import OthersCache, cluster_registry
 
-        return cluster_registry({self.node_id: generate_latest(local).decode(),
-                                 **self.node_metrics()})
+        if self._others is None:
+            self._others = OthersCache(self.node_metrics)
+        return cluster_registry({self.node_id: generate_latest(local).decode()},
+                                self._others.families())
 
     def node_metrics(self) -> dict[str, str]:
         """The other live nodes' stored /metrics texts, by node id."""

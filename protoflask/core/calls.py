@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import DuplicateCallId, InvalidMessage, MaxRunsExceeded, RunNotFound
+from .meter import Meter, OverBudget, memory_of
 
 
 @dataclass(slots=True)
@@ -21,6 +22,7 @@ class Run:
     metadata: Any = None
     summary: Any = None
     error: Any = None
+    cost: int = 0  # what its metadata costs in memory, charged to the session's meter
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"runId": self.run_id, "status": self.status,
@@ -37,15 +39,18 @@ class Run:
 class Call:
     run_id: str | None
     message_id: str | None  # the TOOL_CALL's id; None for a call the application opened
+    cost: int = 0  # what its params cost in memory (held until its TOOL_DONE), metered
 
 
 class CallRegistry:
-    """Active runs by id and open tool calls by call_id."""
+    """Active runs by id and open tool calls by call_id, their metadata and params
+    charged to the session's meter while they are open."""
 
-    __slots__ = ("max_runs", "runs", "calls")
+    __slots__ = ("max_runs", "runs", "calls", "meter")
 
-    def __init__(self, max_runs: int) -> None:
+    def __init__(self, max_runs: int, meter: Meter | None = None) -> None:
         self.max_runs = max_runs
+        self.meter = meter if meter is not None else Meter()
         self.runs: dict[str, Run] = {}
         self.calls: dict[str, Call] = {}
 
@@ -59,7 +64,13 @@ class CallRegistry:
     def add_run(self, run_id: str, now: int, thread_id: str | None, metadata: Any) -> Run:
         if run_id in self.runs:
             raise InvalidMessage(f"run {run_id!r} is already active")
-        run = self.runs[run_id] = Run(run_id, now, thread_id=thread_id, metadata=metadata)
+        cost = memory_of(metadata) if metadata is not None else 0
+        try:
+            self.meter.charge(cost)
+        except OverBudget as exc:  # no room for what the run would hold: as for a run too many
+            raise MaxRunsExceeded(f"the run was refused: {exc}") from None
+        run = self.runs[run_id] = Run(run_id, now, thread_id=thread_id, metadata=metadata,
+                                      cost=cost)
         return run
 
     def end_run(self, run_id: str, now: int) -> Run:
@@ -68,6 +79,7 @@ class CallRegistry:
         if run is None:
             raise RunNotFound(f"run {run_id!r} is not active in this session")
         run.end_time = now
+        self.meter.release(run.cost)
         return run
 
     def calls_of(self, run_id: str) -> tuple[str, ...]:
@@ -83,6 +95,23 @@ class CallRegistry:
         if check_run and run_id is not None and run_id not in self.runs:
             raise RunNotFound(f"run {run_id!r} is not active in this session")
         self.calls[call_id] = Call(run_id, message_id)
+
+    def charge_call(self, call_id: str, params: Any) -> None:
+        """Charge an open call's params (held until it ends) to the meter, or raise
+        MAX_RUNS_EXCEEDED (the call is still open: the caller ends it)."""
+        cost = memory_of(params)
+        try:
+            self.meter.charge(cost)
+        except OverBudget as exc:
+            raise MaxRunsExceeded(f"the tool call was refused: {exc}") from None
+        self.calls[call_id].cost = cost
+
+    def end_call(self, call_id: str) -> Call | None:
+        """Close a call (None if it was not open) and give its params' bytes back."""
+        call = self.calls.pop(call_id, None)
+        if call is not None:
+            self.meter.release(call.cost)
+        return call
 
     # -- moving to another node (core.handoff) --------------------------------------------
 

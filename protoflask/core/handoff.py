@@ -42,6 +42,7 @@ def export_state(session: ProtocolSession) -> dict[str, Any]:
         "downstream_seq": outbound.downstream_seq,
         "last_ack": session.last_ack,
         "accept_events": sorted(session.accept_events) if session.accept_events else None,
+        "extensions": sorted(session.extensions) if session.extensions else None,
         "paused_by_client": sorted(paused) if paused else [],
         "counter": session.id_counter,
         "credits": session.credits.export(),
@@ -68,6 +69,7 @@ def restore(state: dict[str, Any], settings: SessionSettings, now: int,
     session.last_ack = int(state["last_ack"])
     accept = state.get("accept_events")
     session.accept_events = frozenset(accept) if accept else None
+    session.extensions = frozenset(state.get("extensions") or ())
     session.id_counter = int(state.get("counter") or 0)
     saved = state.get("credits")
     if saved:

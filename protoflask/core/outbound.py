@@ -18,6 +18,7 @@ from .credits import CreditLedger
 from .envelope import CONTROL_TYPES, ENCODING
 from .errors import ReplayUnavailable
 from .events import Event, SendRefused, SlowConsumer
+from .meter import Meter
 from .replay import ReplayWindow, ResendQueue
 from .settings import SessionSettings
 from .traffic import TrafficCounters
@@ -68,6 +69,9 @@ class OutboundQueue:
         self._overflowed = False  # SlowConsumer reported for this connection
         self._resend = ResendQueue()  # window ranges to write again (resume, REPLAY_REQUEST)
         self._resend_bytes = 0  # what they hold; counts toward the outbound buffer
+        #: the session's meter: what is queued grows its user's count of windows and
+        #: unsent bytes at once (the tick counts them exactly again)
+        self.meter: Meter | None = None
 
     # -- a transport comes and goes -------------------------------------------------------
 
@@ -78,22 +82,45 @@ class OutboundQueue:
 
     # -- queueing -------------------------------------------------------------------------
 
-    def push(self, out: Outbound) -> bool:
-        """Queue a message the session accepted; False when the queue is full."""
+    def push_plain(self, out: Outbound) -> bool:
+        """Queue a message the session accepted; False when the queue is full.
+
+        The definition. ``push_fast`` does the same with ``_enqueue`` and
+        ``check_pressure``'s first test written out (about 1% of a PING's whole cost:
+        bench/instructions.py); ``push`` below is the one the session uses.
+        tests/core/test_outbound.py's TestPush runs over both."""
+        if len(self.pending) >= self.settings.max_pending_messages or \
+                self._pending_bytes >= self._full_bytes:
+            if not self._queued_when_full(out):
+                return False
+        self._enqueue(out)
+        if out.type not in CONTROL_TYPES:
+            self._pause_armed = True
+        self.check_pressure()
+        return True
+
+    def _queued_when_full(self, out: Outbound) -> bool:
+        """The queue is full: whether ``out`` is queued anyway (a control message)."""
+        if out.type not in CONTROL_TYPES:
+            self._events.append(SendRefused(out.type, out.channel))
+            return False
+        # Control messages never wait for credit, so they are queued anyway; they only
+        # pile up while a write is blocked, i.e. the client does not read: that is a slow
+        # consumer (its transport is closed, the session kept, and what is queued goes to
+        # the replay window), so nothing is lost.
+        if self._connected() and self.in_flight and not self._overflowed:
+            self._overflowed = True
+            self._events.append(SlowConsumer(self.unsent_bytes))
+        return True
+
+    def push_fast(self, out: Outbound) -> bool:
+        """``push_plain`` with ``_enqueue`` and ``check_pressure``'s first test inline."""
         pending = self.pending
         if len(pending) >= self.settings.max_pending_messages or \
                 self._pending_bytes >= self._full_bytes:
-            if out.type not in CONTROL_TYPES:
-                self._events.append(SendRefused(out.type, out.channel))
+            if not self._queued_when_full(out):
                 return False
-            # Control messages never wait for credit, so they are queued anyway; they
-            # only pile up while a write is blocked, i.e. the client does not read: that
-            # is a slow consumer (its transport is closed, the session kept, and what is
-            # queued goes to the replay window), so nothing is lost.
-            if self._connected() and self.in_flight and not self._overflowed:
-                self._overflowed = True
-                self._events.append(SlowConsumer(self.unsent_bytes))
-        # _enqueue, inline: this runs for every message
+        # _enqueue, inline
         size = len(dumps(out.payload, option=ENCODING)) + ENVELOPE_OVERHEAD
         pending.append(out)
         self._pending_sizes.append(size)
@@ -101,6 +128,9 @@ class OutboundQueue:
         channel = out.channel
         by_channel[channel] = by_channel.get(channel, 0) + size
         pending_bytes = self._pending_bytes = self._pending_bytes + size
+        meter = self.meter
+        if meter is not None:
+            meter.grew(size)
         if out.type not in CONTROL_TYPES:
             self._pause_armed = True
         if pending_bytes + self._resend_bytes + self.in_flight >= self._low_water \
@@ -108,8 +138,11 @@ class OutboundQueue:
             self.check_pressure()
         return True
 
+    #: The swap point: the implementation the session calls.
+    push = push_fast
+
     def _enqueue(self, out: Outbound) -> None:
-        # encode(), inline (as in take_writable); push does the same inline
+        # the payload's encoded size (as take_writable encodes it) plus the envelope's
         size = len(dumps(out.payload, option=ENCODING)) + ENVELOPE_OVERHEAD
         self.pending.append(out)
         self._pending_sizes.append(size)

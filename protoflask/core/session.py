@@ -9,7 +9,7 @@ what happened with ``take_events()`` (the one way out for events):
     session.tick(now)                -> heartbeat and expiry
     session.take_events()            -> the events all of that caused, for the application
 
-The session's lifecycle is the TRANSITIONS table below (h11 style: the transitions as
+The session's lifecycle is the TRANSITIONS table of ``state.py`` (h11 style: the transitions as
 data): NEW -> GREETING on attach -> OPEN on HELLO -> DETACHED when the transport goes,
 OPEN again on a resume; CLOSED (expired, or closed by the application) is final.
 
@@ -33,10 +33,10 @@ queued, waits for credit, and is stamped with its seq when taken for the wire.
 
 from __future__ import annotations
 
-import enum
 import secrets
 from typing import Any, Callable
 
+from .meter import Meter
 from .messages import (
     Outbound, error as error_message, ping as ping_message, run_finished, run_started, split_text,
     text_end, text_part, text_start, tool_done as tool_done_message,
@@ -53,6 +53,7 @@ from .events import (
 )
 from .outbound import OutboundQueue
 from .ratelimit import RateLimiter, Verdict
+from .state import RESET_STEPS, TRANSITIONS, SessionState, Transition
 from .replay import ReplayWindow
 from .seen import SeenSeqs
 from .settings import SessionSettings
@@ -69,62 +70,7 @@ __all__ = [
 ]
 
 
-class SessionState(enum.Enum):
-    NEW = "new"  # no transport and no HELLO yet
-    GREETING = "greeting"  # a transport is attached; waiting for HELLO
-    OPEN = "open"  # attached, handshake completed
-    DETACHED = "detached"  # handshake completed, no transport: kept for a resume
-    CLOSED = "closed"  # expired or closed for good: no more sends
-
-    # Members are singletons: hash them by identity, in C (Enum's own __hash__ is Python
-    # code, and the state is looked up in a set for every message).
-    __hash__ = object.__hash__
-
-
-class Transition(enum.Enum):
-    ATTACH = "attach"
-    DETACH = "detach"
-    HELLO = "hello"
-    CLOSE = "close"
-
-    __hash__ = object.__hash__  # as SessionState's
-
-
 _S = SessionState
-_COLUMNS = (Transition.ATTACH, Transition.DETACH, Transition.HELLO, Transition.CLOSE)
-_TABLE = (
-    # state       attach        detach        HELLO         close
-    (_S.NEW,      _S.GREETING,  _S.NEW,       _S.DETACHED,  _S.CLOSED),
-    (_S.GREETING, _S.GREETING,  _S.NEW,       _S.OPEN,      _S.CLOSED),
-    (_S.OPEN,     _S.OPEN,      _S.DETACHED,  _S.OPEN,      _S.CLOSED),
-    (_S.DETACHED, _S.OPEN,      _S.DETACHED,  _S.DETACHED,  _S.CLOSED),
-    (_S.CLOSED,   _S.CLOSED,    _S.CLOSED,    _S.CLOSED,    _S.CLOSED),
-)
-#: state -> transition -> next state
-TRANSITIONS: dict[SessionState, dict[Transition, SessionState]] = {
-    row[0]: dict(zip(_COLUMNS, row[1:], strict=True)) for row in _TABLE}
-#: The rest of the session's state, listed beside the table (as h11's ``_state.py``
-#: lists its flags): each flag that lives outside the lifecycle above and what it means
-#: (its start value in brackets); ``RESETS``: the transitions that put one back to its
-#: start value, which ``_to`` applies (``tests/core/test_session_state.py``). "outbound."
-#: names the session's outbound queue (``core/outbound.py``).
-BESIDE: dict[str, str] = {
-    "_flooding": "closed for flooding: later messages are dropped unread (False)",
-    "_ping_nonce": "the heartbeat PING waiting for its PONG (None)",
-    "outbound._overflowed": "SlowConsumer reported for this connection (False)",
-    "outbound._pause_armed": "back-pressure may pause USER: data was queued since the "
-                             "last resume (True)",
-    "outbound.in_flight": "bytes the transport is writing (0)",
-}
-#: transition -> (state, start value) reset when it happens
-RESETS: dict[Transition, tuple[tuple[str, Any], ...]] = {
-    Transition.ATTACH: (("_flooding", False), ("_ping_nonce", None),
-                        ("outbound._overflowed", False), ("outbound.in_flight", 0)),
-    Transition.DETACH: (("_ping_nonce", None),),
-    Transition.HELLO: (), Transition.CLOSE: (),
-}
-_RESETS = {t: tuple((name.startswith("outbound."), name.rpartition(".")[2], value)
-                    for name, value in steps) for t, steps in RESETS.items()}
 _ATTACHED = frozenset({_S.GREETING, _S.OPEN})
 _GREETED = frozenset({_S.OPEN, _S.DETACHED})
 _CLOSED = _S.CLOSED
@@ -147,6 +93,8 @@ class ProtocolSession(UpstreamHandlers):
         self.up_seqs = SeenSeqs()  # upstream seqs seen: the highest, and gaps below it
         self.last_ack = 0
         self.accept_events: frozenset[str] | None = None
+        #: the protocol extensions the client asked for in its first HELLO (upstream.py)
+        self.extensions: frozenset[str] = frozenset()
         self.rate = RateLimiter(settings.rate_limit, settings.rate_limit_burst, now)
         self._flooding = False  # closed for flooding: later messages are dropped silently
         self.credits = CreditLedger(settings.credits)
@@ -162,7 +110,9 @@ class ProtocolSession(UpstreamHandlers):
         self.take_writable: Callable[[int], list[tuple[int, bytes]]] = \
             self.outbound.take_writable
         self.texts: dict[str, Text] = {}
-        self.registry = CallRegistry(settings.max_concurrent_runs)
+        #: what the client made this session hold beyond its window (texts, calls, runs)
+        self.meter = self.outbound.meter = Meter()
+        self.registry = CallRegistry(settings.max_concurrent_runs, self.meter)
         #: the last number used in an id this session made (message and run ids); it
         #: moves with the session so that ids never repeat
         self.id_counter = 0
@@ -179,7 +129,7 @@ class ProtocolSession(UpstreamHandlers):
     def _to(self, transition: Transition) -> None:
         before = self._state
         after = self._state = TRANSITIONS[before][transition]
-        for on_queue, name, value in _RESETS[transition]:  # the state beside the table
+        for on_queue, name, value in RESET_STEPS[transition]:  # the state beside the table
             setattr(self.outbound if on_queue else self, name, value)
         if (before in _ATTACHED) is not (after in _ATTACHED):  # the shared running count
             self.traffic.attached += 1 if after in _ATTACHED else -1
@@ -357,11 +307,16 @@ class ProtocolSession(UpstreamHandlers):
 
     # -- tool calls (the application's side) ---------------------------------------------
 
-    def open_call(self, call_id: str, run_id: str | None = None) -> None:
+    def open_call(self, call_id: str, run_id: str | None = None, params: Any = None) -> None:
         """A call the application starts itself (its agent calling a tool): from here on
         it is like a client's call, with TOOL_UPDATEs and exactly one TOOL_DONE, and
-        cancelled with its run."""
+        cancelled with its run. MAX_RUNS_EXCEEDED when its params are over budget."""
         self.registry.add_call(call_id, run_id, None, check_run=True)
+        try:
+            self.registry.charge_call(call_id, params)
+        except ProtoError:
+            self.registry.end_call(call_id)
+            raise
 
     def tool_update(self, call_id: str, status: str, progress: float | None = None,
                     partial: Any = None) -> bool:
@@ -372,7 +327,7 @@ class ProtocolSession(UpstreamHandlers):
     def tool_done(self, call_id: str, status: str, result: Any = None,
                   error: ProtoError | None = None) -> bool:
         """Finish a call with its single TOOL_DONE; False if it had already finished."""
-        if self.registry.calls.pop(call_id, None) is None:
+        if self.registry.end_call(call_id) is None:
             return False
         self.send(tool_done_message(call_id, status, result, error))
         return True

@@ -16,7 +16,7 @@ from .messages import (
     Outbound, SUPPORTED_MAJORS, flow_update, hello as hello_message, pong as pong_message,
 )
 from .envelope import (
-    CLIENT_TYPES, CONTROL_TYPES, PAYLOAD_CHECKS, SERVER_TYPES, Message, byte_length,
+    CLIENT_TYPES, CONTROL_TYPES, SERVER_TYPES, Message, byte_length,
     validate_payload,
 )
 from .errors import (
@@ -27,6 +27,7 @@ from .events import (
     AudioReceived, CloseRequested, Handshake, TextReceived, ToolCallReceived,
     ToolCancelRequested, ToolListRequested,
 )
+from .meter import Meter, OverBudget
 from .settings import SessionSettings
 from .traffic import UNKNOWN_TYPE
 
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
     from .traffic import TrafficCounters
 
 PRE_HANDSHAKE_TYPES = frozenset({"HELLO", "PING"})
+#: Protocol extensions a client may ask for in its first HELLO
+#: (``capabilities.extensions``, docs/PROTOCOL.md §3): "agui", AG-UI events on the socket.
+EXTENSIONS = frozenset({"agui"})
 
 
 @dataclass(slots=True)
@@ -81,11 +85,13 @@ class UpstreamHandlers:
     last_activity: int
     last_ack: int
     accept_events: frozenset[str] | None
+    extensions: frozenset[str]
     traffic: TrafficCounters
     up_seqs: SeenSeqs
     credits: CreditLedger
     outbound: OutboundQueue
     registry: CallRegistry
+    meter: Meter
     texts: dict[str, Text]
     _events: list[Event]
     _ping_nonce: str | None
@@ -126,9 +132,7 @@ class UpstreamHandlers:
                 raise UnsupportedType(f"unsupported message type {mtype!r}")
             if mtype not in PRE_HANDSHAKE_TYPES and not self.handshake_completed:
                 raise HandshakeRequired()
-            accept = PAYLOAD_CHECKS.get(mtype)  # validate_payload's fast path, inline
-            if accept is None or accept(msg.payload) is not msg.payload:
-                msg = validate_payload(msg)
+            msg = validate_payload(msg)
             if mtype not in CONTROL_TYPES:
                 # refused before it is charged: a message the client must send again
                 # must not cost it credit (nor earn it a top-up)
@@ -176,11 +180,20 @@ class UpstreamHandlers:
                                             _positive_int(fc.get("initial_credit_bytes")),
                                             downstream=fc.get("downstream") is True)
         first = not self.handshake_completed
+        if first:  # the session's first HELLO decides its extensions, for its whole life
+            asked = p["capabilities"].get("extensions") \
+                if isinstance(p["capabilities"], dict) else None
+            if isinstance(asked, list):
+                self.extensions = EXTENSIONS.intersection(
+                    e for e in asked[:16] if isinstance(e, str))
         self._greeted()
+        caps = capabilities(self.settings)
+        if self.extensions:  # answered only to a client that asked: the ones it has
+            caps["extensions"] = sorted(self.extensions)
         self.send(hello_message(
             session_id=self.id,
             accept_events=self.accept_events or SERVER_TYPES,
-            capabilities=capabilities(self.settings),
+            capabilities=caps,
             last_client_seq=seen_before,
         ))
         if first:
@@ -214,21 +227,31 @@ class UpstreamHandlers:
             content = p["content"]
             text.size += len(content) if content.isascii() else byte_length(content)
             if text.size > self.settings.max_text_size:
-                del self.texts[mid]
+                self._drop_text(mid)
                 raise MessageTooLarge(f"text {mid!r} exceeds maxTextSize "
                                       f"({self.settings.max_text_size} bytes); it was "
                                       "discarded")
+            cost = getsizeof(content)
+            try:
+                self.meter.charge(cost)
+            except OverBudget as exc:
+                self._drop_text(mid)
+                raise MessageTooLarge(f"text {mid!r} was discarded: {exc}") from None
             text.parts.append(content)
-            text.memory += getsizeof(content)
+            text.memory += cost
             self._events.append(TextReceived(wire))
             return
-        del self.texts[mid]
+        self._drop_text(mid)
         assembled = "".join(text.parts)
         wire["payload"]["text"] = assembled
         wire["payload"]["content_type"] = text.content_type
         self._events.append(TextReceived(wire))
         if self.settings.echo_messages:
             self.send_text(assembled, text.content_type)
+
+    def _drop_text(self, mid: str) -> None:
+        """An open text ends (assembled or discarded): its parts' bytes are given back."""
+        self.meter.release(self.texts.pop(mid).memory)
 
     def _on_tool_call(self, msg: Message, seen_before: int, now: int) -> None:
         p = msg.payload
@@ -237,6 +260,11 @@ class UpstreamHandlers:
         self.registry.add_call(call_id, run_id, msg.id)
         if run_id is not None and run_id not in self.registry.runs:
             self.fail_call(call_id, RunNotFound(f"run {run_id!r} is not active in this session"))
+            return
+        try:  # its params are held until its TOOL_DONE (queued calls' too)
+            self.registry.charge_call(call_id, p["params"])
+        except ProtoError as exc:
+            self.fail_call(call_id, exc)
             return
         self._events.append(ToolCallReceived(call_id, p["tool"], p["params"], run_id, msg))
 

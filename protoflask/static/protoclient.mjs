@@ -687,7 +687,7 @@ var ProtoClient = class {
       proto_version: PROTO_VERSION,
       accept_major: [1],
       accept_events: accept,
-      capabilities: { flow_control: fc }
+      capabilities: this.opts.extensions?.length ? { flow_control: fc, extensions: this.opts.extensions } : { flow_control: fc }
     });
     this.lastHelloRaw = raw;
     this.down.clear();
@@ -928,6 +928,10 @@ var ProtoClient = class {
     try {
       msg = JSON.parse(raw);
     } catch {
+      return;
+    }
+    if (msg.seq === void 0) {
+      this.emit("message", msg);
       return;
     }
     const seq = Number(msg.seq);

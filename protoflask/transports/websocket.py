@@ -237,8 +237,15 @@ class WebSocketConnection:
         return data[i:] if i else data
 
     def _protocol_events(self) -> None:
+        # One read of deflated frames can carry many large messages (a megabyte of tiny
+        # elements deflates to a kilobyte): a turn for the others past RECV_SIZE of them.
+        handled = 0
         for frame in self.protocol.events_received():
             assert isinstance(frame, Frame)  # the handshake is done: only frames now
+            if handled > RECV_SIZE:
+                gevent.sleep(0)
+                handled = 0
+            handled += len(frame.data)
             self._on_frame(frame)
 
     # -- receiving -------------------------------------------------------------------

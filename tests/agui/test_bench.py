@@ -23,4 +23,5 @@ def test_agui_bench_produces_a_ratio(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert result["events"] == 2000
     assert result["native_us_per_event"] >= 0 and result["agui_us_per_event"] >= 0
-    assert "ratio" in result and result["target_ratio"] == 1.5
+    assert result["native_ws_us_per_event"] >= 0 and result["agui_ws_us_per_event"] >= 0
+    assert "ratio" in result and "ws_ratio" in result and result["target_ratio"] == 1.5

@@ -315,6 +315,14 @@ def test_metrics_on_any_node_cover_every_node(make_node: Callable[..., ProtoServ
                         what="both nodes' connections in b's /metrics")
         local = requests.get(b.base_url + "/metrics?scope=node", timeout=timeout(5)).text
         assert a.hub.node_id not in local and 'transport="websocket"' in local
+        # a flood of scrapes parses the other nodes' texts once per OTHERS_TTL, not once
+        # each (the TTL is stretched here so that the count does not depend on time)
+        others = b.hub._others
+        others.ttl = 3600.0
+        before = others.parses
+        for _ in range(20):
+            requests.get(b.base_url + "/metrics", timeout=timeout(5)).raise_for_status()
+        assert others.parses - before == 0, others.parses - before
     finally:
         for c in clients:
             c.close()

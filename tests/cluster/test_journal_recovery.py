@@ -16,6 +16,7 @@ import redis
 import requests
 
 from protoflask import ProtoServer
+from protoflask.cluster.state import decode_state
 from protoflask.core.session import Run
 
 from ..support import PrivateRedis
@@ -129,14 +130,40 @@ def test_a_value_of_the_wrong_type_in_redis_is_repaired(two_nodes: Nodes,
     run(two_nodes, poison)
 
 
-def test_a_state_orjson_cannot_encode_is_journaled(two_nodes: Nodes) -> None:
-    a, _ = two_nodes
+BEYOND_64_BITS = 10 ** 64
+
+
+@pytest.mark.parametrize("path", ["state line", "whole export"])
+def test_a_state_orjson_cannot_encode_is_journaled(two_nodes: Nodes, path: str) -> None:
+    """A message id counter beyond 64 bits (orjson refuses it) reaches Redis exactly, on
+    both ways a state is written: the journal's state line (cluster/state.py's
+    StateLine, which writes the moving numbers itself) and, while a run is open, the
+    whole export (encode_state, which falls back to the standard library's encoder).
+    The session resumed on node b carries it on (its counter came from Redis)."""
+    a, b = two_nodes
+    sid = ""
 
     def poison(pair: Pair) -> None:
-        live = a.hub.get(pair.ca.session_id)
-        a._call(lambda: setattr(live.core, "_counter", 10 ** 64))  # beyond 64 bits
+        nonlocal sid
+        sid = pair.ca.session_id
+        live = a.hub.get(sid)
+
+        def set_counter() -> None:
+            live.core.id_counter = BEYOND_64_BITS
+            if path == "whole export":  # an open run: the state line steps aside
+                live.core.runs["r"] = Run("r", 0)
+        a._call(set_counter)
 
     run(two_nodes, poison)
+    r = redis.Redis.from_url(b.config.redis_url)
+    try:
+        raw = r.hget(f"{b.config.redis_prefix}:s:{sid}", "state")
+    finally:
+        r.close()
+    assert raw is not None, "no state journaled"
+    assert decode_state(raw)["counter"] >= BEYOND_64_BITS
+    resumed = b.hub.get(sid)
+    assert resumed is not None and resumed.core.id_counter >= BEYOND_64_BITS
 
 
 def test_a_state_nothing_can_encode_leaves_the_messages_journaled(two_nodes: Nodes) -> None:

@@ -91,8 +91,11 @@ def health(node: ProtoServer) -> str:
 
 
 def test_a_sentinel_failover_loses_no_message(
-        make_server: Callable[..., ProtoServer], private_redis: PrivateRedis,
-        sentinel: Sentinel) -> None:
+        sentinel: Sentinel, private_redis: PrivateRedis,
+        make_server: Callable[..., ProtoServer]) -> None:
+    # `sentinel` before `make_server`: fixtures are torn down in reverse, so the nodes stop
+    # while the new master still answers (stopping against a dead sentinel costs each one
+    # its Redis timeouts: 25 s of the suite).
     a, b = make_server(redisUrl=sentinel.url), make_server(redisUrl=sentinel.url)
     token = a.issue_token("alice")
     client = WSClient(a.base_url, token)

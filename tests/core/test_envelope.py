@@ -411,3 +411,26 @@ def test_decode_json_round_trips_encode():
     assert decode_json(encode(wire)) == wire
     with pytest.raises(errors.InvalidMessage):
         decode_json(b"{nope")
+
+
+def _nest(levels: int) -> dict:
+    value: dict = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("wide", [0, 300_000])
+def test_the_depth_limit_holds_for_small_and_very_wide_payloads(wide: int) -> None:
+    """A payload of many containers is checked a level at a time (issue 24: 300,000
+    ``{}`` took over a second one by one); the limit is the same either way: the
+    payload is level 2, params 3, the list 4, the nest's root 5, so 59 more levels reach
+    64 and 60 pass it."""
+    for levels, refused in ((59, False), (60, True)):
+        params = {"pad": [{}] * wide + [_nest(levels)], "other": [[[]]] * 100}
+        data = raw("TOOL_CALL", {"call_id": "c", "tool": "t", "params": params})
+        if refused:
+            with pytest.raises(InvalidMessage, match="nested deeper than 64"):
+                parse_envelope(data)
+        else:
+            assert parse_envelope(data).payload["params"]["pad"][-1] == _nest(levels)

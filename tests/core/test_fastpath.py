@@ -7,7 +7,9 @@ dropped or added, so both sides disagree if either is wrong somewhere.
 from __future__ import annotations
 
 import copy
+import json
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from protoflask.core import envelope
@@ -118,3 +120,97 @@ def test_tool_call_run_id_default_is_written_in_place():
                 {"call_id": "c", "tool": "echo", "params": {"message": "m"}})).payload
     refused = {"call_id": "c", "tool": "echo", "params": []}
     assert envelope._accept_tool_call(refused) is None and "run_id" not in refused
+
+
+# -- parse_envelope: the swap point and its two implementations ---------------------------
+
+
+def outcome(parse, raw, **kwargs):
+    """What parsing ``raw`` gives: the Message, or the error's type, code, text, detail and
+    related id (what reaches the client)."""
+    try:
+        return parse(raw, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - compared field by field
+        return (type(exc), getattr(exc, "code", None), str(exc), getattr(exc, "detail", None),
+                getattr(exc, "related_id", None))
+
+
+def wire(obj) -> bytes:
+    return json.dumps(obj).encode()
+
+
+class TestParseEnvelope:
+    """The same cases over parse_envelope_plain (the definition) and parse_envelope_fast
+    (decode_json and validate_envelope's common case inline), as websockets' frame tests
+    run over its C and Python implementations."""
+
+    @pytest.fixture(params=[envelope.parse_envelope_plain, envelope.parse_envelope_fast],
+                    ids=["plain", "fast"])
+    def parse(self, request):
+        return request.param
+
+    def ping(self, **fields):
+        return {"id": "a", "session": "", "seq": "12", "ts": "5", "type": "PING",
+                "channel": "SYSTEM", "payload": {"nonce": "n"}, **fields}
+
+    def test_the_swap_point_serves_the_fast_one(self):
+        assert envelope.parse_envelope is envelope.parse_envelope_fast
+
+    @pytest.mark.parametrize("raw", [wire({"id": "a", "session": "", "seq": "12", "ts": "5",
+                                           "type": "PING", "channel": "SYSTEM",
+                                           "payload": {"nonce": "n"}}),
+                                     bytearray(b'{"id":"a","session":"","seq":"1","ts":"0",'
+                                               b'"type":"X","channel":"USER","payload":{}}'),
+                                     '{"id":"é","session":"s","seq":"3","ts":"0",'
+                                     '"type":"PONG","channel":"SYSTEM","payload":{"a":[1]}}'])
+    def test_a_valid_envelope_is_its_message(self, parse, raw):
+        msg = parse(raw)
+        assert isinstance(msg, Message)
+        assert msg == envelope.validate_envelope(json.loads(bytes(raw) if not isinstance(
+            raw, str) else raw))
+
+    @pytest.mark.parametrize("raw,code,text", [
+        (b"not json", "INVALID_MESSAGE", "not valid JSON"),
+        (b"\xff\xfe", "INVALID_MESSAGE", "not valid JSON"),
+        (b"[1, 2]", "INVALID_MESSAGE", "must be a JSON object"),
+        (b'"text"', "INVALID_MESSAGE", "must be a JSON object"),
+    ])
+    def test_what_is_not_an_envelope_is_refused(self, parse, raw, code, text):
+        kind, got_code, got_text, _, _ = outcome(parse, raw)
+        assert got_code == code and text in got_text
+
+    @pytest.mark.parametrize("field,value", [("seq", "0"), ("seq", "01"), ("seq", 7),
+                                             ("channel", "NOPE"), ("payload", []),
+                                             ("ts", "x"), ("id", "")])
+    def test_a_bad_field_is_refused_with_the_schemas_words(self, parse, field, value):
+        got = outcome(parse, wire(self.ping(**{field: value})))
+        assert got[1] == "INVALID_MESSAGE" and got[3]  # marshmallow's detail
+        assert got == outcome(envelope.parse_envelope_plain,
+                              wire(self.ping(**{field: value})))
+
+    @pytest.mark.parametrize("raw", [b"x" * 101, "é" * 51])  # 101 bytes, 102 in UTF-8
+    def test_too_large_is_counted_in_bytes(self, parse, raw):
+        got = outcome(parse, raw, max_size=100)
+        assert got[1] == "MESSAGE_TOO_LARGE" and "exceeds 100" in got[2]
+
+    def test_the_callers_size_is_believed(self, parse):
+        raw = wire(self.ping())
+        assert isinstance(parse(raw, max_size=len(raw)), Message)
+        assert outcome(parse, raw, max_size=len(raw), size=len(raw) + 1)[1] == \
+            "MESSAGE_TOO_LARGE"
+
+    def test_nesting_past_max_depth_is_refused(self, parse):
+        deep = self.ping(payload={"a": {"b": {"c": {}}}})
+        assert isinstance(parse(wire(deep), max_depth=5), Message)
+        got = outcome(parse, wire(deep), max_depth=3)
+        assert not isinstance(got, Message), "nesting past max_depth was accepted"
+        assert got[1] == "INVALID_MESSAGE"
+
+    @settings(max_examples=300, deadline=None)
+    @given(envelopes | json_values, st.sampled_from([2, 3, 32]),
+           st.none() | st.integers(0, 200))
+    def test_any_input_gets_the_same_answer_from_both(self, obj, depth, max_size):
+        raw = wire(obj)
+        assert outcome(envelope.parse_envelope_fast, raw, max_depth=depth,
+                       max_size=max_size) == \
+            outcome(envelope.parse_envelope_plain, raw, max_depth=depth, max_size=max_size)

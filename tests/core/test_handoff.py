@@ -100,3 +100,18 @@ def test_upstream_seqs_not_seen_yet_move_with_the_session() -> None:
     for seq in (5, 4, 4, 3, 2, 1):  # only 3 and 4 were never seen
         c2.send("PING", {"nonce": str(seq)}, seq=seq)
     assert [m["payload"]["nonce"] for m in c2.take()] == ["4", "3"]
+
+
+def test_the_extensions_of_the_first_hello_move_with_the_session() -> None:
+    s = make_session(now=1000)
+    c = Client(s, now=1000)
+    c.handshake(capabilities={"extensions": ["agui", "unknown-one", 7]})
+    assert c.hello_reply["payload"]["capabilities"]["extensions"] == ["agui"]
+    assert s.extensions == {"agui"}
+    c.send("HELLO", {"proto_version": "1.1.2", "accept_major": [1],
+                     "capabilities": {"extensions": []}})  # a later HELLO changes nothing
+    assert s.extensions == {"agui"}
+    assert moved(s, now=1100).extensions == {"agui"}
+    plain = make_session(now=1000)
+    Client(plain, now=1000).handshake()
+    assert plain.extensions == frozenset() and moved(plain, now=1100).extensions == frozenset()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from protoflask.core.session import BESIDE, RESETS, SessionState, Transition
+from protoflask.core.state import BESIDE, RESETS, SessionState, Transition
 
 from ._support import make_session
 

@@ -11,6 +11,7 @@ from protoflask.core.errors import ProtoError, ToolExecutionError
 from protoflask.live import (
     OPERATIONS,
     FailCall,
+    OpenCall,
     Operation,
     Send,
     ToolDone,
@@ -27,7 +28,7 @@ def over_the_wire(op: Operation) -> Operation:
 
 def test_every_operation_is_registered_by_its_name() -> None:
     assert OPERATIONS == {"send": Send, "tool_update": ToolUpdate, "tool_done": ToolDone,
-                          "fail_call": FailCall}
+                          "fail_call": FailCall, "open_call": OpenCall}
 
 
 def test_send_round_trip() -> None:
@@ -42,6 +43,8 @@ def test_send_round_trip() -> None:
     ToolUpdate("c1", "RUNNING"),
     ToolDone("c1", "OK", {"answer": 42}),
     ToolDone("c1", "CANCELLED"),
+    OpenCall("c1", "r1"),
+    OpenCall("c1", None),
 ])
 def test_plain_operations_round_trip(op: Operation) -> None:
     assert over_the_wire(op) == op

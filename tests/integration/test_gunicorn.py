@@ -1,4 +1,5 @@
-"""The standalone deployment: ``gunicorn -k gevent wsgi:app`` in a subprocess."""
+"""The standalone deployment: ``gunicorn wsgi:app`` with gunicorn.conf.py in a subprocess
+(protoflask/gunicorn_worker.py is its worker class)."""
 
 from __future__ import annotations
 
@@ -61,8 +62,11 @@ def test_refusal_before_upgrade(gunicorn_server):
                                          "message": "a token is required"}}
 
 
-def test_sigterm_closes_clients_with_1001():
-    server = GunicornServer()
+@pytest.mark.parametrize("args", [(), ("-k", "gevent")], ids=["worker_class", "-k gevent"])
+def test_sigterm_closes_clients_with_1001(args):
+    """The drain is protoflask's worker class (gunicorn.conf.py names it); the README's
+    ``-k gevent`` overrides the file's worker_class and still gets it."""
+    server = GunicornServer(args=args)
     try:
         client = WSClient(server.base_url, token_for("t"))
         try:

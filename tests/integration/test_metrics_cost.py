@@ -1,7 +1,8 @@
 """/metrics and /dashboard/data cost the same with 10,000 sessions as with 10 (issue 24):
 the session counts are running counts, kept exact where sessions change state (compared
 here with the truth through connect, disconnect, resume, a replacing resume and expiry),
-and no request walks the sessions: only the heartbeat tick does."""
+and no request walks the sessions: only the heartbeat tick does (/debug/vitals and the
+drain's "is a tool busy" included: they read the same running counts)."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def test_expired_sessions_leave_the_counts(make_server):
 
 
 def test_no_request_walks_the_sessions(make_server):
-    server = make_server()
+    server = make_server(debugVitals=True)
     token = server.issue_token("alice")
     clients = [WSClient(server.base_url, token) for _ in range(5)]
     for client in clients:
@@ -94,6 +95,9 @@ def test_no_request_walks_the_sessions(make_server):
         for _ in range(3):
             scrape(server.base_url)
             requests.get(server.base_url + "/dashboard/data", timeout=5).raise_for_status()
+            vitals = requests.get(server.base_url + "/debug/vitals", timeout=5).json()
+            assert (vitals["sessions"], vitals["connectedSessions"]) == (5, 5), vitals
+            assert not server.engine.tools_busy()
         ticker = server.engine._ticker
         assert ticker is not None
         assert {id(w) for w in walkers} == {id(ticker)}, "a request walked every session"

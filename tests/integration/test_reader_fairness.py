@@ -7,7 +7,7 @@ rate limit (the excess is refused, but still read) and with none. Its reader alw
 finds bytes to read, yet takes turns with every other greenlet: the WebSocket's waits on
 the socket's watcher before each read (``transports/sockets.read_wait``), the stream's
 yields before each piece of its body (``transports/request_body.taking_turns``), and
-every request starts with a turn (gunicorn.conf.py's ``pre_request``, the embedded
+every request starts with a turn (protoflask.gunicorn_worker's ``handle_request``, the embedded
 server's handler). So a second client connects, shakes hands and gets its PONG while
 the flood is still going. A reader that read again as long as bytes were there kept the
 worker until the flood stopped (the second client's handshake timed out).

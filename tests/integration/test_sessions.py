@@ -345,8 +345,16 @@ def test_full_pending_queue_drops_and_reports(make_server, make_client):
     client = make_client(server, server.issue_token("u"))
     client.hello(capabilities={"flow_control": {"initial_credit_messages": 1,
                                                 "downstream": True}})
-    push_parts(server, client.session_id, [str(i) for i in range(10005)])  # 1 sent, 10000 held
-    kw = errors.get(timeout=timeout(10))
-    assert kw["error"].code == "OUTBOUND_QUEUE_FULL" and kw["session_id"] == client.session_id
+    push_parts(server, client.session_id, ["0"])  # the client's one credit
+    assert client.recv_type("MESSAGE_PART")["payload"]["content"] == "0"
+    # 10000 held (max_pending_messages), 4 dropped: in one call into the server's hub (a
+    # cross-thread call each took most of a minute)
+    server._call(push_parts, server, client.session_id, [str(i) for i in range(1, 10005)])
+    dropped = [errors.get(timeout=timeout(10)) for _ in range(4)]
+    for kw in dropped:
+        assert kw["error"].code == "OUTBOUND_QUEUE_FULL"
+        assert kw["session_id"] == client.session_id
+    assert errors.empty()
     snapshot = server.get_session(client.session_id)
-    assert len(snapshot["pendingMessages"]) == 10000
+    held = [m["payload"]["content"] for m in snapshot["pendingMessages"].values()]
+    assert held == [str(i) for i in range(1, 10001)]  # the first 10000 kept, in order

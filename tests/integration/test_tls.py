@@ -66,6 +66,17 @@ def tls_server(tmp_path_factory):
         listener.close()
 
 
+def close_client(ws: simple_websocket.Client) -> None:
+    """Close simple-websocket's client and wait for its reader thread. Its close() closes
+    the socket while that thread may still be in a TLS read; the descriptor's number is
+    then taken by this process's next socket, and the old TLS layer read (and answered)
+    that connection's bytes: the next test's handshake failed with WRONG_VERSION_NUMBER
+    (the server logged BAD_RECORD_MAC) now and then."""
+    ws.close()
+    ws.thread.join(timeout(10))
+    assert not ws.thread.is_alive(), "simple-websocket's reader did not stop"
+
+
 def envelope(session: str, seq: int, mtype: str, payload: dict) -> str:
     return orjson.dumps({"id": f"c{seq}", "session": session, "seq": str(seq), "ts": "1",
                          "type": mtype, "channel": "SYSTEM", "payload": payload}).decode()
@@ -87,7 +98,7 @@ def test_websocket_over_tls_served_by_gunicorn(tls_server):
             pong = orjson.loads(ws.receive(timeout=timeout(5)))
             assert (pong["type"], pong["payload"]["nonce"]) == ("PONG", f"n{seq}")
     finally:
-        ws.close()
+        close_client(ws)
 
 
 def test_a_tls_client_that_never_pauses_does_not_starve_the_others(tls_server):
@@ -143,7 +154,7 @@ def test_a_tls_client_that_never_pauses_does_not_starve_the_others(tls_server):
             assert orjson.loads(ws.receive(timeout=timeout(10)))["type"] == "HELLO"
             served_during_flood = running.is_set()
         finally:
-            ws.close()
+            close_client(ws)
         assert served_during_flood, "the other client was served only once the flood ended"
     finally:
         stop.set()

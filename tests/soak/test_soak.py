@@ -1,4 +1,4 @@
-"""The bounded soak of CI (about two minutes; PROTOFLASK_SOAK_SECONDS), against gunicorn
+"""The bounded soak of CI (one minute; PROTOFLASK_SOAK_SECONDS), against gunicorn
 in a subprocess so that RSS and greenlets are the server's alone."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ..hardening_support import Live
 from . import run_soak
 from .check import settle_and_check
 
-SECONDS = float(os.environ.get("PROTOFLASK_SOAK_SECONDS", "120"))
+SECONDS = float(os.environ.get("PROTOFLASK_SOAK_SECONDS", "60"))
 
 
 @pytest.mark.soak

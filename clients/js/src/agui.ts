@@ -13,6 +13,8 @@
 // protoflask serves) because @ag-ui/client is a peer dependency.
 import { AbstractAgent, type AgentConfig, type BaseEvent, type RunAgentInput } from "@ag-ui/client";
 import { Observable, type Subscriber } from "rxjs";
+import { ProtoClient, type Envelope, type ProtoClientOptions } from "./client.js";
+import { ServerError } from "./errors.js";
 
 export interface ProtoAgentConfig extends AgentConfig {
   /** The endpoint, as for HttpAgent: "<server>/proto/agui". */
@@ -167,6 +169,93 @@ export class ProtoAgent extends AbstractAgent {
     if (this.lastEventId !== null) headers["Last-Event-ID"] = this.lastEventId;
     return this.fetchFn(`${this.url}?${query}`, { method: "GET", headers,
                                                  signal: controller.signal });
+  }
+}
+
+export interface ProtoSocketAgentConfig extends AgentConfig {
+  /** A ProtoClient of its own is made from these (transport "websocket", the "agui"
+   * extension); or pass `client`. */
+  client?: ProtoClient;
+  url?: string;
+  token?: string;
+  getToken?: ProtoClientOptions["getToken"];
+  WebSocket?: ProtoClientOptions["WebSocket"];
+}
+
+/**
+ * An AG-UI agent over protoflask's native WebSocket (docs/AGUI.md, "AG-UI events on the
+ * WebSocket"): one socket carries its runs (a RunAgentInput in a native RUN_STARTED, each
+ * event an AGUI_EVENT envelope) and any native traffic. The ProtoClient underneath resumes
+ * a lost connection from its last seq by itself, so the run's subscriber sees each event
+ * once, as in an uncut run; a closing END the server resends after a resume is dropped.
+ */
+export class ProtoSocketAgent extends AbstractAgent {
+  readonly client: ProtoClient;
+  private runId: string | null = null;
+  private connecting: Promise<unknown> | null = null;
+
+  constructor(config: ProtoSocketAgentConfig) {
+    super(config);
+    if (config.client) {
+      this.client = config.client;
+    } else {
+      if (!config.url) throw new TypeError("ProtoSocketAgent: give url (and token) or client");
+      this.client = new ProtoClient({ url: config.url, token: config.token, getToken: config.getToken,
+                                      WebSocket: config.WebSocket, transport: "websocket",
+                                      extensions: ["agui"] });
+    }
+  }
+
+  run(input: RunAgentInput): Observable<BaseEvent> {
+    return new Observable<BaseEvent>((subscriber) => {
+      this.runId = input.runId;
+      const open = new Set<string>();
+      let started = false;
+      let envelopeId: string | undefined;
+      const off = this.client.on("message", (msg: Envelope) => {
+        if (msg.type === "ERROR" && envelopeId !== undefined
+            && msg.payload?.related_id === envelopeId) {
+          off();
+          subscriber.error(new ServerError(msg.payload.code, msg.payload.message,
+                                           msg.payload.detail, envelopeId));
+          return;
+        }
+        if (msg.type !== "AGUI_EVENT") return;
+        const event = msg.payload as BaseEvent & Record<string, unknown>;
+        if (!started) {
+          if (event.type !== "RUN_STARTED" || event.runId !== input.runId) return;
+          started = true;
+        } else if (msg.seq === undefined && isPrelude(event, open, true)) {
+          return;  // a made-up END resent after a resume: the subscriber has it
+        }
+        track(event, open);
+        subscriber.next(event);
+        if (TERMINAL.has(event.type)) {
+          off();
+          subscriber.complete();
+        }
+      });
+      this.ready().then(() => {
+        envelopeId = this.client.send("RUN_STARTED", "USER", {
+          run_id: input.runId, thread_id: input.threadId, metadata: { agui: input } });
+      }).catch((err) => { off(); subscriber.error(err); });
+      return () => off();
+    });
+  }
+
+  /** Cancel the current run server-side (a native RUN_CANCEL): it ends with outcome cancelled. */
+  stop(runId: string | null = this.runId): void {
+    if (runId !== null) this.client.send("RUN_CANCEL", "USER", { run_id: runId });
+  }
+
+  /** Close the socket (a run in progress goes on server-side). */
+  close(): Promise<void> {
+    return this.client.close();
+  }
+
+  private ready(): Promise<unknown> {
+    if (this.client.state === "idle") this.connecting = this.client.connect();
+    return this.connecting ?? Promise.resolve();
   }
 }
 

@@ -79,6 +79,9 @@ export interface ProtoClientOptions {
   downstream?: boolean | { messages?: number; bytes?: number };
   /** A non-empty list limits what the server sends (the client adds what it needs). */
   acceptEvents?: string[];
+  /** Protocol extensions asked for in the first HELLO (capabilities.extensions), e.g.
+   * ["agui"]: AG-UI events on the socket (docs/AGUI.md; ProtoSocketAgent uses it). */
+  extensions?: string[];
   /** Resume after a dropped connection (default true). */
   reconnect?: boolean;
   /** How long to keep trying to resume, ms (default: the server's replay window time). */
@@ -467,7 +470,9 @@ export class ProtoClient {
       proto_version: PROTO_VERSION,
       accept_major: [1],
       accept_events: accept,
-      capabilities: { flow_control: fc },
+      capabilities: this.opts.extensions?.length
+        ? { flow_control: fc, extensions: this.opts.extensions }
+        : { flow_control: fc },
     });
     this.lastHelloRaw = raw;
     this.down.clear(); // a HELLO starts downstream credit over
@@ -726,6 +731,12 @@ export class ProtoClient {
     try {
       msg = JSON.parse(raw);
     } catch {
+      return;
+    }
+    if (msg.seq === undefined) {
+      // an event an extension made up (an AG-UI run's closing END): no seq of its own, so
+      // nothing to acknowledge; its listener tells a copy resent after a resume
+      this.emit("message", msg);
       return;
     }
     const seq = Number(msg.seq);

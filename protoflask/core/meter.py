@@ -1,0 +1,100 @@
+"""What a session's client made it hold beyond its replay window and unsent bytes (open
+texts' parts, tool calls' params, runs' metadata), counted in bytes of memory as each
+thing is admitted and given back as it goes (docs/PROTOCOL.md §1.4).
+
+A ``Meter`` belongs to one session. The layer above may hand it an ``Account`` (the
+user's, in ``protoflask.budget``) that refuses a charge which would take the user or the
+worker over their budget: the refusal is an ``OverBudget`` whose message the caller puts
+in the contract's error for what was refused (MESSAGE_TOO_LARGE for a text part,
+MAX_RUNS_EXCEEDED for a tool call or a run). A charge is a few additions, so it is made
+at every admission: the budget holds at its peaks, not only when a tick looks.
+"""
+
+from __future__ import annotations
+
+from sys import getsizeof
+from typing import Any, Protocol
+
+import orjson
+
+
+class OverBudget(Exception):
+    """A charge refused: the user's or the worker's budget would be exceeded."""
+
+
+class Account(Protocol):
+    def take(self, nbytes: int) -> None:
+        """Count ``nbytes`` more, or raise OverBudget (then nothing is counted)."""
+
+    def give(self, nbytes: int) -> None:
+        """Count ``nbytes`` less."""
+
+    def grow(self, nbytes: int) -> None:
+        """The session queued ``nbytes`` more downstream (never refused: the server's
+        own output; what admission checks next sees it)."""
+
+
+class Meter:
+    __slots__ = ("held", "account")
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.account: Account | None = None
+
+    def charge(self, nbytes: int) -> None:
+        """Count ``nbytes`` more for this session, or raise OverBudget."""
+        account = self.account
+        if account is not None:
+            account.take(nbytes)
+        self.held += nbytes
+
+    def grew(self, nbytes: int) -> None:
+        """A message of ``nbytes`` was queued downstream: it joins the unsent bytes, then
+        the replay window (the user's count of them grows until the tick counts again)."""
+        account = self.account
+        if account is not None:
+            account.grow(nbytes)
+
+    def release(self, nbytes: int) -> None:
+        if nbytes:
+            self.held -= nbytes
+            account = self.account
+            if account is not None:
+                account.give(nbytes)
+
+
+#: Objects of a value walked one by one (a few milliseconds of the worker at most); a
+#: value with more is charged an upper bound from its JSON size instead, so that a
+#: message of 330,000 ``{}`` (1 MB) costs one C-speed encoding, not a second of walking.
+WALK_LIMIT = 4096
+#: The most ``memory_of`` can find per byte of a value's JSON: ``{"":{"":...}}`` nests a
+#: one-key dict (184 + 49 bytes) every 5 bytes (46.6); a list of ``{"":0}`` costs 38.4,
+#: of ``{}`` 24, of ``"a"`` 14.5, of text about 1 (4 with an emoji).
+JSON_FACTOR = 48
+
+
+def memory_of(value: Any) -> int:
+    """What a decoded JSON value costs in memory: ``sys.getsizeof`` of every object in it
+    (a dict's keys included). A list of 330,000 ``{}`` is 1 MB of JSON and 24 MB of
+    Python objects; a string with one emoji costs 4 bytes a character. Objects Python
+    shares (small ints, cached strings) are counted each time they appear: an upper
+    bound. Beyond WALK_LIMIT objects: JSON_FACTOR bytes a byte of its JSON, a bound too."""
+    size = 0
+    stack = [value]
+    pop, extend = stack.pop, stack.extend
+    walked = 0
+    while stack:
+        item = pop()
+        size += getsizeof(item)
+        walked += 1
+        kind = type(item)
+        if kind is dict:
+            for key in item:
+                size += getsizeof(key)
+            extend(item.values())
+        elif kind is list:
+            extend(item)
+        if walked > WALK_LIMIT:
+            # default=str: an application's own call may pass what JSON cannot hold
+            return JSON_FACTOR * len(orjson.dumps(value, default=str))
+    return size

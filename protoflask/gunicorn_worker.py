@@ -1,0 +1,161 @@
+"""protoflask under gunicorn: its gevent worker class and its logger class.
+
+``gunicorn.conf.py`` names both (``worker_class``, ``logger_class``)::
+
+    gunicorn wsgi:app                                   # the repository's gunicorn.conf.py
+    gunicorn -k protoflask.gunicorn_worker.GeventWorker app:app     # any other setup
+
+``GeventWorker`` is gunicorn's gevent worker plus what protoflask needs of its host:
+
+- in the master (``check_config``): the open-files limit raised to hold
+  ``worker_connections`` sockets, and several workers refused without Redis (each would
+  hold its own sessions in memory);
+- in the worker, once the app is loaded: protoflask's timers started (``serving_started``);
+- every request starts with a turn for every other greenlet (``handle_request``);
+- on SIGTERM, the drain (``run``): new connections refused (503 SHUTTING_DOWN, /health 503
+  draining), running tools given the graceful timeout less ``CLOSE_MARGIN``, then every
+  client closed (1001, or the end of its stream) and what is left cancelled, and the
+  WebSockets' close handshakes waited for.
+
+This module is imported by gunicorn's master, before the worker monkey-patches: it imports
+gevent and gunicorn (as gunicorn's own gevent worker does) and protoflask's stdlib-only
+``logs``, never Flask or the server (``protoflask/__init__`` is lazy).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from typing import TYPE_CHECKING, Any
+
+import gevent
+from gunicorn.glogging import Logger
+from gunicorn.workers import ggevent
+
+from .logs import RedactTokens, redact, redacted_query
+
+if TYPE_CHECKING:
+    from .server import ProtoServer
+
+__all__ = ["CLOSE_MARGIN", "GeventWorker", "RedactingLogger", "gevent_means_protoflask"]
+
+#: Seconds of graceful_timeout kept for closing connections after the drain (close
+#: handshakes, the ends of streams) before gunicorn kills what is left.
+CLOSE_MARGIN = 3
+#: file descriptors a worker needs beyond its connections (listeners, Redis, logs, ...)
+SPARE_FILES = 256
+#: exit status gunicorn reads as "worker failed to boot": the arbiter stops
+WORKER_BOOT_ERROR = 3
+
+
+def raise_open_files_limit(connections: int) -> None:
+    """Let a worker hold ``connections`` sockets (the soft limit is often 1024)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + SPARE_FILES
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, limit), hard))
+
+
+class GeventWorker(ggevent.GeventWorker):
+    """gunicorn's gevent worker, hosting a protoflask app (the module doc says what it adds).
+    An app without protoflask is served as gunicorn's own worker would serve it."""
+
+    @classmethod
+    def check_config(cls, cfg: Any, log: Any) -> None:
+        """In the master, before any worker starts. Sessions live in each worker's memory
+        unless REDIS_URL shares them: a resume, a follow-up POST or send_message landing on
+        another worker would silently miss them, so several workers need Redis."""
+        raise_open_files_limit(cfg.worker_connections)
+        if cfg.workers > 1 and not os.environ.get("REDIS_URL", "").strip():
+            raise SystemExit(
+                f"protoflask: {cfg.workers} workers configured, but sessions live in each "
+                "worker's memory, so requests landing on another worker would not find "
+                "them. Set REDIS_URL (redis://host:6379/0) to share sessions between "
+                "workers, or run one worker (WEB_CONCURRENCY=1, -w 1).")
+
+    def protoserver(self) -> ProtoServer | None:
+        """The ProtoServer of the app this worker serves (None for another app)."""
+        extensions = getattr(self.wsgi, "extensions", None)
+        server = extensions.get("protoflask") if isinstance(extensions, dict) else None
+        return server
+
+    def load_wsgi(self) -> None:
+        """Load the app, then start protoflask's timers in this worker (gunicorn calls
+        ``post_worker_init`` right after, then ``run``)."""
+        super().load_wsgi()
+        server = self.protoserver()
+        if server is None:
+            return
+        if self.cfg.workers > 1 and not server.clustered:
+            # redisUrl set somewhere REDIS_URL does not show (app.config, code): still refuse
+            self.log.critical("protoflask: several workers need redisUrl; this app has none")
+            raise SystemExit(WORKER_BOOT_ERROR)
+        server.serving_started()
+
+    def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
+        """Every request starts with a turn for every other greenlet. gevent switches
+        only when a read or a write has to wait; a client that pipelines requests
+        (keep-alive POSTs sent without waiting for the answers, or a flood of GET
+        /health) leaves the next one in the buffer every time, so gunicorn would serve
+        that one connection until it stopped: no other request, no WebSocket, not even
+        /health (tests/integration/test_reader_fairness.py). protoflask's embedded server
+        does the same (serving.Handler.handle_one_request)."""
+        gevent.sleep(0)
+        return super().handle_request(listener_name, req, sock, addr)
+
+    def run(self) -> None:
+        """gunicorn's loop, with protoflask's drain beside it: gunicorn's loop ends as soon
+        as no HTTP request is left, and WebSockets run apart from its pool of requests
+        (protoflask/web.py), so the worker waits for the drain before it exits."""
+        server = self.protoserver()
+        drain = gevent.spawn(self._drain_on_quit, server) if server is not None else None
+        try:
+            super().run()
+        finally:
+            if drain is not None:
+                drain.join(self.cfg.graceful_timeout)
+
+    def _drain_on_quit(self, server: ProtoServer) -> None:
+        while self.alive:
+            gevent.sleep(0.1)
+        server.drain(max(0.0, self.cfg.graceful_timeout - CLOSE_MARGIN))
+        server.serving_stopped()
+        deadline = time.monotonic() + CLOSE_MARGIN
+        while server.engine.stats.active_connections and time.monotonic() < deadline:
+            gevent.sleep(0.01)
+
+
+def gevent_means_protoflask(arbiter: Any) -> None:
+    """For gunicorn.conf.py's ``on_starting``: ``-k gevent`` on the command line overrides
+    the file's ``worker_class``; with this file it means protoflask's gevent worker (which
+    is gunicorn's, plus the drain and the rest), so the README's ``gunicorn -k gevent
+    wsgi:app`` keeps them. gunicorn calls ``check_config`` after ``on_starting``."""
+    if arbiter.worker_class is ggevent.GeventWorker:
+        arbiter.worker_class = GeventWorker
+        arbiter.log.info("protoflask: -k gevent serves with %s.%s",
+                         GeventWorker.__module__, GeventWorker.__qualname__)
+
+
+class RedactingLogger(Logger):
+    """gunicorn's logger, with tokens kept out of its lines: the access log's request line
+    and query (``%(r)s``, ``%(q)s``, ``%(U)s``...) and headers (``%({authorization}i)s``),
+    and error lines that quote a malformed request line."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for logger in (self.error_log, self.access_log):
+            if not any(isinstance(f, RedactTokens) for f in logger.filters):
+                logger.addFilter(RedactTokens())
+
+    def atoms(self, resp: Any, req: Any, environ: Any, request_time: Any) -> dict[str, Any]:
+        atoms: dict[str, Any] = super().atoms(resp, req, environ, request_time)
+        for key, value in atoms.items():
+            if key == "{authorization}i" and value != "-":
+                atoms[key] = "***"
+            elif key == "q" and isinstance(value, str):  # the query string, without "?"
+                atoms[key] = redacted_query(value)
+            elif isinstance(value, str):
+                atoms[key] = redact(value)
+        return atoms
