@@ -71,7 +71,7 @@ class LostHandlers:
     def _watch(self, engine: "Engine", live: "LiveSession", run_id: str, node: str) -> None:
         try:
             live_nodes: Callable[[], list[str]] | None = \
-                getattr(engine.hub, "other_live_nodes", None)
+                getattr(engine.hub.view, "other_live_nodes", None)  # (cluster/view.py)
             while live_nodes is not None:
                 run = live.core.runs.get(run_id)
                 if engine.hub.get(live.id) is not live or run is None \

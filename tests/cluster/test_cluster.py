@@ -317,7 +317,7 @@ def test_metrics_on_any_node_cover_every_node(make_node: Callable[..., ProtoServ
         assert a.hub.node_id not in local and 'transport="websocket"' in local
         # a flood of scrapes parses the other nodes' texts once per OTHERS_TTL, not once
         # each (the TTL is stretched here so that the count does not depend on time)
-        others = b.hub._others
+        others = b.hub.view._others
         others.ttl = 3600.0
         before = others.parses
         for _ in range(20):
