@@ -46,9 +46,8 @@ CLOSE_TIMEOUT = 2.0  # seconds to wait for the client's close frame
 # and the read loop compares several per message.
 _OPEN, _CLOSED = State.OPEN, State.CLOSED
 _TEXT, _BINARY = Opcode.TEXT, Opcode.BINARY
-# The protocol's state, read through its property's getter: a Python call from Python
-# code, where the attribute goes through the descriptor machinery and a Python call from C
-# (read three times per message: 0.25k instructions each less)
+# The protocol's state, read through its property's getter: a Python call from Python code,
+# not the descriptor machinery's call from C (three reads a message: 0.25k instructions less)
 _state_of: Callable[[ServerProtocol], State] = \
     ServerProtocol.state.fget  # type: ignore[attr-defined]
 RECV_SIZE = 65536
@@ -106,9 +105,7 @@ class WebSocketConnection:
         self.live: "LiveSession | None" = None
         self._fragments: list[bytes] = []
         self._fragment_opcode: Opcode | None = None
-        self._writing = False
-        self._flush_scheduled = False
-        self._closing = False
+        self._writing = self._flush_scheduled = self._closing = False
         self._reader: gevent.Greenlet | None = None
         self._owed = 0  # bytes of a frame the protocol is reading still to come
         self.opened = False  # attached to its session: ``serve`` ends it with the engine
@@ -246,8 +243,7 @@ class WebSocketConnection:
         return data[i:] if i else data
 
     def _protocol_events(self) -> None:
-        # One read of deflated frames can carry many large messages (a megabyte of tiny
-        # elements deflates to a kilobyte): a turn for the others past RECV_SIZE of them.
+        # One read of deflated frames can carry many large messages: a turn past RECV_SIZE.
         handled = 0
         for frame in self.protocol.events_received():
             assert isinstance(frame, Frame)  # the handshake is done: only frames now
@@ -297,15 +293,16 @@ class WebSocketConnection:
         self._closing = True  # from here the reader writes; a scheduled flush must not
         self.engine.too_large(self.live, MessageTooLarge(
             f"message exceeds maxMessageSize ({self.engine.config.max_message_size} bytes)"))
-        ready = self.live.take_writable(now_ms())
-        if self.translate is not None:
-            ready = self.translate(ready)
+        ready = self._translated(self.live.take_writable(now_ms()))
         frames = [Frame(Opcode.TEXT, data).serialize(
                       mask=False, extensions=self.protocol.extensions)
                   for _, data in ready]
         self._send(frames + closing)
 
     # -- sending (Transport) ---------------------------------------------------------
+
+    def _translated(self, ready: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        return ready if self.translate is None else self.translate(ready)
 
     def wake(self) -> None:
         """Called by whoever queued a message. The reader flushes after each read
@@ -351,8 +348,7 @@ class WebSocketConnection:
                             handed = True
                             return
                         ready = taken
-                    if self.translate is not None:
-                        ready = self.translate(ready)
+                    ready = self._translated(ready)
                     if protocol.extensions:
                         frames = self._frames(ready)
                     else:  # _frames, inline: the common case
@@ -393,9 +389,7 @@ class WebSocketConnection:
         live = self.live
         assert live is not None
         protocol = self.protocol
-        if self.translate is not None and ready:
-            ready = self.translate(ready)
-        frames = self._frames(ready)
+        frames = self._frames(self._translated(ready) if ready else ready)
         # frames first: a close queued meanwhile (by another greenlet) must follow them
         if protocol.writes:
             frames += protocol.data_to_send()
