@@ -90,12 +90,13 @@ def on_starting(server):
     so a resume, a follow-up POST or send_message landing on another worker would silently
     miss them. With REDIS_URL the workers share sessions through Redis."""
     _raise_open_files_limit()
-    if server.cfg.workers > 1 and not os.environ.get("REDIS_URL", "").strip():
+    if server.cfg.workers > 1 and not any(os.environ.get(name, "").strip()
+                                          for name in ("REDIS_URL", "REDIS_SENTINELS")):
         raise SystemExit(
             f"protoflask: {server.cfg.workers} workers configured, but sessions live in each "
             "worker's memory, so requests landing on another worker would not find them. Set "
-            "REDIS_URL (redis://host:6379/0) to share sessions between workers, or run one "
-            "worker (WEB_CONCURRENCY=1, -w 1).")
+            "REDIS_URL (redis://host:6379/0) or REDIS_SENTINELS to share sessions between "
+            "workers, or run one worker (WEB_CONCURRENCY=1, -w 1).")
 
 
 def _protoserver(worker):
