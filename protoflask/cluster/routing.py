@@ -5,10 +5,9 @@ memory, exactly like the LocalHub this extends, and adds only routing through Re
 operations: ``store``; the keys: ``keys``):
 
 - who holds each session, so a delivery, a posted body or a resume made anywhere finds
-  it: deliveries and bodies go to the holder over its pub/sub channel; a resume moves the
-  session here (the holder closes its transport with 4002 and writes what it had);
-- each session's state and replay window (``journal``), so when its node dies any other
-  node can take it over and replay every message the client may have missed.
+  it: deliveries and bodies go to the holder over its pub/sub channel (confirmed once
+  Redis has them); a resume moves the session here (the holder lets go first);
+- each session's state and replay window (``journal``), so any node can take it over.
 
 Redis being unreachable degrades, it does not stop: local sessions keep working from
 memory, ``health()`` says "degraded", what only Redis can do raises ClusterUnavailable.
@@ -61,8 +60,7 @@ def default_node_id() -> str:
 
 
 class RoutingHub(LocalHub):
-    """Sessions held here, found from anywhere; the background work that keeps the
-    cluster's view fresh is the subclass's (``RedisHub``)."""
+    """Sessions held here, found from anywhere (the beat and listener: ``RedisHub``)."""
 
     clustered = True
 
@@ -342,6 +340,8 @@ class RoutingHub(LocalHub):
         live = self.get(sid)
         if live is not None:
             result = live.apply(op)
+            if isinstance(live.link, Follow):  # confirmed once Redis has it: we may die next
+                live.link.keep(live)
             if op.name in ("tool_done", "fail_call") and sid in self.calls.remote:
                 self.calls.settle(sid)
         else:  # it moved on since the sender looked

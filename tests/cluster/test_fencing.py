@@ -225,3 +225,22 @@ def test_a_delivery_queued_on_a_stale_view_reaches_the_holder_the_record_names(
         assert client.recv_type("NOTE", within=5)["payload"]["n"] == 7
     finally:
         client.close()
+
+
+def test_a_delivery_confirmed_by_the_holder_is_in_redis(
+        make_node: Callable[..., ProtoServer], rdb: redis.Redis, prefix: str) -> None:
+    # The holder confirms a delivery from another node (the sender's send_message,
+    # send_tool_done... returns True, and a tool call counts as ended there) only once
+    # Redis has the message: a holder killed right after confirming must not take it
+    # with it. Each NOTE is in the session's window in Redis when send_message returns.
+    a, b = make_node(), make_node()
+    client = WSClient(a.base_url, a.issue_token("alice"))
+    try:
+        client.hello()
+        sid = client.session_id
+        for n in range(20):
+            b.send_message(sid, note(n))  # returns once the holder confirmed it
+            window = rdb.lrange(f"{prefix}:r:{sid}", -1, -1)
+            assert window and b'"n":%d' % n in window[0], (n, window)
+    finally:
+        client.close()
