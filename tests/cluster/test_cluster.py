@@ -455,3 +455,42 @@ def test_a_call_cancelled_by_a_drain_reports_once_to_the_next_holder(
         assert seqs == list(range(seen + 1, seen + 1 + len(seqs))), (seen, seqs)
     finally:
         again.close()
+
+
+def test_a_drain_cancels_calls_of_sessions_that_moved_away_with_one_tool_done(
+        make_node: Callable[..., ProtoServer]) -> None:
+    """A call runs on node a for a session its client resumed on b meanwhile; a stops
+    (drain): the call ends with one TOOL_DONE CANCELLED, sent to b while a can still
+    reach Redis, not an ERROR from b's watch once a's beat is gone."""
+    import threading
+
+    a, b = make_node(), make_node()
+    started = threading.Event()
+
+    @a.tool("slow", input_schema={"type": "object"})
+    def slow(params: dict[str, Any], *context: Any) -> dict[str, Any]:
+        import gevent
+        started.set()
+        gevent.sleep(60)
+        return {}
+
+    token = a.issue_token("alice")
+    first = WSClient(a.base_url, token)
+    first.hello()
+    first.send("TOOL_CALL", payload={"call_id": "s1", "tool": "slow", "params": {}})
+    assert started.wait(timeout(5))
+    seen = int(first.received[-1]["seq"])
+    first.close()
+    again = WSClient(b.base_url, token, session=first.session_id, last_seq=seen)
+    try:
+        again.envelopes = first.envelopes
+        again.send("PING", "SYSTEM", {"nonce": "moved"})
+        again.recv_type("PONG", nonce="moved")  # the session is b's now; the call runs on a
+        a.stop()
+        done = again.recv_type("TOOL_DONE", within=15, call_id="s1")
+        assert done["payload"]["status"] == "CANCELLED", done
+        again.send("PING", "SYSTEM", {"nonce": "n"})
+        again.recv_type("PONG", nonce="n")
+        assert [m["type"] for m in again.received].count("TOOL_DONE") == 1
+    finally:
+        again.close()
