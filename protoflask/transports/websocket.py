@@ -379,7 +379,8 @@ class WebSocketConnection:
         live = self.live
         assert live is not None
         protocol = self.protocol
-        frames = self._frames(ready)
+        # closed meanwhile (a drain, a move): they are in the window, a resume replays them
+        frames = self._frames(ready) if _state_of(protocol) is _OPEN else []
         # frames first: a close queued meanwhile (by another greenlet) must follow them
         if protocol.writes:
             frames += protocol.data_to_send()
