@@ -156,6 +156,8 @@ class Recording(Client):
         self.delivered: set[int] = set()
         self.duplicates = 0
         self.declared = 0
+        #: seqs a REPLAY_UNAVAILABLE said are gone: (after, before), both excluded
+        self.declared_gaps: list[tuple[int, int]] = []
         self.dones: dict[str, int] = {}
         self.on_message = self._seen
 
@@ -177,6 +179,10 @@ class Recording(Client):
         self.delivered.add(seq)
         if msg["type"] == "ERROR" and msg["payload"].get("code") == "REPLAY_UNAVAILABLE":
             self.declared += 1
+            first = msg["payload"].get("detail", {}).get("first_available")
+            below = [s for s in self.delivered if s < seq]
+            if first is not None:
+                self.declared_gaps.append((max(below, default=0), int(first)))
         elif msg["type"] == "TOOL_DONE":
             cid = msg["payload"]["call_id"]
             self.dones[cid] = self.dones.get(cid, 0) + 1
@@ -200,10 +206,12 @@ class Session(threading.Thread):
         self.calling_since: float | None = None  # the step in flight started then
         self.work: tuple[Any, float] | None = None  # (the work call, when it started)
         self.works_started = 0
+        self.step_kind = ""
 
     def step(self, n: int) -> None:
         c = self.client
         kind = n % 4
+        self.step_kind = ("text", "add", "echo", "ping")[kind]
         if kind == 0:
             parts = [f"{self.name}-{n} ", "in three ", "parts"]
             c.send_text(parts)
@@ -225,6 +233,8 @@ class Session(threading.Thread):
             if not call.done:
                 if time.monotonic() - since > CALL_TIMEOUT:
                     self.stranded += 1
+                    print(f"stranded: {self.transport} session={self.client.session_id} "
+                          f"work call {call.call_id}", file=sys.stderr, flush=True)
                     self.work = None
                 return
             self.work = None
@@ -260,6 +270,8 @@ class Session(threading.Thread):
                 self.failed_calls += 1  # one TOOL_DONE ERROR (say, its node was lost)
             except TimeoutError:
                 self.stranded += 1
+                print(f"stranded: {self.transport} session={self.client.session_id} "
+                      f"step={self.step_kind}", file=sys.stderr, flush=True)
             except ProtoClientError as exc:
                 kind = f"{type(exc).__name__} {exc.code}"
                 self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -282,7 +294,10 @@ class Session(threading.Thread):
             waiting += 1
         seen = set(c.delivered)
         top = max(seen) if seen else 0
-        return {"lost": sum(1 for s in range(1, top + 1) if s not in seen) + self.texts_lost,
+        gaps = list(c.declared_gaps)
+        missing = [s for s in range(1, top + 1) if s not in seen]
+        silent = [s for s in missing if not any(a < s < b for a, b in gaps)]
+        return {"lost": len(silent) + self.texts_lost, "declared_lost": len(missing) - len(silent),
                 "reused": c.reused, "duplicates": c.duplicates,
                 "declared": c.declared, "stranded": self.stranded + waiting,
                 "done_twice": sum(1 for v in c.dones.values() if v > 1),
@@ -386,13 +401,23 @@ class Soak:
 
     def serving_again(self, since: float, within: float) -> float | None:
         """Seconds from ``since`` until every session still alive completed a call
-        started after it; None if not within ``within``."""
+        started after it; None if not within ``within`` (the ones that did not are
+        listed on stderr)."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             live = [s for s in self.sessions if s.dead is None]
             if all(s.last_ok >= since for s in live):
                 return max((s.last_ok for s in live), default=since) - since
             time.sleep(0.1)
+        now = time.monotonic()
+        for s in self.sessions:
+            if s.dead is None and s.last_ok < since:
+                c = s.client
+                print(f"not serving: {s.transport} session={c.session_id} "
+                      f"step={s.step_kind} waiting={now - (s.calling_since or now):.0f}s "
+                      f"connected={c.connected} last_seq={c.last_seq} "
+                      f"reconnects={c.reconnects}",
+                      file=sys.stderr, flush=True)
         return None
 
     def run(self) -> list[dict[str, Any]]:
@@ -426,8 +451,8 @@ BROKEN = ("lost", "reused", "duplicates", "stranded", "done_twice", "dead")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    cols = ["fault", *BROKEN, "declared", "tool_errors", "calls", "work_calls", "updates",
-            "serving_s"]
+    cols = ["fault", *BROKEN, "declared", "declared_lost", "tool_errors", "calls",
+            "work_calls", "updates", "serving_s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         lines.append("| " + " | ".join(str(row.get(c, "-")) for c in cols) + " |")
