@@ -168,8 +168,8 @@ class RoutingHub(LocalHub):
 
     def persist(self, live: LiveSession) -> None:
         link = live.link
-        if isinstance(link, Follow) and link.journaling and self.get(live.id) is live:
-            self.journal.append(live, link, [], now_ms())  # the state, group-committed
+        if isinstance(link, Follow) and self.get(live.id) is live:
+            link.keep(live)  # what the body sent too (an inline tool's TOOL_DONE), then the state
 
     def state_changed(self, live: LiveSession) -> None:
         if self.get(live.id) is not None:
@@ -340,8 +340,7 @@ class RoutingHub(LocalHub):
         live = self.get(sid)
         if live is not None:
             result = live.apply(op)
-            if isinstance(live.link, Follow):  # confirmed once Redis has it: we may die next
-                live.link.keep(live)
+            self.persist(live)  # confirmed once Redis has it: this node may die next
             if op.name in ("tool_done", "fail_call") and sid in self.calls.remote:
                 self.calls.settle(sid)
         else:  # it moved on since the sender looked

@@ -244,3 +244,29 @@ def test_a_delivery_confirmed_by_the_holder_is_in_redis(
             assert window and b'"n":%d' % n in window[0], (n, window)
     finally:
         client.close()
+
+
+def test_a_202_from_the_holder_means_redis_has_what_the_body_sent_back(
+        make_node: Callable[..., ProtoServer], rdb: redis.Redis, prefix: str) -> None:
+    # An inline tool (add) answers within the body's own handling: its TOOL_DONE waits
+    # for the transport's writer, and the call is no longer open in the state. A holder
+    # killed right after its 202 must not take that TOOL_DONE with it (the client does
+    # not post the call again, and the next holder would know of no call to end): by
+    # the 202 the TOOL_DONE is in the session's window in Redis.
+    a = make_node()
+    token = a.issue_token("alice")
+    client = SSEClient(a.base_url, token)
+    try:
+        client.hello()
+        sid = client.session_id
+        for n in range(20):
+            body = client.envelopes.make("TOOL_CALL", "USER", {
+                "call_id": f"c{n}", "tool": "add", "params": {"a": n, "b": 1}})
+            resp = requests.post(f"{a.base_url}/proto/sse?session={sid}", json=body,
+                                 headers={"Authorization": f"Bearer {token}"},
+                                 timeout=timeout(5))
+            assert resp.status_code == 202
+            window = b"".join(rdb.lrange(f"{prefix}:r:{sid}", -3, -1))
+            assert b'"call_id":"c%d"' % n in window, (n, window[-300:])
+    finally:
+        client.close()
