@@ -492,6 +492,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(ts)
     finally:
         soak.close()
+    for s in soak.sessions:  # where a silent loss was, for the logs
+        seen = s.client.delivered
+        gaps = s.client.declared_gaps
+        silent = [q for q in range(1, max(seen, default=0) + 1) if q not in seen
+                  and not any(a < q < b for a, b in gaps)]
+        if silent:
+            print(f"lost: {s.transport} session={s.client.session_id} seqs={silent[:20]}",
+                  file=sys.stderr, flush=True)
     dead = [f"{s.transport}: {s.dead}" for s in soak.sessions if s.dead]
     errors: dict[str, int] = {}
     for s in soak.sessions:
