@@ -416,11 +416,12 @@ class RoutingHub(LocalHub):
         if core.disconnected_at is not None:
             core.disconnected_at = now  # kept replayWindowTime from its move, as any detach
         if last_seq is not None and handoff.continue_after(core, last_seq):
-            log.warning("session %s: restored at seq %s, behind its client's %d; going on "
-                        "from there (REPLAY_UNAVAILABLE sent)", session_id,
-                        decode_state(state)["downstream_seq"], last_seq)
+            log.warning("session %s: restored behind its client's seq %d; going on from "
+                        "there (REPLAY_UNAVAILABLE sent)", session_id, last_seq)
         live = self.host.adopt(core)
         self.hold(live, epoch)
+        for out in decode_state(state).get("pending") or ():  # (state.export_journaled)
+            live.run(Send(messages.from_dict(out)))
         self.apply_queued(live, inbox)
         self.calls.adopt(live, holder, decode_state(calls_on) if calls_on else {})
         log.info("session %s taken over from %s", session_id, holder or "no node")
