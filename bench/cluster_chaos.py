@@ -345,11 +345,17 @@ class Soak:
         """The TypeScript client's sessions over the whole run (stdin closed: they stop)."""
         if self.ts is None:
             return None
-        assert self.ts.stdin is not None and self.ts.stdout is not None
+        assert self.ts.stdin is not None
         self.ts.stdin.close()
-        out = self.ts.stdout.read()  # (one line, once the sessions stopped)
-        self.ts.wait(CALL_TIMEOUT + 30)
-        sessions = json.loads(out.strip().splitlines()[-1])
+        try:  # (one line, once the sessions stopped: each ends its call in flight)
+            out, _ = self.ts.communicate(timeout=CALL_TIMEOUT + 30)
+        except subprocess.TimeoutExpired:
+            self.ts.kill()
+            return {"fault": "TS client, whole run", "dead": "the TS sessions did not stop"}
+        lines = out.strip().splitlines()
+        if not lines:
+            return {"fault": "TS client, whole run", "dead": "no report from the TS sessions"}
+        sessions = json.loads(lines[-1])
         total: dict[str, Any] = {"fault": "TS client, whole run"}
         for key, name in (("lost", "lost"), ("stranded", "stranded"),
                           ("doneTwice", "done_twice"), ("toolErrors", "tool_errors"),
@@ -487,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     soak = Soak(args)
     try:
         rows = soak.run()
+        print(table(rows), flush=True)  # (before the TS report, which may take a while)
         ts = soak.ts_report()
         if ts is not None:
             rows.append(ts)
