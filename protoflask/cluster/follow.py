@@ -4,11 +4,23 @@ and whether it moved away."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Callable
+
+import gevent
+
+from ..clock import now_ms
 
 if TYPE_CHECKING:
     from ..hub import LiveSession, Operation
     from .routing import RoutingHub
+
+
+#: s a holder waits for its writer to take a delivery before it confirms it (below the
+#: sender's DELIVERY_WAIT; a client without credit holds it longer: then it is confirmed
+#: as queued in memory, as a message waiting for credit always is)
+KEEP_WAIT = 1.0
+KEEP_POLL = 0.002
 
 
 class Follow:
@@ -43,3 +55,22 @@ class Follow:
         if self.moved:
             return self.hub.forward_moved(live.id, op)
         return live.run(op)
+
+    def keep(self, live: LiveSession) -> None:
+        """Return once Redis has what the session has for the wire now: its transport's
+        writer takes it (each take is journaled first; up to KEEP_WAIT, as far as credit
+        lets it go), then one group-committed batch with the state. Without a transport,
+        what was sent is in the window already (``LiveSession.notify`` journals it).
+
+        The state a batch writes is the session's as the batch is flushed, which may be
+        ahead of the entries: a TOOL_CALL answered by an inline tool is closed in it while
+        its TOOL_DONE still waits for a busy writer. Appending the state only after the
+        writer took the TOOL_DONE puts both in the same commit (or the TOOL_DONE first)."""
+        if not self.journaling:
+            return
+        deadline = time.monotonic() + KEEP_WAIT
+        while live.transport is not None and live.has_writable() and not self.moved \
+                and self.journaling and time.monotonic() < deadline:
+            gevent.sleep(KEEP_POLL)
+        if self.journaling:  # (the state, group-committed with what the writer took)
+            self.hub.journal.append(live, self, [], now_ms())
