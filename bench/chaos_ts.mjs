@@ -1,6 +1,7 @@
 // The TypeScript client's sessions in bench/cluster_chaos.py (--ts N): argv[2] is a JSON
 // object {url, sessions: [{token, transport}], callTimeoutMs}. Each session calls `add`
-// in a loop through clients/js (its dist build). When stdin ends, prints one JSON line:
+// in a loop through clients/js (its dist build), and beside it one `work` call at a time
+// (bench/chaos_app.py: 2-10 s, a TOOL_UPDATE every 0.5 s). When stdin ends, prints one JSON line:
 // per session {transport, calls, lost, stranded, doneTwice, dead, toolErrors}. The
 // client drops a seq it has already delivered before the application sees it, so what
 // is checked here is what reaches the application: a gap in the seqs it hands on (lost),
@@ -31,6 +32,22 @@ async function session({ token, transport }) {
     out.dead = `connect: ${exc}`;
     return out;
   }
+  out.workCalls = 0;
+  const workLane = (async () => {
+    for (let k = 1; running && !out.dead; k++) {
+      const abort = new AbortController();
+      const timer = setTimeout(() => abort.abort(), callTimeoutMs);
+      try {
+        await client.callTool("work", { seconds: 2 + ((k * 3) % 9) }, { signal: abort.signal });
+      } catch (exc) {
+        if (abort.signal.aborted) out.stranded += 1;
+        else if (out.dead === null && client.state !== "closed") out.toolErrors += 1;
+      } finally {
+        clearTimeout(timer);
+      }
+      out.workCalls += 1;
+    }
+  })();
   for (let n = 1; running && !out.dead; n++) {
     const abort = new AbortController();
     const timer = setTimeout(() => abort.abort(), callTimeoutMs);
@@ -49,8 +66,10 @@ async function session({ token, transport }) {
     out.calls += 1;
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
+  await workLane;
   out.doneTwice = [...dones.values()].filter((v) => v > 1).length;
-  await client.close().catch(() => undefined);
+  // (a close that cannot flush, its node gone, must not hold the report)
+  await Promise.race([client.close().catch(() => undefined), new Promise((r) => setTimeout(r, 5000))]);
   return out;
 }
 

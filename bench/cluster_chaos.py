@@ -1,30 +1,38 @@
 """A chaos soak of a cluster: faults on a schedule, a checker comparing content per seq.
 
-    python bench/cluster_chaos.py                      # the long run (every fault)
-    python bench/cluster_chaos.py --short              # the CI version (about 45 s)
+    python bench/cluster_chaos.py --sentinel --per-transport 20 --ts 4   # the long run
+    python bench/cluster_chaos.py --short              # the CI version (about 50 s)
     python bench/cluster_chaos.py --per-transport 20 --faults kill9,flushall,outage10
 
 Starts a private redis-server on a port of its own (never the shared one: these faults
-flush, stop and restart it), ``--nodes`` gunicorn masters (``-k gevent``,
-``--workers`` workers each, REDIS_URL shared) and nginx with deploy/nginx/protoflask.conf
-round robin over them, no stickiness (without nginx: a message saying so, no run).
-``--per-transport`` sessions on each of ws, sse and stream, each a protoflask.client with
-reconnect on, calling ``add`` and ``echo`` in a loop. Then the faults, one at a time,
-``--gap`` seconds apart:
+flush, stop and restart it), or with ``--sentinel`` a master, its replica and a real
+``redis-server --sentinel`` (the nodes given REDIS_SENTINELS and the master's name);
+``--nodes`` gunicorn masters (``-k gevent``, ``--workers`` workers each, serving
+bench/chaos_app.py: protoflask plus the application tool ``work``) and nginx with
+deploy/nginx/protoflask.conf round robin over them, no stickiness (without nginx: a
+message saying so, no run). ``--per-transport`` sessions on each of ws, sse and stream,
+each a protoflask.client with reconnect on, in a loop: a 3-part text (its echo
+compared), ``add``, ``echo``, a PING; beside that, one ``work`` call at a time that
+runs 2-10 s with a TOOL_UPDATE every 0.5 s. ``--ts N``: N sessions per transport of the
+TypeScript client too (bench/chaos_ts.mjs). Then the faults, one at a time, ``--gap``
+seconds apart:
 
     kill9      SIGKILL a node (master and workers); started again on its port
     sigterm    SIGTERM a node (drain); started again on its port
-    sigstop    SIGSTOP one worker of a node for 5 s, then SIGCONT
+    sigstop    SIGSTOP one worker of a node for 20 s, then SIGCONT
     resets     nginx killed and started again: every client connection reset at once
     flushall   FLUSHALL (every holder alive)
-    restart    redis-server killed and started again, empty
-    outage10   redis-server stopped (SIGSTOP) 10 s: unreachable, back with its data
+    restart    redis-server (the master) killed and started again, empty
+    outage10   the master stopped (SIGSTOP) 10 s: unreachable, back with its data
     outage60   the same, 60 s
+    failover   (--sentinel) the master killed, the sentinel promotes the replica; the
+               old master comes back as a replica of the new one
 
 The checker keeps, per session, every frame the client read (before its own dedup by
 seq) and compares content per seq:
 
-    lost        a seq the application never got, without a REPLAY_UNAVAILABLE saying so
+    lost        a seq the application never got, without a REPLAY_UNAVAILABLE saying
+                so; and texts whose echo never came or came different
     reused      a seq that arrived again with different content
     duplicates  a seq handed to the application twice
     declared    ERROR REPLAY_UNAVAILABLE received (loss declared, not silent)
@@ -32,10 +40,11 @@ seq) and compares content per seq:
     done twice  calls that got more than one TOOL_DONE
     dead        sessions whose client gave up (ConnectionLost / a final refusal)
     serving     seconds from the end of the fault until every live session completed a
-                call started after it
+                call (add, echo, text or PING) started after it
 
 Prints a table (markdown) and, with --json, the numbers. Exit status 1 when an
 invariant broke (lost, reused, duplicates, stranded, done twice or dead above 0).
+``--logs DIR`` keeps each node's log (warnings and up) there.
 """
 
 from __future__ import annotations
@@ -54,7 +63,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import redis
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,33 +71,42 @@ from protoflask.auth import TokenAuthority  # noqa: E402
 from protoflask.client import Client  # noqa: E402
 from protoflask.client.errors import ProtoClientError, ToolError  # noqa: E402
 from tests.nginx import Nginx  # noqa: E402  (deploy/nginx/protoflask.conf, as tested)
-from tests.support import PrivateRedis  # noqa: E402  (a private redis-server)
 from cluster_faults import free_port, wait  # noqa: E402  (bench/, beside this script)
+from chaos_redis import PlainRedis, SentinelRedis  # noqa: E402
 
 SECRET = "chaos-secret-that-is-long-enough-for-hs256!"
 FAULTS = ("kill9", "sigterm", "sigstop", "resets", "flushall", "restart", "outage10",
-          "outage60")
+          "outage60", "failover")
+SIGSTOP_S = 20
 CALL_TIMEOUT = 150.0  # longer than the longest outage: a call is stranded, not slow
 
 
 class Node:
     """A gunicorn master with its workers, in a process group of its own."""
 
-    def __init__(self, redis_url: str, workers: int, port: int | None = None) -> None:
-        self.redis_url, self.workers = redis_url, workers
+    def __init__(self, redis_env: dict[str, str], workers: int, port: int | None = None,
+                 log: Path | None = None) -> None:
+        self.redis_env, self.workers, self.log = redis_env, workers, log
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
     def start(self) -> None:
-        env = {**os.environ, "JWT_SECRET": SECRET, "REDIS_URL": self.redis_url,
-               "ENABLE_LOGGING": "false", "HOST": "127.0.0.1", "PORT": str(self.port),
+        env = {**os.environ, "JWT_SECRET": SECRET, **self.redis_env,
+               "ENABLE_LOGGING": "false", "ALLOWED_ORIGINS": "*",
+               "HOST": "127.0.0.1", "PORT": str(self.port),
                "WEB_CONCURRENCY": str(self.workers), "LOG_LEVEL": "warning"}
+        for name in ("REDIS_URL", "REDIS_SENTINELS"):
+            if name not in self.redis_env:
+                env.pop(name, None)
+        err = open(self.log, "ab") if self.log is not None else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "gunicorn.conf.py"),
-             "wsgi:app"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True)
+             "--pythonpath", str(ROOT / "bench"), "chaos_app:app"], cwd=ROOT, env=env,
+            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        if self.log is not None:
+            err.close()  # type: ignore[union-attr]
         wait(self.answers, 30, "gunicorn")
 
     def answers(self) -> bool:
@@ -139,6 +156,8 @@ class Recording(Client):
         self.delivered: set[int] = set()
         self.duplicates = 0
         self.declared = 0
+        #: seqs a REPLAY_UNAVAILABLE said are gone: (after, before), both excluded
+        self.declared_gaps: list[tuple[int, int]] = []
         self.dones: dict[str, int] = {}
         self.on_message = self._seen
 
@@ -160,22 +179,78 @@ class Recording(Client):
         self.delivered.add(seq)
         if msg["type"] == "ERROR" and msg["payload"].get("code") == "REPLAY_UNAVAILABLE":
             self.declared += 1
+            first = msg["payload"].get("detail", {}).get("first_available")
+            below = [s for s in self.delivered if s < seq]
+            if first is not None:
+                self.declared_gaps.append((max(below, default=0), int(first)))
         elif msg["type"] == "TOOL_DONE":
             cid = msg["payload"]["call_id"]
             self.dones[cid] = self.dones.get(cid, 0) + 1
 
 
 class Session(threading.Thread):
+    """One client session: quick steps in a loop (a 3-part text and its echo, ``add``,
+    ``echo``, a PING), and beside them one ``work`` call at a time (2-10 s, a TOOL_UPDATE
+    every 0.5 s)."""
+
     def __init__(self, url: str, transport: str, n: int, soak: "Soak") -> None:
         super().__init__(daemon=True)
         self.transport, self.soak = transport, soak
         self.client = Recording(url, token(f"{transport}-{n}"), transport=transport,
                                 timeout=10.0, reconnect_timeout=600.0)
-        self.calls = self.stranded = self.failed_calls = 0
+        self.calls = self.stranded = self.failed_calls = self.texts_lost = 0
+        self.work_calls = self.updates = 0
         self.dead: str | None = None
         self.errors: dict[str, int] = {}  # what failed calls raised, by kind
-        self.last_ok = 0.0  # monotonic time a call started that then completed
-        self.calling_since: float | None = None  # the call in flight started then
+        self.last_ok = 0.0  # monotonic time a quick step started that then completed
+        self.calling_since: float | None = None  # the step in flight started then
+        self.work: tuple[Any, float] | None = None  # (the work call, when it started)
+        self.works_started = 0
+        self.step_kind = ""
+
+    def step(self, n: int) -> None:
+        c = self.client
+        kind = n % 4
+        self.step_kind = ("text", "add", "echo", "ping")[kind]
+        if kind == 0:
+            parts = [f"{self.name}-{n} ", "in three ", "parts"]
+            c.send_text(parts)
+            echo = c.next_text(timeout=CALL_TIMEOUT)
+            if echo.text != "".join(parts):
+                self.texts_lost += 1
+        elif kind == 1:
+            assert c.call_tool("add", {"a": n, "b": 1}, timeout=CALL_TIMEOUT) == \
+                {"result": n + 1}
+        elif kind == 2:
+            c.call_tool("echo", {"message": f"{self.name}-{n}"}, timeout=CALL_TIMEOUT)
+        else:
+            c.ping(timeout=CALL_TIMEOUT)
+
+    def tend_work(self) -> None:
+        """Start the next ``work`` call once the last one ended; count how it ended."""
+        if self.work is not None:
+            call, since = self.work
+            if not call.done:
+                if time.monotonic() - since > CALL_TIMEOUT:
+                    self.stranded += 1
+                    print(f"stranded: {self.transport} session={self.client.session_id} "
+                          f"work call {call.call_id}", file=sys.stderr, flush=True)
+                    self.work = None
+                return
+            self.work = None
+            self.work_calls += 1
+            self.updates += len(call.updates)
+            try:
+                call.result(0)
+            except ToolError:
+                self.failed_calls += 1
+            except ProtoClientError as exc:
+                kind = f"{type(exc).__name__} {exc.code}"
+                self.errors[kind] = self.errors.get(kind, 0) + 1
+        self.works_started += 1
+        seconds = 2 + (self.works_started * 3) % 9
+        self.work = (self.client.call_tool_async("work", {"seconds": seconds}),
+                     time.monotonic())
 
     def run(self) -> None:
         try:
@@ -188,17 +263,15 @@ class Session(threading.Thread):
             n += 1
             started = self.calling_since = time.monotonic()
             try:
-                if n % 2:
-                    assert self.client.call_tool("add", {"a": n, "b": 1},
-                                                 timeout=CALL_TIMEOUT) == {"result": n + 1}
-                else:
-                    self.client.call_tool("echo", {"message": f"{self.name}-{n}"},
-                                          timeout=CALL_TIMEOUT)
+                self.tend_work()
+                self.step(n)
                 self.last_ok = started
             except ToolError:
                 self.failed_calls += 1  # one TOOL_DONE ERROR (say, its node was lost)
             except TimeoutError:
                 self.stranded += 1
+                print(f"stranded: {self.transport} session={self.client.session_id} "
+                      f"step={self.step_kind}", file=sys.stderr, flush=True)
             except ProtoClientError as exc:
                 kind = f"{type(exc).__name__} {exc.code}"
                 self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -210,18 +283,26 @@ class Session(threading.Thread):
             time.sleep(self.soak.pause)
 
     def report(self, final: bool = False) -> dict[str, int]:
-        """The session's counts; ``final``: a call still waiting after 30 s counts as
-        stranded too (the run ends before its 150 s would)."""
+        """The session's counts; ``final``: a step or work call still waiting after 30 s
+        counts as stranded too (the run ends before its 150 s would)."""
         c = self.client
+        now = time.monotonic()
         since = self.calling_since
-        waiting = int(final and since is not None and time.monotonic() - since > 30)
+        waiting = int(final and since is not None and now - since > 30)
+        if final and self.work is not None and not self.work[0].done \
+                and now - self.work[1] > 30:
+            waiting += 1
         seen = set(c.delivered)
         top = max(seen) if seen else 0
-        return {"lost": sum(1 for s in range(1, top + 1) if s not in seen),
+        gaps = list(c.declared_gaps)
+        missing = [s for s in range(1, top + 1) if s not in seen]
+        silent = [s for s in missing if not any(a < s < b for a, b in gaps)]
+        return {"lost": len(silent) + self.texts_lost, "declared_lost": len(missing) - len(silent),
                 "reused": c.reused, "duplicates": c.duplicates,
                 "declared": c.declared, "stranded": self.stranded + waiting,
                 "done_twice": sum(1 for v in c.dones.values() if v > 1),
                 "dead": int(self.dead is not None), "calls": self.calls,
+                "work_calls": self.work_calls, "updates": self.updates,
                 "tool_errors": self.failed_calls}
 
 
@@ -230,12 +311,18 @@ class Soak:
         self.args = args
         self.running = True
         self.pause = args.pause
-        self.redis = PrivateRedis()
-        self.nodes = [Node(self.redis.url, args.workers) for _ in range(args.nodes)]
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         if not os.path.exists(nginx):
             raise SystemExit("nginx is not installed (apt-get install nginx)")
         self.tmp = Path(tempfile.mkdtemp(prefix="chaos-nginx-"))
+        self.redis: PlainRedis | SentinelRedis = \
+            SentinelRedis(self.tmp) if args.sentinel else PlainRedis()
+        logs = Path(args.logs) if args.logs else None
+        if logs is not None:
+            logs.mkdir(parents=True, exist_ok=True)
+        self.nodes = [Node(self.redis.env, args.workers,
+                           log=logs / f"node{k}.log" if logs is not None else None)
+                      for k in range(args.nodes)]
         self.nginx = Nginx(nginx, [n.port for n in self.nodes], self.tmp)
         self.sessions = [Session(self.nginx.base_url, t, i, self)
                          for t in ("ws", "sse", "stream") for i in range(args.per_transport)]
@@ -258,15 +345,19 @@ class Soak:
         """The TypeScript client's sessions over the whole run (stdin closed: they stop)."""
         if self.ts is None:
             return None
-        assert self.ts.stdin is not None and self.ts.stdout is not None
-        self.ts.stdin.close()
-        out = self.ts.stdout.read()  # (one line, once the sessions stopped)
-        self.ts.wait(CALL_TIMEOUT + 30)
-        sessions = json.loads(out.strip().splitlines()[-1])
+        try:  # stdin closed: the sessions stop; one line once each ended its call in flight
+            out, _ = self.ts.communicate(timeout=CALL_TIMEOUT + 30)
+        except subprocess.TimeoutExpired:
+            self.ts.kill()
+            return {"fault": "TS client, whole run", "dead": "the TS sessions did not stop"}
+        lines = out.strip().splitlines()
+        if not lines:
+            return {"fault": "TS client, whole run", "dead": "no report from the TS sessions"}
+        sessions = json.loads(lines[-1])
         total: dict[str, Any] = {"fault": "TS client, whole run"}
         for key, name in (("lost", "lost"), ("stranded", "stranded"),
                           ("doneTwice", "done_twice"), ("toolErrors", "tool_errors"),
-                          ("calls", "calls")):
+                          ("calls", "calls"), ("workCalls", "work_calls")):
             total[name] = sum(s[key] for s in sessions)
         total["dead"] = sum(1 for s in sessions if s["dead"])
         return total
@@ -283,8 +374,6 @@ class Soak:
         self.redis.kill()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def rdb(self) -> redis.Redis:
-        return redis.Redis.from_url(self.redis.url, socket_timeout=2)
 
     # -- faults ------------------------------------------------------------------------
 
@@ -299,32 +388,40 @@ class Soak:
         elif name == "sigstop":
             pid = node.worker_pids()[0]
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(5)
+            time.sleep(SIGSTOP_S)
             os.kill(pid, signal.SIGCONT)
         elif name == "resets":
             self.nginx.restart()
         elif name == "flushall":
-            self.rdb().flushall()
+            self.redis.rdb().flushall()
         elif name == "restart":
-            self.redis.kill()
-            self.redis.start()
+            self.redis.restart_empty()
         elif name.startswith("outage"):
-            assert self.redis.proc is not None
-            self.redis.proc.send_signal(signal.SIGSTOP)
-            time.sleep(int(name[len("outage"):]))
-            self.redis.proc.send_signal(signal.SIGCONT)
+            self.redis.stop_for(int(name[len("outage"):]))
+        elif name == "failover":
+            self.redis.failover()
         else:
             raise SystemExit(f"unknown fault {name!r}")
 
     def serving_again(self, since: float, within: float) -> float | None:
         """Seconds from ``since`` until every session still alive completed a call
-        started after it; None if not within ``within``."""
+        started after it; None if not within ``within`` (the ones that did not are
+        listed on stderr)."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             live = [s for s in self.sessions if s.dead is None]
             if all(s.last_ok >= since for s in live):
                 return max((s.last_ok for s in live), default=since) - since
             time.sleep(0.1)
+        now = time.monotonic()
+        for s in self.sessions:
+            if s.dead is None and s.last_ok < since:
+                c = s.client
+                print(f"not serving: {s.transport} session={c.session_id} "
+                      f"step={s.step_kind} waiting={now - (s.calling_since or now):.0f}s "
+                      f"connected={c.connected} last_seq={c.last_seq} "
+                      f"reconnects={c.reconnects}",
+                      file=sys.stderr, flush=True)
         return None
 
     def run(self) -> list[dict[str, Any]]:
@@ -358,7 +455,8 @@ BROKEN = ("lost", "reused", "duplicates", "stranded", "done_twice", "dead")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    cols = ["fault", *BROKEN, "declared", "tool_errors", "calls", "serving_s"]
+    cols = ["fault", *BROKEN, "declared", "declared_lost", "tool_errors", "calls",
+            "work_calls", "updates", "serving_s"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         lines.append("| " + " | ".join(str(row.get(c, "-")) for c in cols) + " |")
@@ -377,22 +475,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", default=",".join(FAULTS))
     parser.add_argument("--ts", type=int, default=0,
                         help="sessions per transport of the TypeScript client as well")
+    parser.add_argument("--sentinel", action="store_true",
+                        help="Redis as a master, a replica and a sentinel (REDIS_SENTINELS)")
+    parser.add_argument("--logs", help="keep each node's log (warnings and up) here")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.short:
         args.per_transport, args.workers, args.gap = 2, 1, 6.0
         args.faults = "kill9,flushall,outage10,restart"
     args.faults = [f for f in args.faults.split(",") if f]
+    if "failover" in args.faults and not args.sentinel:
+        args.faults.remove("failover")  # (it needs the sentinel's replica)
     # SIGTERM (a test's timeout): stop every process started here (their own sessions)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     soak = Soak(args)
     try:
         rows = soak.run()
+        print(table(rows), flush=True)  # (before the TS report, which may take a while)
         ts = soak.ts_report()
         if ts is not None:
             rows.append(ts)
     finally:
         soak.close()
+    for s in soak.sessions:  # where a silent loss was, for the logs
+        seen = s.client.delivered
+        gaps = s.client.declared_gaps
+        silent = [q for q in range(1, max(seen, default=0) + 1) if q not in seen
+                  and not any(a < q < b for a, b in gaps)]
+        if silent:
+            print(f"lost: {s.transport} session={s.client.session_id} seqs={silent[:20]}",
+                  file=sys.stderr, flush=True)
     dead = [f"{s.transport}: {s.dead}" for s in soak.sessions if s.dead]
     errors: dict[str, int] = {}
     for s in soak.sessions:

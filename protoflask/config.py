@@ -127,6 +127,8 @@ class ServerConfig:
     node_env: str = _DEFAULTS["node_env"]
     dev_mode: bool = _DEFAULTS["dev_mode"]
     redis_url: str | None = field(default=_DEFAULTS["redis_url"], repr=False)  # may hold a password
+    redis_sentinels: tuple[str, ...] = _DEFAULTS["redis_sentinels"]
+    redis_sentinel_master: str = _DEFAULTS["redis_sentinel_master"]
     redis_prefix: str = _DEFAULTS["redis_prefix"]
     metrics: bool = _DEFAULTS["metrics"]
     dashboard: bool = _DEFAULTS["dashboard"]
@@ -149,6 +151,7 @@ class ServerConfig:
             elif not url.startswith(("redis://", "rediss://", "unix://", "redis+sentinel://")):
                 raise ConfigError("redisUrl must be a redis://, rediss://, unix:// or "
                                   "redis+sentinel://host:port[,host:port]/master URL")
+        self._check_sentinels()
         from .origins import normalize_origin
 
         try:
@@ -180,6 +183,31 @@ class ServerConfig:
             parse_duration(self.jwt_expires_in)
         except ValueError as exc:
             raise ConfigError(f"jwtExpiresIn: {exc}") from None
+
+    def _check_sentinels(self) -> None:
+        if not self.redis_sentinels:
+            return
+        if self.redis_url:
+            raise ConfigError("set redisUrl or redisSentinels, not both (a Sentinel URL is "
+                              "redis+sentinel://host:port,.../master_name)")
+        for entry in self.redis_sentinels:
+            host, _, port = entry.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"redisSentinels: {entry!r} is not host:port")
+        master = self.redis_sentinel_master.strip()
+        if not master or "/" in master or "," in master:
+            raise ConfigError(f"redisSentinelMaster: {self.redis_sentinel_master!r} is not "
+                              "a master name")
+        object.__setattr__(self, "redis_sentinel_master", master)
+
+    @property
+    def redis_target(self) -> str | None:
+        """The Redis the cluster uses: redisUrl, or the redis+sentinel:// URL that
+        redisSentinels and redisSentinelMaster spell; None: no cluster."""
+        if self.redis_sentinels:
+            return f"redis+sentinel://{','.join(self.redis_sentinels)}/" \
+                f"{self.redis_sentinel_master}"
+        return self.redis_url
 
     # -- construction -------------------------------------------------------------------
 

@@ -68,12 +68,13 @@ class GeventWorker(ggevent.GeventWorker):
         unless REDIS_URL shares them: a resume, a follow-up POST or send_message landing on
         another worker would silently miss them, so several workers need Redis."""
         raise_open_files_limit(cfg.worker_connections)
-        if cfg.workers > 1 and not os.environ.get("REDIS_URL", "").strip():
+        if cfg.workers > 1 and not any(os.environ.get(name, "").strip()
+                                       for name in ("REDIS_URL", "REDIS_SENTINELS")):
             raise SystemExit(
                 f"protoflask: {cfg.workers} workers configured, but sessions live in each "
                 "worker's memory, so requests landing on another worker would not find "
-                "them. Set REDIS_URL (redis://host:6379/0) to share sessions between "
-                "workers, or run one worker (WEB_CONCURRENCY=1, -w 1).")
+                "them. Set REDIS_URL (redis://host:6379/0) or REDIS_SENTINELS to share "
+                "sessions between workers, or run one worker (WEB_CONCURRENCY=1, -w 1).")
 
     def protoserver(self) -> ProtoServer | None:
         """The ProtoServer of the app this worker serves (None for another app)."""

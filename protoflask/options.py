@@ -157,6 +157,12 @@ OPTIONS: tuple[Option, ...] = (
        "redis://host:port/db shared by every worker and node (or "
        "redis+sentinel://host:port[,host:port]/master_name[/db]: the master Redis Sentinel "
        "names, followed through a failover); unset: sessions in memory, one worker"),
+    _o("redisSentinels", "redis_sentinels", "REDIS_SENTINELS", list, (),
+       "Redis Sentinel host:port list (comma-separated in the env) naming the master "
+       "redisSentinelMaster, followed through a failover; instead of redisUrl (the same as "
+       "redisUrl redis+sentinel://host:port,.../master_name)"),
+    _o("redisSentinelMaster", "redis_sentinel_master", "REDIS_SENTINEL_MASTER", str,
+       "mymaster", "the master name the sentinels of redisSentinels watch"),
     _o("redisPrefix", "redis_prefix", "REDIS_PREFIX", str, "protoflask",
        "prefix of every Redis key and channel (one per cluster)"),
     _o("metrics", "metrics", "PROTOFLASK_METRICS", bool, True,

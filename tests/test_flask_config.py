@@ -24,6 +24,7 @@ OTHER = {
     "maxMessageSize": 4096, "outboundBufferSize": 65536, "echoMessages": False,
     "enableCORS": False, "enableCompression": False, "enableLogging": False,
     "nodeEnv": "development", "devMode": True, "redisUrl": "redis://127.0.0.1:6379/15",
+    "redisSentinels": ["sentinel.internal:26379"], "redisSentinelMaster": "pf",
     "redisPrefix": "from-app", "metrics": False, "dashboard": False,
     "maxJsonDepth": 16, "rateLimit": 50,
     "rateLimitBurst": 10, "allowedOrigins": ["https://app.example.com"], "debugVitals": True,

@@ -487,7 +487,8 @@ class Client(Receiver):
             return
         with self._wake:
             if conn.confirms_on_send:
-                self._up.confirm(batch[-1].seq)
+                # (a resend keeps its older seq: the batch's highest, not its last)
+                self._up.confirm(max(entry.seq for entry in batch))
             self._writing = False
             self._poke()
 

@@ -7,9 +7,14 @@ Exactly once, upstream (docs/PROTOCOL.md §2, §8): a data message keeps its pla
 (SSE, stream), the PONG to a later PING of ours (the server handles one connection's
 messages in order), or a HELLO reply whose ``last_client_seq`` covers it. After a
 reconnect the client sends HELLO first; the reply's ``last_client_seq`` says which
-unconfirmed messages arrived, and the others are sent again with new seqs (the client
-writes one batch at a time, so every message at or below ``last_client_seq`` arrived; a
-seq the server has seen would be dropped as a retransmission).
+unconfirmed messages arrived, and the others are sent again **under their own seqs**:
+``last_client_seq`` is only what the server had seen when it answered, and a POST cut
+off by the reset may still reach it afterwards (a balancer, a proxy's retry). Sent under
+its own seq, whichever copy arrives second is a retransmission the server drops (§2.2),
+so a TOOL_CALL never runs twice. Only a message refused unprocessed (CHANNEL_PAUSED) is
+sent again with a new seq, as §2.2 asks; and one sent so long ago that the server no
+longer remembers its seq individually (``SEEN_WINDOW`` below the HELLO's) would be
+dropped unprocessed, so it gets a new one.
 
 Credit (docs/PROTOCOL.md §5 Flow control): what the client may send is counted by the
 same ledger the server counts what it may send with (``core.credits.CreditLedger``, its
@@ -33,6 +38,7 @@ from typing import Any
 
 from ..core.credits import CreditLedger, CreditSettings
 from ..core.envelope import Message, encode
+from ..core.seen import WINDOW as SEEN_WINDOW
 from ._requests import Waiter
 
 #: The window of a channel after a CHANNEL_PAUSED refusal (see the module docstring).
@@ -58,6 +64,9 @@ class Entry:
     seq: int = 0
     data: bytes = b""
     charged: bool = False
+    #: sent again after a reconnect, under its own (older) seq: a HELLO reply's
+    #: last_client_seq does not say whether it arrived (see the module docstring)
+    resent: bool = False
 
 
 def sending_ledger(enabled: bool, messages: int, nbytes: int) -> CreditLedger:
@@ -129,17 +138,22 @@ class UpstreamQueue:
             window = self.cautious.get(entry.channel)
             if window is not None and window[1] >= window[0]:
                 break  # wait until the server has surely processed the window
-            entry.seq = seq + 1
+            # a resend keeps its seq (see the module docstring), unless the server would
+            # no longer tell it from one it has seen
+            again = entry.resent and entry.seq > seq - (SEEN_WINDOW - BATCH)
+            if not again:
+                entry.seq, entry.resent = seq + 1, False
             entry.data = encode_entry(entry, session, now_ms)
             if credit.enabled:
                 if not credit.can_send(entry.channel, len(entry.data)):
                     break
                 credit.spend(entry.channel, len(entry.data))
                 entry.charged = True
-            seq += 1
+            if not again:
+                seq += 1
             if window is not None:
                 window[1] += 1
-                window[2] = seq
+                window[2] = max(window[2], entry.seq)
             self.data.popleft()
             batch.append(entry)
             self.unconfirmed.append(entry)
@@ -195,11 +209,16 @@ class UpstreamQueue:
             int(flow_control.get("initial_credit_bytes", nbytes)))
 
     def on_hello(self, last_client_seq: int) -> None:
-        """What the server saw is confirmed; the rest goes out again, first, in order."""
-        resend = [e for e in self.unconfirmed if e.seq > last_client_seq]
+        """What the server surely saw is confirmed; the rest goes out again, first, in
+        order, under its own seq. A message sent under a fresh seq at or below
+        ``last_client_seq`` arrived (one batch at a time, in seq order); one that was
+        itself a resend has a seq below the HELLO that preceded it, so the reply cannot
+        say: it goes again (a retransmission the server drops if it has it)."""
+        resend = [e for e in self.unconfirmed if e.seq > last_client_seq or e.resent]
         self.unconfirmed.clear()
         for entry in reversed(resend):
             self.refund(entry)
+            entry.resent = True
             self.data.appendleft(entry)
         for window in self.cautious.values():
             window[1] = 0  # what it counted is resent (or was confirmed) above
@@ -240,6 +259,7 @@ class UpstreamQueue:
             entry = self.recent.pop(related)
             if entry in self.unconfirmed:
                 self.unconfirmed.remove(entry)
+            entry.resent = False  # refused, its seq counts as seen: sent under a new one
             self.retry.append(entry)
             self.paused.add(entry.channel)
             self.cautious[entry.channel] = [CAUTIOUS_START, 0, 0]

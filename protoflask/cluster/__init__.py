@@ -17,11 +17,13 @@ __all__ = ["RedisHub", "make_hub"]
 
 
 def make_hub(config: "ServerConfig") -> LocalHub:
-    """The hub the configuration asks for: Redis-backed with ``redisUrl``, else in memory."""
-    if config.redis_url:
+    """The hub the configuration asks for: Redis-backed with ``redisUrl`` or
+    ``redisSentinels``, else in memory."""
+    target = config.redis_target
+    if target:
         from .hub import RedisHub
 
-        return RedisHub(config.redis_url, config.redis_prefix, config=config)
+        return RedisHub(target, config.redis_prefix, config=config)
     return LocalHub()
 
 

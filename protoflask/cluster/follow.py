@@ -4,13 +4,23 @@ and whether it moved away."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Callable
+
+import gevent
 
 from ..clock import now_ms
 
 if TYPE_CHECKING:
     from ..live import LiveSession, Operation
     from .routing import RoutingHub
+
+
+#: s a holder waits for its writer to take a delivery before it confirms it (below the
+#: sender's DELIVERY_WAIT; a client without credit holds it longer: then it is confirmed
+#: as queued in memory, as a message waiting for credit always is)
+KEEP_WAIT = 1.0
+KEEP_POLL = 0.002
 
 
 class Follow:
@@ -47,14 +57,34 @@ class Follow:
         return live.run(op)
 
     def persist(self, live: LiveSession) -> None:
-        """Before a POSTed body is answered 202: returns once Redis has the session's
-        state as the body left it (group-committed), so a holder that dies right after
-        cannot leave a 202 for messages no other node knows it received."""
-        if self.journaling and self.hub.get(live.id) is live:
-            self.hub.journal.append(live, self, [], now_ms())
+        """Before a POSTed body is answered 202, or a delivery from another node
+        confirmed: returns once Redis has what the session wrote and its state
+        (``keep``), so a holder that dies right after cannot leave a 202 or a
+        confirmation for messages no other node knows of."""
+        if self.hub.get(live.id) is live:
+            self.keep(live)
 
     def note_state(self, live: LiveSession) -> None:
         """The session's durable state changed with no message going out (a tool call
         opened): shared with the next batch, so a node taking the session over knows."""
         if self.hub.get(live.id) is not None:
             self.hub.journal.note_state(live)
+
+    def keep(self, live: LiveSession) -> None:
+        """Return once Redis has what the session has for the wire now: its transport's
+        writer takes it (each take is journaled first; up to KEEP_WAIT, as far as credit
+        lets it go), then one group-committed batch with the state. Without a transport,
+        what was sent is in the window already (``LiveSession.notify`` journals it).
+
+        The state a batch writes is the session's as the batch is flushed, which may be
+        ahead of the entries: a TOOL_CALL answered by an inline tool is closed in it while
+        its TOOL_DONE still waits for a busy writer. Appending the state only after the
+        writer took the TOOL_DONE puts both in the same commit (or the TOOL_DONE first)."""
+        if not self.journaling:
+            return
+        deadline = time.monotonic() + KEEP_WAIT
+        while live.transport is not None and live.has_writable() and not self.moved \
+                and self.journaling and time.monotonic() < deadline:
+            gevent.sleep(KEEP_POLL)
+        if self.journaling:  # (the state, group-committed with what the writer took)
+            self.hub.journal.append(live, self, [], now_ms())

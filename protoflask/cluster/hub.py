@@ -68,6 +68,12 @@ class RedisHub(RoutingHub):
         self._subscribed.wait(SUBSCRIBE_WAIT)
 
     def stop(self) -> None:
+        # calls still running here for sessions that moved to other nodes: their one
+        # TOOL_DONE (CANCELLED) goes to the holder while Redis is still ours, not an
+        # ERROR from the holder's watch once this node's beat is gone
+        for live in list(self.calls.moved_away.values()):
+            if live.runner is not None:
+                live.runner.cancel_all()
         gevent.killall(self._greenlets, block=True, timeout=2)
         self._greenlets = []
         self.journal.stop()

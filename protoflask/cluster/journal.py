@@ -28,10 +28,9 @@ import gevent
 from gevent.event import Event
 from redis.exceptions import NoScriptError
 
-from ..core.handoff import export_state
 from .keys import ENTRY, Keys
 from .redis_client import UNAVAILABLE, GeventConnection, pack, text
-from .state import StateLine, decode_state, encode_state
+from .state import StateLine, decode_state, encode_state, export_journaled
 
 __all__ = ["Journal", "decode_state", "encode_state"]
 
@@ -324,7 +323,7 @@ class Journal:
     def _encoded(self, live: "LiveSession", line: StateLine | None) -> bytes:
         """The state by its line if the journal keeps one, else exported and encoded."""
         try:
-            blob = line.encode() if line is not None else encode_state(export_state(live.core))
+            blob = line.encode() if line is not None else encode_state(export_journaled(live.core))
         except Exception as exc:  # noqa: BLE001 - the messages still go to Redis
             if live.id not in self._unencodable:
                 self._unencodable.add(live.id)

@@ -1,19 +1,16 @@
 """A hub shared by the nodes of a cluster: routing on top of the local registry.
 
-Each process (a "node": one gunicorn worker, or one server) holds its own sessions in
-memory, exactly like the LocalHub this extends, and adds only routing through Redis (the
-operations: ``store``; the keys: ``keys``):
+Each node (a gunicorn worker, or a server) holds its sessions in memory like the LocalHub
+this extends, and adds routing through Redis (operations: ``store``; keys: ``keys``):
 
 - who holds each session, so a delivery, a posted body or a resume made anywhere finds
-  it: deliveries and bodies go to the holder over its pub/sub channel; a resume moves the
-  session here (the holder closes its transport with 4002 and writes what it had);
-- each session's state and replay window (``journal``), so when its node dies any other
-  node can take it over and replay every message the client may have missed.
+  it: deliveries and bodies go to the holder over its pub/sub channel (confirmed once
+  Redis has them); a resume moves the session here (the holder lets go first);
+- each session's state and replay window (``journal``), so any node can take it over.
 
-Redis being unreachable degrades, it does not stop: local sessions keep working from
-memory, ``health()`` says "degraded", what only Redis can do raises ClusterUnavailable.
-Degraded mode is entered here (``degrade``) and left by the beat's recovery (``hub``).
-Tool calls belong to the node that runs them (``calls``).
+Redis unreachable degrades, it does not stop: local sessions keep working from memory,
+``health()`` says "degraded", what only Redis can do raises ClusterUnavailable; entered
+here (``degrade``), left by the beat's recovery (``hub``). Calls: ``calls``.
 """
 
 from __future__ import annotations
@@ -55,8 +52,7 @@ def default_node_id() -> str:
 
 
 class RoutingHub(LocalHub):
-    """Sessions held here, found from anywhere; the background work that keeps the
-    cluster's view fresh is the subclass's (``RedisHub``)."""
+    """Sessions held here, found from anywhere (the beat, the listener: ``RedisHub``)."""
 
     clustered = True
 
@@ -312,6 +308,8 @@ class RoutingHub(LocalHub):
         if live is not None:
             result = live.apply(op)
             self.host.settle(live)
+            if live.link is not None:  # confirmed once Redis has it: this node may die next
+                live.link.persist(live)
             if op.name in ("tool_done", "fail_call") and sid in self.calls.remote:
                 self.calls.settle(sid)
         else:  # it moved on since the sender looked
@@ -390,11 +388,12 @@ class RoutingHub(LocalHub):
         if core.disconnected_at is not None:
             core.disconnected_at = now  # kept replayWindowTime from its move, as any detach
         if last_seq is not None and handoff.continue_after(core, last_seq):
-            log.warning("session %s: restored at seq %s, behind its client's %d; going on "
-                        "from there (REPLAY_UNAVAILABLE sent)", session_id,
-                        decode_state(state)["downstream_seq"], last_seq)
+            log.warning("session %s: restored behind its client's seq %d; going on from "
+                        "there (REPLAY_UNAVAILABLE sent)", session_id, last_seq)
         live = self.host.adopt(core)
         self.hold(live, epoch)
+        for out in decode_state(state).get("pending") or ():  # (state.export_journaled)
+            live.run(Send(messages.from_dict(out)))
         self.apply_queued(live, inbox)
         self.calls.adopt(live, holder, decode_state(calls_on) if calls_on else {})
         log.info("session %s taken over from %s", session_id, holder or "no node")
@@ -407,18 +406,20 @@ class RoutingHub(LocalHub):
                                    {"op": "release", "sid": session_id, "reply": reply})
         if asked and self.store.wait_reply(reply, RELEASE_WAIT) is not None:
             return True
-        log.warning("node %s did not hand session %s over%s; it keeps it", holder,
-                    session_id, "" if asked else " (not listening)")
+        log.warning("node %s kept session %s%s", holder, session_id, "" if asked else " (deaf)")
         return False
 
     def release(self, session_id: str, reply: str) -> None:
         """Another node resumes this session: close our transport (4002), write what we
-        hold, and let it go. Tool calls still running here report there."""
+        hold, let it go (calls running here report there). Not while degraded: what we
+        sent since Redis went away is not copied yet (a window with a hole; 503, retried)."""
         live = self.get(session_id)
-        if live is not None:
+        if live is not None and not self.degraded:
             self.host.close_transport(live, CloseCode.SUPERSEDED, "resumed on another node")
             self._let_go(live)
             self._moved(live)
+        elif live is not None:
+            return
         try:
             self.store.reply(reply, b"released")
         except UNAVAILABLE as exc:

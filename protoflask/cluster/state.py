@@ -29,6 +29,19 @@ def encode_state(state: dict[str, Any]) -> bytes:
         return json.dumps(state, default=str, separators=(",", ":")).encode()
 
 
+def export_journaled(core: "ProtocolSession") -> dict[str, Any]:
+    """``export_state`` plus, when there are any, the messages queued but not stamped
+    yet (``pending``). A batch writes the state as it is when it is flushed, which may be
+    ahead of what it journals: a TOOL_CALL answered at once (an inline tool) is closed
+    and its seq seen while its TOOL_DONE waits for a busy writer or for credit. A node
+    writes to the wire only what is journaled, so a node taking the session over from
+    this state sends these as new messages: none of them reached the client."""
+    state = export_state(core)
+    if core.outbound.pending:
+        state["pending"] = core.outbound.export_pending()
+    return state
+
+
 def decode_state(raw: bytes | str) -> dict[str, Any]:
     """The inverse of ``encode_state``. The standard library's decoder, not orjson's:
     orjson reads an integer beyond 64 bits as a float (it loses digits)."""
@@ -66,8 +79,8 @@ class StateLine:
         registry = core.registry
         outbound = core.outbound
         if credits is None or registry.runs or registry.calls or outbound.paused_by_client \
-                or not core.up_seqs.all_seen():
-            return encode_state(export_state(core))
+                or outbound.pending or not core.up_seqs.all_seen():
+            return encode_state(export_journaled(core))
         # what the rest of the line is made of (id and user never change)
         key = (core.handshake_completed, core.accept_events, credits)
         if key != self._key:

@@ -200,8 +200,9 @@ var Poster = class {
       if (this.busy || this.dead || !this.queue.length || session === void 0) return;
       this.busy = true;
       const batch = this.queue.splice(0);
-      const first = batch[0][1];
-      const last = batch[batch.length - 1][1];
+      const seqs = batch.map(([, seq]) => seq);
+      const first = Math.min(...seqs);
+      const last = Math.max(...seqs);
       try {
         const resp = await this.opts.fetch(endpoint(this.opts, this.path, { session }), {
           method: "POST",
@@ -457,6 +458,7 @@ var ACK_EVERY = 32;
 var IDLE_MS = 100;
 var BACKOFF_FIRST_MS = 20;
 var BACKOFF_MAX_MS = 1e3;
+var SEEN_WINDOW = 1024 - 256;
 var encoder = new TextEncoder();
 var byteLength = (text) => encoder.encode(text).length;
 function randomId() {
@@ -704,11 +706,11 @@ var ProtoClient = class {
       payload
     });
   }
-  write(raw) {
+  write(raw, seq = this.seq) {
     const link = this.link;
     if (!link) return;
     this.frameOut(raw);
-    link.send(raw, this.seq);
+    link.send(raw, seq);
   }
   frameOut(raw) {
     if (this.listeners.frame.size) this.emit("frame", "out", raw, JSON.parse(raw));
@@ -874,8 +876,9 @@ var ProtoClient = class {
     return !acct || acct.messages >= 1 && acct.bytes >= this.estimate(item);
   }
   transmit(item, spend) {
-    this.seq += 1;
-    const raw = this.envelope(item.id, this.seq, item.type, item.channel, item.payload);
+    const again = item.resendSeq !== void 0 && item.resendSeq > this.seq - SEEN_WINDOW;
+    const seq = again ? item.resendSeq : this.seq += 1;
+    const raw = this.envelope(item.id, seq, item.type, item.channel, item.payload);
     const bytes = byteLength(raw);
     const acct = spend ? this.account(item.channel) : null;
     if (acct) {
@@ -884,9 +887,9 @@ var ProtoClient = class {
     }
     const confirming = item.type === "PING" && String(item.payload.nonce).startsWith("confirm-");
     if (!NOT_RESENT.has(item.type) && !confirming) {
-      this.unconfirmed.push({ ...item, seq: this.seq, bytes, spent: !!acct });
+      this.unconfirmed.push({ ...item, seq, bytes, spent: !!acct, resendSeq: again ? seq : void 0 });
     }
-    this.write(raw);
+    this.write(raw, seq);
   }
   /** The server has seen the upstream messages `first`..`last`. (A POST confirms only
    * what it carried: messages of a dropped connection before it are not confirmed.) */
@@ -1024,12 +1027,14 @@ var ProtoClient = class {
       }
     }
     const seen = Number(p.last_client_seq) || 0;
-    const lost = this.unconfirmed.filter((m) => m.seq > seen && m.seq < this.helloSeq);
+    const lost = this.unconfirmed.filter(
+      (m) => (m.seq > seen || m.resendSeq !== void 0) && m.seq < this.helloSeq
+    );
     this.unconfirmed = this.unconfirmed.filter((m) => m.seq >= this.helloSeq);
     const resend = [];
     for (const m of lost) {
       this.refund(m);
-      resend.push({ id: m.id, type: m.type, channel: m.channel, payload: m.payload });
+      resend.push({ id: m.id, type: m.type, channel: m.channel, payload: m.payload, resendSeq: m.seq });
     }
     this.outbox.unshift(...this.refused.map((m) => ({ id: m.id, type: m.type, channel: m.channel, payload: m.payload })), ...resend);
     this.refused = [];

@@ -8,6 +8,7 @@ import orjson
 from protoflask.client._downstream import Downstream, Text
 from protoflask.client._upstream import CAUTIOUS_START, Entry, UpstreamQueue
 from protoflask.core.envelope import parse
+from protoflask.core.seen import SeenSeqs
 
 
 def queue_with_credit(messages: int, nbytes: int) -> UpstreamQueue:
@@ -63,7 +64,29 @@ def test_a_resent_message_is_refunded_and_goes_first():
     up.on_hello(last_client_seq=0)  # the server never saw it
     assert list(up.data) == [sent] and not up.unconfirmed
     [again] = up.take_batch("s", False, 0, 0.0)  # the refund pays for the resend
-    assert again is sent and again.seq == 2
+    # under its own seq: if the first copy still reaches the server (a POST cut off by
+    # the reset, arriving after the HELLO), one of the two is dropped as a retransmission
+    assert again is sent and again.seq == 1
+
+
+def test_a_resend_after_a_late_hello_reply_keeps_its_seq_so_it_runs_once():
+    # The HELLO reply said the server had seen up to seq 1; the call (seq 2) reached it
+    # afterwards. Sent again under seq 2, the server's SeenSeqs drops it: one run.
+    up = queue_with_credit(5, 10000)
+    first, call = text(up, "a"), text(up, "call")
+    up.take_batch("s", confirms_on_send=True, now_ms=0, monotonic=0.0)
+    hello = up.hello({}, "s", 0)  # the next connection's HELLO: seq 3
+    up.on_hello(last_client_seq=first.seq)
+    [again] = up.take_batch("s", True, 0, 0.0)
+    assert again is call and again.seq == 2 < hello.seq
+    server = SeenSeqs(0)  # what the session counts as seen, as the server keeps it
+    assert all(server.first_time(seq) for seq in (first.seq, hello.seq, call.seq))
+    assert not server.first_time(again.seq)  # the resend: a retransmission, dropped
+    # Cut off again before its 202: the next HELLO reply says 3 (that HELLO), which
+    # does not cover a resend below it: it goes once more, still under seq 2.
+    up.hello({}, "s", 0)
+    up.on_hello(last_client_seq=hello.seq)
+    assert up.take_batch("s", True, 0, 0.0) == [call] and call.seq == 2
 
 
 def test_channel_paused_refusal_holds_the_message_until_resume():

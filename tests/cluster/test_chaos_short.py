@@ -1,5 +1,6 @@
 """bench/cluster_chaos.py --short: two gunicorn nodes behind nginx round robin, sessions
-on all three transports through protoflask.client, and four faults (kill -9 a node,
+on all three transports through protoflask.client (texts, add, echo, PINGs, and the
+application's 2-10 s ``work`` tool with its TOOL_UPDATEs), and four faults (kill -9 a node,
 FLUSHALL, Redis unreachable 10 s and back with its data, Redis restarted empty); the
 checker compares every frame's content per seq. Nothing may be lost, reused, duplicated
 or stranded, no session may die, and every session must serve again after each fault.

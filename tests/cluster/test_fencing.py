@@ -225,3 +225,90 @@ def test_a_delivery_queued_on_a_stale_view_reaches_the_holder_the_record_names(
         assert client.recv_type("NOTE", within=5)["payload"]["n"] == 7
     finally:
         client.close()
+
+
+def test_a_delivery_confirmed_by_the_holder_is_in_redis(
+        make_node: Callable[..., ProtoServer], rdb: redis.Redis, prefix: str) -> None:
+    # The holder confirms a delivery from another node (the sender's send_message,
+    # send_tool_done... returns True, and a tool call counts as ended there) only once
+    # Redis has the message: a holder killed right after confirming must not take it
+    # with it. Each NOTE is in the session's window in Redis when send_message returns.
+    a, b = make_node(), make_node()
+    client = WSClient(a.base_url, a.issue_token("alice"))
+    try:
+        client.hello()
+        sid = client.session_id
+        for n in range(20):
+            b.send_message(sid, note(n))  # returns once the holder confirmed it
+            window = rdb.lrange(f"{prefix}:r:{sid}", -1, -1)
+            assert window and b'"n":%d' % n in window[0], (n, window)
+    finally:
+        client.close()
+
+
+def test_a_202_from_the_holder_means_redis_has_what_the_body_sent_back(
+        make_node: Callable[..., ProtoServer], rdb: redis.Redis, prefix: str) -> None:
+    # An inline tool (add) answers within the body's own handling: its TOOL_DONE waits
+    # for the transport's writer, and the call is no longer open in the state. A holder
+    # killed right after its 202 must not take that TOOL_DONE with it (the client does
+    # not post the call again, and the next holder would know of no call to end): by
+    # the 202 the TOOL_DONE is in the session's window in Redis.
+    a = make_node()
+    token = a.issue_token("alice")
+    client = SSEClient(a.base_url, token)
+    try:
+        client.hello()
+        sid = client.session_id
+        for n in range(20):
+            body = client.envelopes.make("TOOL_CALL", "USER", {
+                "call_id": f"c{n}", "tool": "add", "params": {"a": n, "b": 1}})
+            resp = requests.post(f"{a.base_url}/proto/sse?session={sid}", json=body,
+                                 headers={"Authorization": f"Bearer {token}"},
+                                 timeout=timeout(5))
+            assert resp.status_code == 202
+            window = b"".join(rdb.lrange(f"{prefix}:r:{sid}", -3, -1))
+            assert b'"call_id":"c%d"' % n in window, (n, window[-300:])
+    finally:
+        client.close()
+
+
+def test_a_message_not_yet_stamped_moves_with_the_state_to_the_next_holder(
+        make_node: Callable[..., ProtoServer], rdb: redis.Redis, prefix: str) -> None:
+    # The state a journal batch writes is the session's when the batch is flushed: a
+    # TOOL_CALL answered by an inline tool is closed and its seq seen there while its
+    # TOOL_DONE still waits (for credit here; for a busy writer in the soak). If its
+    # holder dies then, the next holder must send that TOOL_DONE (the client will not
+    # send the call again): the state carries what waits unstamped.
+    a, b = make_node(), make_node()
+    token = a.issue_token("alice")
+    client = WSClient(a.base_url, token)
+    resumed: Any = None
+    try:
+        client.hello(capabilities={"flow_control": {"initial_credit_messages": 1,
+                                                    "downstream": True}})
+        sid = client.session_id
+        client.send("TOOL_CALL", payload={"call_id": "c1", "tool": "add",
+                                          "params": {"a": 1, "b": 1}})
+        client.recv_type("TOOL_DONE", call_id="c1")  # the one credit
+        client.send("TOOL_CALL", payload={"call_id": "c2", "tool": "add",
+                                          "params": {"a": 2, "b": 2}})
+        client.send("PING", "SYSTEM", {"nonce": "after"})  # control: needs no credit
+        client.recv_type("PONG", nonce="after")  # the call is handled; its answer waits
+        seen = int(client.received[-1]["seq"])
+        wait_for(lambda: b'"upstream_seq":%d' % client.envelopes.last_seq
+                 in (rdb.hget(f"{prefix}:s:{sid}", "state") or b""), within=5,
+                 what="the state with the call in Redis")
+        # a dies now (as far as the cluster can tell: its record names a node that is gone)
+        rdb.hset(f"{prefix}:s:{sid}", "node", "gone")
+        client.drop()
+        resumed = when_served(lambda: WSClient(b.base_url, token, session=sid,
+                                               last_seq=seen), within=20)
+        resumed.envelopes = client.envelopes
+        resumed.send("FLOW_UPDATE", "SYSTEM", {"channel": "AGENT", "add_messages": 10})
+        done = resumed.recv_type("TOOL_DONE", within=10, call_id="c2")
+        assert done["payload"]["result"] == {"result": 4}, done
+        assert int(done["seq"]) == seen + 1
+    finally:
+        client.close()
+        if resumed is not None:
+            resumed.close()

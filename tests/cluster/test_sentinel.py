@@ -1,8 +1,9 @@
-"""Redis Sentinel: nodes configured with ``redis+sentinel://`` follow the master the
-sentinels name. Real processes on private ports: a master, its replica and one sentinel
-(``redis-server --sentinel``). The master is killed; the sentinel promotes the replica;
-the nodes reconnect to it, copy their sessions over, and a session resumed on the other
-node afterwards replays everything it missed: the failover loses no message."""
+"""Redis Sentinel: nodes configured with ``redis+sentinel://`` (or ``REDIS_SENTINELS`` and
+the master's name) follow the master the sentinels name. Real processes on private ports:
+a master, its replica and one sentinel (``redis-server --sentinel``). The master is
+killed; the sentinel promotes the replica; the nodes reconnect to it, copy their sessions
+over, and a session resumed on the other node afterwards replays everything it missed:
+the failover loses no message."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import redis
 import requests
 
 from protoflask import ProtoServer
+from protoflask.config import ConfigError, ServerConfig
 
 from ..support import PrivateRedis, WSClient, free_listener, timeout, wait_for
 from .notes import note
@@ -96,7 +98,9 @@ def test_a_sentinel_failover_loses_no_message(
     # `sentinel` before `make_server`: fixtures are torn down in reverse, so the nodes stop
     # while the new master still answers (stopping against a dead sentinel costs each one
     # its Redis timeouts: 25 s of the suite).
-    a, b = make_server(redisUrl=sentinel.url), make_server(redisUrl=sentinel.url)
+    # one node configured as REDIS_SENTINELS + REDIS_SENTINEL_MASTER, the other by URL
+    a = make_server(redisSentinels=[f"127.0.0.1:{sentinel.port}"], redisSentinelMaster="pf")
+    b = make_server(redisUrl=sentinel.url)
     token = a.issue_token("alice")
     client = WSClient(a.base_url, token)
     resumed: Any = None
@@ -126,3 +130,23 @@ def test_a_sentinel_failover_loses_no_message(
         client.close()
         if resumed is not None:
             resumed.close()
+
+
+def test_redis_sentinels_spell_the_sentinel_url() -> None:
+    config = ServerConfig.load({}, environ={"REDIS_SENTINELS": "10.0.0.1:26379, s2:26380",
+                                            "REDIS_SENTINEL_MASTER": "pf"})
+    assert config.redis_target == "redis+sentinel://10.0.0.1:26379,s2:26380/pf"
+    assert ServerConfig.load({}, environ={"REDIS_SENTINELS": "h:1"}).redis_target == \
+        "redis+sentinel://h:1/mymaster"  # Sentinel's own default name
+    assert ServerConfig.load({}, environ={}).redis_target is None
+
+
+@pytest.mark.parametrize("environ,message", [
+    ({"REDIS_SENTINELS": "h:26379", "REDIS_URL": "redis://h:6379"}, "not both"),
+    ({"REDIS_SENTINELS": "h"}, "not host:port"),
+    ({"REDIS_SENTINELS": "h:port"}, "not host:port"),
+    ({"REDIS_SENTINELS": "h:1", "REDIS_SENTINEL_MASTER": "a/b"}, "not a master name"),
+])
+def test_bad_redis_sentinels_name_the_key(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ServerConfig.load({}, environ=environ)

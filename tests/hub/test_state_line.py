@@ -8,9 +8,8 @@ from typing import Any, Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protoflask.cluster.state import StateLine, encode_state
+from protoflask.cluster.state import StateLine, encode_state, export_journaled
 from protoflask.core import messages
-from protoflask.core.handoff import export_state
 from protoflask.core.session import ProtocolSession
 
 from ..core._support import Client, make_session
@@ -61,12 +60,12 @@ def test_the_line_is_the_encoded_export_after_any_steps(downstream: bool,
     s = make_session(now=1_000)
     c = Client(s, now=1_000)
     line = StateLine(s)
-    assert line.encode() == encode_state(export_state(s))  # before the handshake
+    assert line.encode() == encode_state(export_journaled(s))  # before the handshake
     c.handshake(capabilities={"flow_control": {"downstream": downstream}})
     for name in steps:
         STEPS[name](s, c)
-        assert line.encode() == encode_state(export_state(s)), name
-        assert line.encode() == encode_state(export_state(s)), name  # and once more, kept
+        assert line.encode() == encode_state(export_journaled(s)), name
+        assert line.encode() == encode_state(export_journaled(s)), name  # and once more, kept
 
 
 def test_a_session_passing_pings_keeps_its_line_and_writes_only_the_numbers() -> None:
@@ -81,7 +80,7 @@ def test_a_session_passing_pings_keeps_its_line_and_writes_only_the_numbers() ->
         c.now += 1
         c.send("PING", {"nonce": f"n{n}"})
         c.take_raw()
-        assert line.encode() == encode_state(export_state(s))
+        assert line.encode() == encode_state(export_journaled(s))
     assert line._template is kept
 
 
@@ -90,5 +89,5 @@ def test_a_user_id_that_reads_as_the_placeholder_is_encoded_whole() -> None:
     s.attach(0)
     Client(s).handshake()
     line = StateLine(s)
-    assert line.encode() == encode_state(export_state(s))
+    assert line.encode() == encode_state(export_journaled(s))
     assert line._template == b""  # no line kept: each time exported and encoded whole

@@ -167,6 +167,9 @@ const ACK_EVERY = 32;
 const IDLE_MS = 100;
 const BACKOFF_FIRST_MS = 20;
 const BACKOFF_MAX_MS = 1000;
+/** A resend older than this many seqs below the newest gets a new seq (the server
+ * remembers 1024 seqs below its highest individually; room for one batch on top). */
+const SEEN_WINDOW = 1024 - 256;
 const encoder = new TextEncoder();
 const byteLength = (text: string) => encoder.encode(text).length;
 
@@ -175,6 +178,10 @@ interface Outgoing {
   type: string;
   channel: string;
   payload: Record<string, any>;
+  /** Sent again after a reconnect under this, its own seq: if the first copy still
+   * reaches the server (a POST cut off by the reset, arriving after the HELLO), one of
+   * the two is dropped as a retransmission, so a TOOL_CALL never runs twice. */
+  resendSeq?: number;
 }
 
 interface Sent extends Outgoing {
@@ -485,11 +492,11 @@ export class ProtoClient {
     });
   }
 
-  private write(raw: string): void {
+  private write(raw: string, seq = this.seq): void {
     const link = this.link;
     if (!link) return;
     this.frameOut(raw);
-    link.send(raw, this.seq);
+    link.send(raw, seq);
   }
 
   private frameOut(raw: string): void {
@@ -672,8 +679,11 @@ export class ProtoClient {
   }
 
   private transmit(item: Outgoing, spend: boolean): void {
-    this.seq += 1;
-    const raw = this.envelope(item.id, this.seq, item.type, item.channel, item.payload);
+    // a resend keeps its seq, unless the server would no longer tell it from one it has
+    // seen (it remembers the 1024 seqs below its highest one by one)
+    const again = item.resendSeq !== undefined && item.resendSeq > this.seq - SEEN_WINDOW;
+    const seq = again ? item.resendSeq! : (this.seq += 1);
+    const raw = this.envelope(item.id, seq, item.type, item.channel, item.payload);
     const bytes = byteLength(raw);
     const acct = spend ? this.account(item.channel) : null;
     if (acct) {
@@ -682,9 +692,9 @@ export class ProtoClient {
     }
     const confirming = item.type === "PING" && String(item.payload.nonce).startsWith("confirm-");
     if (!NOT_RESENT.has(item.type) && !confirming) {
-      this.unconfirmed.push({ ...item, seq: this.seq, bytes, spent: !!acct });
+      this.unconfirmed.push({ ...item, seq, bytes, spent: !!acct, resendSeq: again ? seq : undefined });
     }
-    this.write(raw);
+    this.write(raw, seq);
   }
 
   /** The server has seen the upstream messages `first`..`last`. (A POST confirms only
@@ -829,16 +839,21 @@ export class ProtoClient {
         this.upCredit = null;
       }
     }
-    // What the server saw before this HELLO is confirmed; what it did not see (sent on
-    // the connection that dropped, after its last_client_seq) goes again, first, with
-    // new seqs: the seq keeps counting, so nothing is seen twice.
+    // What the server surely saw before this HELLO is confirmed; the rest (sent on the
+    // connection that dropped, after its last_client_seq) goes again, first, under its
+    // own seq: a copy that still arrives is then dropped as a retransmission. A message
+    // that was itself a resend has a seq below the HELLO before it, which last_client_seq
+    // may cover without it having arrived: it goes again too. Refused ones (their seq
+    // counts as seen) get new seqs.
     const seen = Number(p.last_client_seq) || 0;
-    const lost = this.unconfirmed.filter((m) => m.seq > seen && m.seq < this.helloSeq);
+    const lost = this.unconfirmed.filter(
+      (m) => (m.seq > seen || m.resendSeq !== undefined) && m.seq < this.helloSeq,
+    );
     this.unconfirmed = this.unconfirmed.filter((m) => m.seq >= this.helloSeq);
     const resend: Outgoing[] = [];
     for (const m of lost) {
       this.refund(m);
-      resend.push({ id: m.id, type: m.type, channel: m.channel, payload: m.payload });
+      resend.push({ id: m.id, type: m.type, channel: m.channel, payload: m.payload, resendSeq: m.seq });
     }
     this.outbox.unshift(...this.refused.map((m) => ({ id: m.id, type: m.type, channel: m.channel, payload: m.payload })), ...resend);
     this.refused = [];

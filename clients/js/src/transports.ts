@@ -273,8 +273,10 @@ class Poster {
     if (this.busy || this.dead || !this.queue.length || session === undefined) return;
     this.busy = true;
     const batch = this.queue.splice(0);
-    const first = batch[0][1];
-    const last = batch[batch.length - 1][1];
+    // (a resend keeps its older seq: the batch's lowest and highest, not its ends)
+    const seqs = batch.map(([, seq]) => seq);
+    const first = Math.min(...seqs);
+    const last = Math.max(...seqs);
     try {
       const resp = await this.opts.fetch(endpoint(this.opts, this.path, { session }), {
         method: "POST",
