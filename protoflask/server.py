@@ -19,7 +19,6 @@ import uuid
 from typing import Any, Callable, Iterable, Mapping
 
 import gevent
-import gevent.event
 from blinker import NamedSignal
 from flask import Flask
 
@@ -37,7 +36,7 @@ from .hub import Hub, cluster_stats
 from .live import LiveSession, Send, ToolDone, ToolUpdate
 from .metrics import create_registry
 from .serving import EmbeddedServer
-from .tools import Tool, ToolCancelled, ToolExecution, ToolRegistry, builtin_tools
+from .tools import Tool, ToolRegistry, awaited_call, builtin_tools
 from .streaming import StreamedText, stream_chunks
 from .post_lane import SessionPostLane
 from .mcp import McpEndpoint
@@ -315,18 +314,7 @@ class ProtoServer:
 
         def run() -> Any:
             live = self._live(session_id)
-            outcome: gevent.event.AsyncResult = gevent.event.AsyncResult()
-
-            def done(execution: ToolExecution, error: BaseException | None) -> None:
-                if outcome.ready():
-                    return
-                if error is not None:
-                    outcome.set_exception(error)
-                elif execution.status == "cancelled":
-                    outcome.set_exception(ToolCancelled(f"tool call {call_id!r} was cancelled"))
-                else:
-                    outcome.set(execution.result)
-
+            outcome, done = awaited_call(call_id)
             self.engine.call_tool(live, name, args, call_id, run_id, on_done=done)
             return outcome.get()
         return self._call(run)

@@ -11,6 +11,7 @@ from itertools import islice
 from typing import Any, Callable, Iterator, Protocol
 
 import gevent
+import gevent.event
 from gevent import Greenlet
 from jsonschema import validators
 from jsonschema.exceptions import SchemaError
@@ -221,6 +222,24 @@ class ToolExecution:
             if value is not None:
                 out[key] = value
         return out
+
+
+def awaited_call(call_id: str) -> tuple["gevent.event.AsyncResult",
+                                        Callable[[ToolExecution, BaseException | None], None]]:
+    """What ``call_tool`` waits on, and the ``on_done`` that settles it once: the call's
+    result, its error, or ToolCancelled when it was cancelled."""
+    outcome: gevent.event.AsyncResult = gevent.event.AsyncResult()
+
+    def done(execution: ToolExecution, error: BaseException | None) -> None:
+        if outcome.ready():
+            return
+        if error is not None:
+            outcome.set_exception(error)
+        elif execution.status == "cancelled":
+            outcome.set_exception(ToolCancelled(f"tool call {call_id!r} was cancelled"))
+        else:
+            outcome.set(execution.result)
+    return outcome, done
 
 
 @dataclass(frozen=True, slots=True)

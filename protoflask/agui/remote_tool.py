@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-import gevent.event
 
-from ..core.errors import ProtoError, ToolCancelled
+from ..core.errors import ProtoError
 from ..live import FailCall, OpenCall, Operation, ToolDone, ToolUpdate
-from ..tools import CallSink, SessionToolRunner, Tool, ToolExecution, check_call
+from ..tools import CallSink, SessionToolRunner, Tool, ToolExecution, awaited_call, check_call
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -54,17 +53,6 @@ def call_tool_elsewhere(engine: "Engine", session_id: str, name: str, params: di
                     fail=lambda cid, exc: send(FailCall(cid, exc)),
                     invoke=invoke, tool_failed=report_error)
     runner = SessionToolRunner(sink, 1, 1, engine.config.tool_timeout)
-    outcome: gevent.event.AsyncResult = gevent.event.AsyncResult()
-
-    def done(execution: ToolExecution, error: BaseException | None) -> None:
-        if outcome.ready():
-            return
-        if error is not None:
-            outcome.set_exception(error)
-        elif execution.status == "cancelled":
-            outcome.set_exception(ToolCancelled(f"tool call {call_id!r} was cancelled"))
-        else:
-            outcome.set(execution.result)
-
+    outcome, done = awaited_call(call_id)
     runner.submit(ToolExecution(call_id, tool.name, params, run_id=run_id, on_done=done), tool)
     return outcome.get()
