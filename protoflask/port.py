@@ -152,6 +152,12 @@ class SessionPort:
         self.engine.end_transport(self.live, self, attached=self._writer is not None)
 
     @property
+    def writer(self) -> "Writer | None":
+        """The transport connection this port writes through (None before ``attach``):
+        what ``ProtoServer.get_session`` hands out as ``ws``/``sseResponse``/``httpResponse``."""
+        return self._writer
+
+    @property
     def attached(self) -> bool:
         """Whether this transport still serves the session (not superseded, not closed)."""
         return self.live.transport is self

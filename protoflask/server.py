@@ -332,7 +332,7 @@ class ProtoServer:
             for kind, key in (("websocket", "ws"), ("sse", "sseResponse"),
                               ("stream", "httpResponse")):
                 if transport is not None and transport.kind == kind:
-                    snap[key] = transport
+                    snap[key] = getattr(transport, "writer", None) or transport
             return snap
         return self._call(read)
 
