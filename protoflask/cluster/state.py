@@ -63,7 +63,8 @@ class StateLine:
     While the rest of its state stays as it was the last time (no channel has a credit
     account, no run or tool call is open, the client paused nothing and no upstream seq
     is missing: a session passing control messages, PING among them), only MOVING's
-    numbers are formatted into the line kept from then: a fifth of the cost of exporting
+    numbers are formatted into the line kept from then (no text is open either: its
+    parts are in the line): a fifth of the cost of exporting
     and encoding it all. Anything else is exported and encoded whole, as before."""
 
     __slots__ = ("core", "_key", "_template")
@@ -79,7 +80,7 @@ class StateLine:
         registry = core.registry
         outbound = core.outbound
         if credits is None or registry.runs or registry.calls or outbound.paused_by_client \
-                or outbound.pending or not core.up_seqs.all_seen():
+                or outbound.pending or core.texts or not core.up_seqs.all_seen():
             return encode_state(export_journaled(core))
         # what the rest of the line is made of (id and user never change)
         key = (core.handshake_completed, core.accept_events, credits)
