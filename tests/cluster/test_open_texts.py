@@ -11,16 +11,19 @@ import pytest
 
 from protoflask import ProtoServer
 
-from ..support import WSClient, wait_for
+from ..support import BaseClient, SSEClient, StreamClient, WSClient, wait_for
 from .retry import when_served
 
 
 @pytest.mark.parametrize("move", ["resume", "drain"])
+@pytest.mark.parametrize("kind", [WSClient, SSEClient, StreamClient],
+                         ids=["ws", "sse", "stream"])
 def test_a_text_open_when_its_session_moves_ends_whole_on_the_new_node(
-        make_node: Callable[..., ProtoServer], move: str) -> None:
+        make_node: Callable[..., ProtoServer], move: str,
+        kind: Callable[..., BaseClient]) -> None:
     a, b = make_node(echoMessages=True), make_node(echoMessages=True)
     token = a.issue_token("alice")
-    client = WSClient(a.base_url, token)
+    client = kind(a.base_url, token)
     try:
         client.hello()
         sid = client.session_id
@@ -36,8 +39,8 @@ def test_a_text_open_when_its_session_moves_ends_whole_on_the_new_node(
         else:
             client.drop()
             wait_for(lambda: a.get_session(sid)["connected"] is False, what="the drop")
-        resumed = when_served(lambda: WSClient(b.base_url, token, session=sid,
-                                               last_seq=seen))
+        resumed = when_served(lambda: kind(b.base_url, token, session=sid,
+                                           last_seq=seen))
         resumed.envelopes = client.envelopes  # the client's upstream seqs go on
         try:
             resumed.send("MESSAGE_PART", payload={"message_id": "t1", "content": "third"})
