@@ -466,7 +466,7 @@ class RoutingHub(LocalHub):
         calls_on = self.calls.let_go(live)
         try:
             written = self.store.let_go(
-                live.id, epoch, live.user_id, self.journal.state_of(live), calls_on,
+                live.id, epoch, live.user_id, self.journal.state_of(live, texts=True), calls_on,
                 (orjson.dumps(encode_operation(Send(ob))) for ob in waiting))
             if not written:
                 log.warning("session %s was taken over by another node before this one let "

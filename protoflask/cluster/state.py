@@ -29,14 +29,15 @@ def encode_state(state: dict[str, Any]) -> bytes:
         return json.dumps(state, default=str, separators=(",", ":")).encode()
 
 
-def export_journaled(core: "ProtocolSession") -> dict[str, Any]:
+def export_journaled(core: "ProtocolSession", texts: bool = False) -> dict[str, Any]:
     """``export_state`` plus, when there are any, the messages queued but not stamped
     yet (``pending``). A batch writes the state as it is when it is flushed, which may be
     ahead of what it journals: a TOOL_CALL answered at once (an inline tool) is closed
     and its seq seen while its TOOL_DONE waits for a busy writer or for credit. A node
     writes to the wire only what is journaled, so a node taking the session over from
-    this state sends these as new messages: none of them reached the client."""
-    state = export_state(core)
+    this state sends these as new messages: none of them reached the client. ``texts``:
+    the open texts too (``export_state``), for a hand-over."""
+    state = export_state(core, texts)
     if core.outbound.pending:
         state["pending"] = core.outbound.export_pending()
     return state
@@ -63,8 +64,7 @@ class StateLine:
     While the rest of its state stays as it was the last time (no channel has a credit
     account, no run or tool call is open, the client paused nothing and no upstream seq
     is missing: a session passing control messages, PING among them), only MOVING's
-    numbers are formatted into the line kept from then (no text is open either: its
-    parts are in the line): a fifth of the cost of exporting
+    numbers are formatted into the line kept from then: a fifth of the cost of exporting
     and encoding it all. Anything else is exported and encoded whole, as before."""
 
     __slots__ = ("core", "_key", "_template")
@@ -80,7 +80,7 @@ class StateLine:
         registry = core.registry
         outbound = core.outbound
         if credits is None or registry.runs or registry.calls or outbound.paused_by_client \
-                or outbound.pending or core.texts or not core.up_seqs.all_seen():
+                or outbound.pending or not core.up_seqs.all_seen():
             return encode_state(export_journaled(core))
         # what the rest of the line is made of (id and user never change)
         key = (core.handshake_completed, core.accept_events, credits)

@@ -4,9 +4,9 @@ a session rebuilt from that state plus its replay entries.
 A cluster keeps this next to the session's replay window so that any node can take the
 session over (a resume that lands elsewhere, or a node that died). What does not move:
 the transport (the client reconnects) and a node's tool executions (they keep running
-where they started and report through the cluster). Texts still being assembled do move
-(``texts``, only while one is open): the old node accepted their START and PARTs, so the
-client will not send them again, and the rest of a text may reach the new node.
+where they started and report through the cluster). Texts still being assembled move
+when the session is handed over (``texts``): the old node accepted their START and PARTs,
+so the client will not send them again, and the rest of a text may reach the new node.
 
 Each part exports and restores itself (the credit ledger, the runs and calls, the
 outbound queue); this module only names the fields of the state and its version.
@@ -27,8 +27,11 @@ from .upstream import Text
 STATE_VERSION = 1
 
 
-def export_state(session: ProtocolSession) -> dict[str, Any]:
-    """The session's durable state as JSON-ready data."""
+def export_state(session: ProtocolSession, texts: bool = False) -> dict[str, Any]:
+    """The session's durable state as JSON-ready data; with ``texts``, the client's open
+    texts too (their parts so far: up to maxTextSize each, so only when the session
+    moves, not in every copy a cluster keeps, which would write a text again with each
+    of its parts)."""
     # a cluster exports this for every session in every journal batch: the parts read
     # directly rather than through the session's views of them
     runs, calls = session.registry.export()
@@ -52,7 +55,7 @@ def export_state(session: ProtocolSession) -> dict[str, Any]:
         "runs": runs,
         "calls": calls,
     }
-    if session.texts:  # only while a text is open: the common line stays as it was
+    if texts and session.texts:
         # [message_id, content_type, the parts so far as one string, their UTF-8 size]
         state["texts"] = [[mid, text.content_type, "".join(text.parts), text.size]
                           for mid, text in session.texts.items()]

@@ -12,8 +12,9 @@ from ._support import Client, make_session, seqs, types
 
 
 def moved(session: ProtocolSession, now: int) -> ProtocolSession:
-    """What another node rebuilds: the state through JSON, the window as stored entries."""
-    state = orjson.loads(orjson.dumps(handoff.export_state(session)))
+    """What another node rebuilds from what the old one hands over: the state through
+    JSON (open texts included), the window as stored entries."""
+    state = orjson.loads(orjson.dumps(handoff.export_state(session, texts=True)))
     entries = [(e.seq, e.stored_at, e.data) for e in session.replay]
     copy = handoff.restore(state, session.settings, now, entries)
     for item in orjson.loads(orjson.dumps(handoff.pending_outbound(session))):
@@ -155,7 +156,14 @@ def test_open_texts_move_with_the_session_and_end_there_whole_and_charged() -> N
         ["MESSAGE_TOO_LARGE"]
 
 
-def test_a_session_without_open_texts_exports_none() -> None:
+def test_open_texts_are_exported_only_for_a_hand_over() -> None:
+    # a cluster's every journal batch writes the state: a text in it would be written
+    # again with each of its parts (up to maxTextSize each time)
     s = make_session(now=0)
-    Client(s).handshake()
+    c = Client(s)
+    c.handshake()
+    assert "texts" not in handoff.export_state(s, texts=True)
+    c.send("MESSAGE_START", {"message_id": "m", "content_type": "text/plain"})
+    c.send("MESSAGE_PART", {"message_id": "m", "content": "so far"})
     assert "texts" not in handoff.export_state(s)
+    assert handoff.export_state(s, texts=True)["texts"] == [["m", "text/plain", "so far", 6]]
