@@ -313,17 +313,19 @@ class Journal:
         self.failing = f"{type(exc).__name__}: {exc}"
         self.on_failure(exc)
 
-    def state_of(self, live: "LiveSession") -> bytes:
-        """The session's state for Redis; empty (left out, logged once) if nothing can
-        encode it."""
+    def state_of(self, live: "LiveSession", texts: bool = False) -> bytes:
+        """The session's state for Redis (with ``texts``, its open texts too: a hand-over);
+        empty (left out, logged once) if nothing can encode it."""
         followed = self._followed.get(live.id)
-        return self._encoded(live, followed.line if followed is not None
-                             and followed.line.core is live.core else None)
+        return self._encoded(live, followed.line if followed is not None and not texts
+                             and followed.line.core is live.core else None, texts)
 
-    def _encoded(self, live: "LiveSession", line: StateLine | None) -> bytes:
+    def _encoded(self, live: "LiveSession", line: StateLine | None,
+                 texts: bool = False) -> bytes:
         """The state by its line if the journal keeps one, else exported and encoded."""
         try:
-            blob = line.encode() if line is not None else encode_state(export_journaled(live.core))
+            blob = line.encode() if line is not None else \
+                encode_state(export_journaled(live.core, texts))
         except Exception as exc:  # noqa: BLE001 - the messages still go to Redis
             if live.id not in self._unencodable:
                 self._unencodable.add(live.id)

@@ -208,10 +208,9 @@ class RoutingHub(LocalHub):
                     "op": "deliver", "sid": session_id, "hops": hops, "reply": reply, **item})
                 if sent:
                     answer = self.store.wait_reply(reply, DELIVERY_WAIT)
-                    if answer is None:
-                        log.warning("node %s did not confirm %s for session %s within %.0fs",
-                                    node, op.name, session_id, DELIVERY_WAIT)
-                        return True
+                    if answer is None:  # died on it, or stuck: not reported as delivered
+                        raise self.unavailable(f"node {node} holding session {session_id!r}"
+                                               f" did not confirm {op.name}; it may be lost")
                     return answer == b"1"
             # No node heard it: the next one to take the session over sends this first, or
             # the holder, if alive but not listening just now, at its next beat.
@@ -441,7 +440,7 @@ class RoutingHub(LocalHub):
         calls_on = self.calls.let_go(live)
         try:
             written = self.store.let_go(
-                live.id, epoch, live.user_id, self.journal.state_of(live), calls_on,
+                live.id, epoch, live.user_id, self.journal.state_of(live, texts=True), calls_on,
                 (orjson.dumps(encode_operation(Send(ob))) for ob in waiting))
             if not written:
                 log.warning("session %s was taken over by another node before this one let "

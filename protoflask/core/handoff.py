@@ -3,9 +3,10 @@ a session rebuilt from that state plus its replay entries.
 
 A cluster keeps this next to the session's replay window so that any node can take the
 session over (a resume that lands elsewhere, or a node that died). What does not move:
-the transport (the client reconnects), texts still being assembled (their parts are
-dropped with the old node), and a node's tool executions (they keep running where they
-started and report through the cluster).
+the transport (the client reconnects) and a node's tool executions (they keep running
+where they started and report through the cluster). Texts still being assembled move
+when the session is handed over (``texts``): the old node accepted their START and PARTs,
+so the client will not send them again, and the rest of a text may reach the new node.
 
 Each part exports and restores itself (the credit ledger, the runs and calls, the
 outbound queue); this module only names the fields of the state and its version.
@@ -13,6 +14,7 @@ outbound queue); this module only names the fields of the state and its version.
 
 from __future__ import annotations
 
+from sys import getsizeof
 from typing import Any, Iterable
 
 from .errors import ReplayUnavailable
@@ -20,18 +22,22 @@ from .messages import error as error_message
 from .seen import SeenSeqs
 from .session import ProtocolSession
 from .settings import SessionSettings
+from .upstream import Text
 
 STATE_VERSION = 1
 
 
-def export_state(session: ProtocolSession) -> dict[str, Any]:
-    """The session's durable state as JSON-ready data."""
+def export_state(session: ProtocolSession, texts: bool = False) -> dict[str, Any]:
+    """The session's durable state as JSON-ready data; with ``texts``, the client's open
+    texts too (their parts so far: up to maxTextSize each, so only when the session
+    moves, not in every copy a cluster keeps, which would write a text again with each
+    of its parts)."""
     # a cluster exports this for every session in every journal batch: the parts read
     # directly rather than through the session's views of them
     runs, calls = session.registry.export()
     outbound = session.outbound
     paused = outbound.paused_by_client
-    return {
+    state: dict[str, Any] = {
         "v": STATE_VERSION,
         "id": session.id,
         "user": session.user_id,
@@ -49,6 +55,11 @@ def export_state(session: ProtocolSession) -> dict[str, Any]:
         "runs": runs,
         "calls": calls,
     }
+    if texts and session.texts:
+        # [message_id, content_type, the parts so far as one string, their UTF-8 size]
+        state["texts"] = [[mid, text.content_type, "".join(text.parts), text.size]
+                          for mid, text in session.texts.items()]
+    return state
 
 
 def pending_outbound(session: ProtocolSession) -> list[dict[str, Any]]:
@@ -75,6 +86,12 @@ def restore(state: dict[str, Any], settings: SessionSettings, now: int,
     if saved:
         session.credits.restore(saved)
     session.registry.restore(state.get("runs"), state.get("calls"))
+    for mid, content_type, so_far, size in state.get("texts") or ():
+        # charged to this session's meter here (its user's account takes it over when
+        # the session is bound on this node), as each part was on the old node
+        memory = getsizeof(so_far) if so_far else 0
+        session.texts[mid] = Text(content_type, [so_far] if so_far else [], int(size), memory)
+        session.meter.charge(memory)
     session.outbound.restore(int(state["downstream_seq"]),
                              set(state.get("paused_by_client") or ()), replay,
                              session.last_ack, now)

@@ -11,10 +11,12 @@ import base64
 from typing import Any, Callable
 
 import orjson
+import pytest
 import redis
 import requests
 
 from protoflask import ProtoServer
+from protoflask.core.errors import ClusterUnavailable
 
 from ..support import PrivateRedis, SSEClient, WSClient, timeout, wait_for
 from .notes import note
@@ -312,3 +314,24 @@ def test_a_message_not_yet_stamped_moves_with_the_state_to_the_next_holder(
         client.close()
         if resumed is not None:
             resumed.close()
+
+
+def test_a_delivery_the_holder_does_not_confirm_is_an_error_not_a_success(
+        make_node: Callable[..., ProtoServer], rdb: redis.Redis, prefix: str) -> None:
+    # The holder hears the delivery (PUBLISH reaches it) and never confirms it (it died
+    # on it, or is stuck): the sender must not report it delivered.
+    a, b = make_node(), make_node()
+    token = a.issue_token("alice")
+    client = WSClient(a.base_url, token)
+    listener = rdb.pubsub()
+    try:
+        client.hello()
+        sid = client.session_id
+        listener.subscribe(f"{prefix}:to:mute")  # hears, never answers
+        mute_node(rdb, prefix, sid)
+        with pytest.raises(ClusterUnavailable, match="did not confirm") as caught:
+            b.send_message(sid, note(1))
+        assert caught.value.retry_after == 1
+    finally:
+        listener.close()
+        client.close()

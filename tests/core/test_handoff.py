@@ -12,8 +12,9 @@ from ._support import Client, make_session, seqs, types
 
 
 def moved(session: ProtocolSession, now: int) -> ProtocolSession:
-    """What another node rebuilds: the state through JSON, the window as stored entries."""
-    state = orjson.loads(orjson.dumps(handoff.export_state(session)))
+    """What another node rebuilds from what the old one hands over: the state through
+    JSON (open texts included), the window as stored entries."""
+    state = orjson.loads(orjson.dumps(handoff.export_state(session, texts=True)))
     entries = [(e.seq, e.stored_at, e.data) for e in session.replay]
     copy = handoff.restore(state, session.settings, now, entries)
     for item in orjson.loads(orjson.dumps(handoff.pending_outbound(session))):
@@ -115,3 +116,54 @@ def test_the_extensions_of_the_first_hello_move_with_the_session() -> None:
     plain = make_session(now=1000)
     Client(plain, now=1000).handshake()
     assert plain.extensions == frozenset() and moved(plain, now=1100).extensions == frozenset()
+
+
+def test_open_texts_move_with_the_session_and_end_there_whole_and_charged() -> None:
+    # The old node accepted the START and the first PARTs (their seqs are seen: the
+    # client does not send them again); the END and a last PART reach the new node.
+    s = make_session(now=0, echo_messages=True, max_text_size=64)
+    c = Client(s)
+    c.handshake()
+    c.send("MESSAGE_START", {"message_id": "m1", "content_type": "text/markdown"})
+    c.send("MESSAGE_PART", {"message_id": "m1", "content": "héllo "})
+    c.send("MESSAGE_PART", {"message_id": "m1", "content": "wörld "})
+    c.send("MESSAGE_START", {"message_id": "m2", "content_type": "text/plain"})
+    c.take()
+    held = s.meter.held
+    assert held > 0
+
+    copy = moved(s, now=10)
+    assert set(copy.texts) == {"m1", "m2"}
+    assert copy.texts["m1"].size == s.texts["m1"].size
+    assert copy.meter.held > 0  # what the parts cost is charged here too
+    copy.attach(10)
+    c.s = copy
+    c.send("MESSAGE_PART", {"message_id": "m1", "content": "again"})
+    c.send("MESSAGE_END", {"message_id": "m1"})
+    c.send("MESSAGE_END", {"message_id": "m2"})
+    echoed = [m for m in c.take() if m["type"] == "MESSAGE_PART"]
+    assert "".join(m["payload"]["content"] for m in echoed) == "héllo wörld again"
+    assert copy.texts == {} and copy.meter.held == 0  # all given back as they ended
+    # maxTextSize still counts the parts the old node took
+    c.send("MESSAGE_START", {"message_id": "m3", "content_type": "text/plain"})
+    c.send("MESSAGE_PART", {"message_id": "m3", "content": "x" * 60})
+    third = moved(copy, now=20)
+    third.attach(20)
+    c.s = third
+    c.take()
+    c.send("MESSAGE_PART", {"message_id": "m3", "content": "y" * 5})
+    assert [m["payload"]["code"] for m in c.take() if m["type"] == "ERROR"] == \
+        ["MESSAGE_TOO_LARGE"]
+
+
+def test_open_texts_are_exported_only_for_a_hand_over() -> None:
+    # a cluster's every journal batch writes the state: a text in it would be written
+    # again with each of its parts (up to maxTextSize each time)
+    s = make_session(now=0)
+    c = Client(s)
+    c.handshake()
+    assert "texts" not in handoff.export_state(s, texts=True)
+    c.send("MESSAGE_START", {"message_id": "m", "content_type": "text/plain"})
+    c.send("MESSAGE_PART", {"message_id": "m", "content": "so far"})
+    assert "texts" not in handoff.export_state(s)
+    assert handoff.export_state(s, texts=True)["texts"] == [["m", "text/plain", "so far", 6]]

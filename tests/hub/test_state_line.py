@@ -37,6 +37,11 @@ STEPS: dict[str, Step] = {
     "the skipped seq": lambda s, c: c.send("PING", {"nonce": "n"}, seq=max(1, c.seq - 1)),
     "user text": lambda s, c: c.send("MESSAGE_START", {"message_id": f"m{c.seq}",
                                                        "role": "user"}),
+    # a text open: its parts so far are in the state (they move with the session)
+    "text start": lambda s, c: c.send("MESSAGE_START", {"message_id": "t",
+                                                        "content_type": "text/plain"}),
+    "text part": lambda s, c: c.send("MESSAGE_PART", {"message_id": "t", "content": "p"}),
+    "text end": lambda s, c: c.send("MESSAGE_END", {"message_id": "t"}),
     "ack": lambda s, c: c.send("ACK", {"seq": str(s.downstream_seq)}),
     "pause": lambda s, c: c.send("PAUSE_CHANNEL", {"channel": "AGENT"}),
     "resume": lambda s, c: c.send("RESUME_CHANNEL", {"channel": "AGENT"}),
