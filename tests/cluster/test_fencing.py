@@ -68,8 +68,7 @@ def test_a_post_to_another_node_never_moves_the_session_and_is_kept_for_its_hold
         mute_node(rdb, prefix, sid)  # a's listener cannot be reached for a moment
         body = client.envelopes.make("TOOL_CALL", payload={
             "call_id": "k1", "tool": "add", "params": {"a": 2, "b": 40}})
-        resp = requests.post(f"{b.base_url}/proto/sse?session={sid}", json=body,
-                             headers={"Authorization": f"Bearer {token}"}, timeout=timeout(5))
+        resp = post_body(b, sid, token, body)
         assert resp.status_code == 202
         assert b.hub.get(sid) is None and rdb.hget(f"{prefix}:s:{sid}", "node") == b"mute"
         queued = [orjson.loads(i) for i in rdb.lrange(f"{prefix}:in:{sid}", 0, -1)]
@@ -161,6 +160,13 @@ def test_after_redis_lost_its_data_a_session_is_503_until_its_holder_writes_it_b
         client.close()
 
 
+def post_body(node: ProtoServer, sid: str, token: str, body: dict[str, Any],
+              within: float = 5) -> requests.Response:
+    """A follow-up POST of one envelope to ``node``'s SSE route for session ``sid``."""
+    return requests.post(f"{node.base_url}/proto/sse?session={sid}", json=body,
+                         headers={"Authorization": f"Bearer {token}"}, timeout=timeout(within))
+
+
 def test_a_post_is_202_only_once_the_holder_confirmed_it_has_the_body(
         make_node: Callable[..., ProtoServer], rdb: redis.Redis, prefix: str) -> None:
     # The holder hears the body (PUBLISH reaches it) and dies before reading it: the
@@ -175,8 +181,7 @@ def test_a_post_is_202_only_once_the_holder_confirmed_it_has_the_body(
         listener.subscribe(f"{prefix}:to:mute")  # hears, never answers
         mute_node(rdb, prefix, sid)
         body = client.envelopes.make("PING", "SYSTEM", {"nonce": "x"})
-        resp = requests.post(f"{b.base_url}/proto/sse?session={sid}", json=body,
-                             headers={"Authorization": f"Bearer {token}"}, timeout=timeout(10))
+        resp = post_body(b, sid, token, body, within=10)
         assert resp.status_code == 503 and resp.headers["Retry-After"] == "1"
         assert resp.json()["error"]["code"] == "CLUSTER_UNAVAILABLE"
     finally:
@@ -198,9 +203,7 @@ def test_a_202_from_the_holder_means_redis_has_what_the_body_changed(
         sid = client.session_id
         for _ in range(3):
             body = client.envelopes.make("ACK", "SYSTEM", {"seq": "1"})
-            resp = requests.post(f"{a.base_url}/proto/sse?session={sid}", json=body,
-                                 headers={"Authorization": f"Bearer {token}"},
-                                 timeout=timeout(5))
+            resp = post_body(a, sid, token, body)
             assert resp.status_code == 202
             state = orjson.loads(rdb.hget(f"{prefix}:s:{sid}", "state"))
             assert state["upstream_seq"] == int(body["seq"]), (state, body["seq"])
@@ -264,9 +267,7 @@ def test_a_202_from_the_holder_means_redis_has_what_the_body_sent_back(
         for n in range(20):
             body = client.envelopes.make("TOOL_CALL", "USER", {
                 "call_id": f"c{n}", "tool": "add", "params": {"a": n, "b": 1}})
-            resp = requests.post(f"{a.base_url}/proto/sse?session={sid}", json=body,
-                                 headers={"Authorization": f"Bearer {token}"},
-                                 timeout=timeout(5))
+            resp = post_body(a, sid, token, body)
             assert resp.status_code == 202
             window = b"".join(rdb.lrange(f"{prefix}:r:{sid}", -3, -1))
             assert b'"call_id":"c%d"' % n in window, (n, window[-300:])
