@@ -16,7 +16,7 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.support import PrivateRedis, free_listener  # noqa: E402
+from tests.support import PrivateRedis, free_listener, wait_for  # noqa: E402
 
 MASTER = "chaos"
 
@@ -35,14 +35,6 @@ def answers(port: int) -> bool:
         return False
 
 
-def wait(check, within: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 class Server:
     """One redis-server on a fixed port, started again on it as asked."""
 
@@ -59,7 +51,7 @@ class Server:
             args += ["--replicaof", "127.0.0.1", str(replica_of)]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
-        wait(lambda: answers(self.port), 15, f"redis-server on {self.port}")
+        wait_for(lambda: answers(self.port), 15, f"redis-server on {self.port}")
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -89,8 +81,8 @@ class SentinelRedis:
                         f"sentinel failover-timeout {MASTER} 10000\n")
         self.sentinel = subprocess.Popen([found, str(conf), "--sentinel"],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait(lambda: self.master_port() == a, 15, "the sentinel to see the master")
-        wait(lambda: self._in_sync(b), 15, "the replica in sync")
+        wait_for(lambda: self.master_port() == a, 15, "the sentinel to see the master")
+        wait_for(lambda: self._in_sync(b), 15, "the replica in sync")
         self.env = {"REDIS_SENTINELS": f"127.0.0.1:{self.sentinel_port}",
                     "REDIS_SENTINEL_MASTER": MASTER}
 
@@ -137,10 +129,10 @@ class SentinelRedis:
         old, new = self.master, self.replica_port()
         old.kill()
         sentinel = redis.Redis(port=self.sentinel_port, socket_timeout=5)
-        wait(lambda: self._failover(sentinel) and self.master_port() == new, 60,
+        wait_for(lambda: self._failover(sentinel) and self.master_port() == new, 60,
              "the sentinel to promote the replica")
         old.start(replica_of=new)
-        wait(lambda: self._in_sync(old.port), 30, "the old master to sync as a replica")
+        wait_for(lambda: self._in_sync(old.port), 30, "the old master to sync as a replica")
 
     @staticmethod
     def _failover(sentinel: redis.Redis) -> bool:

@@ -3,30 +3,18 @@
 // connectAgent re-attach after the run ended, and stop().
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { createInterface } from "node:readline";
-import { fileURLToPath } from "node:url";
 import { ProtoAgent } from "../dist/agui.js";
+import { AGUI_SERVER, startServer } from "./helpers.mjs";
 
 process.env.SUPPRESS_TRANSFORMATION_WARNINGS = "true";
 let server;
-let child;
 
 before(async () => {
-  const python = process.env.PROTOFLASK_PYTHON || "python";
-  child = spawn(python, [fileURLToPath(new URL("./agui_server.py", import.meta.url))],
-                { stdio: ["pipe", "pipe", "inherit"] });
-  server = await new Promise((resolve, reject) => {
-    child.once("exit", (code) => reject(new Error(`test server exited with ${code}`)));
-    createInterface({ input: child.stdout }).once("line", (l) => resolve(JSON.parse(l)));
-  });
-  child.removeAllListeners("exit");
+  server = await startServer({}, AGUI_SERVER);
 });
 
 after(async () => {
-  const gone = new Promise((resolve) => child.once("exit", resolve));
-  child.stdin.end();
-  await gone;
+  await server.stop();
 });
 
 function agent(threadId) {

@@ -6,6 +6,8 @@ import WebSocket from "ws";
 import { ProtoClient } from "../dist/index.js";
 
 const SERVER = fileURLToPath(new URL("./server.py", import.meta.url));
+/** The AG-UI test server (test/agui_server.py): agents whose handlers stream, call tools, fail. */
+export const AGUI_SERVER = fileURLToPath(new URL("./agui_server.py", import.meta.url));
 export const TRANSPORTS = ["websocket", "sse", "stream"];
 /** Every way the client can talk: the stream both full duplex (Node's default) and with
  * follow-up POSTs (what a browser does). */
@@ -16,10 +18,11 @@ export const VARIANTS = [
   { name: "stream (follow-up POSTs)", transport: "stream", options: { duplex: false } },
 ];
 
-/** Start a server (config overrides as in protoflask's config); resolves {url, token, stop}. */
-export async function startServer(config = {}) {
+/** Start a server (config overrides as in protoflask's config; `script`: test/server.py
+ * unless given); resolves {url, token, stop}. */
+export async function startServer(config = {}, script = SERVER) {
   const python = process.env.PROTOFLASK_PYTHON || "python";
-  const child = spawn(python, [SERVER, JSON.stringify(config)], { stdio: ["pipe", "pipe", "inherit"] });
+  const child = spawn(python, [script, JSON.stringify(config)], { stdio: ["pipe", "pipe", "inherit"] });
   const lines = createInterface({ input: child.stdout });
   const info = await new Promise((resolve, reject) => {
     child.once("error", reject);
