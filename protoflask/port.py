@@ -199,26 +199,30 @@ class SessionPort:
         shared = self._shared
         if shared is not None:
             self._shared = None
-            return shared if self.translate is None else self.translate(shared)
+            return self._translated(shared)
         live = self.live
         if self._stage or not fresh or live.transport is not self or not live.has_writable():
             return []
         now = now_ns() // 1_000_000  # now_ms(), inline: once per write
         if live.link is None:  # one process: no stage
             ready = live.core.take_writable(now)
-            return ready if self.translate is None or not ready else self.translate(ready)
+            return self._translated(ready)
         self._stage = _HANDING
         taken = live.take_writable_then(now, self._released)
         if taken is not None:  # not journaled: written now
             self._stage = _IDLE
-            return taken if self.translate is None or not taken else self.translate(taken)
+            return self._translated(taken)
         if self._stage == _HANDING:  # the stage has it; _released wakes the writer
             self._stage = _HELD
             return []
         shared, self._shared = self._shared, None  # released at once (a paused journal)
         if not shared:
             return []
-        return shared if self.translate is None else self.translate(shared)
+        return self._translated(shared)
+
+    def _translated(self, ready: Ready) -> Ready:
+        """``ready`` as the transport is to frame it (``translate``, when set, on a batch)."""
+        return ready if self.translate is None or not ready else self.translate(ready)
 
     def _released(self, ready: Ready) -> None:
         """The stage has the batch (``ready``; [] when the session moved meanwhile): the
@@ -245,9 +249,7 @@ class SessionPort:
         out = self.take(fresh=False)
         live = self.live
         if live.transport is self:
-            more = live.take_writable(now_ms())
-            if more and self.translate is not None:
-                more = self.translate(more)
+            more = self._translated(live.take_writable(now_ms()))
             out = out + more if out else more
         return out
 
