@@ -52,6 +52,23 @@ def agui_services(engine: "Engine", *, call: Callable[..., Any],
             return run.status if run is not None else None
         return call(read)
 
+    def watch_run(session_id: str, run_id: str) -> Callable[[], str | None]:
+        """A stream's ``stop_reason`` for a run: None while it is active. While the
+        session is held here it reads the run's own status (as ProtoServer.stream_text's
+        does, no hop to the hub per chunk); otherwise, and once the run is no longer
+        active there, it asks ``run_status`` (through the cluster when the session moved)."""
+        def held() -> tuple[Any, Any]:
+            live = hub.get(session_id)
+            return live, (live.core.runs.get(run_id) if live is not None else None)
+        live, run = call(held)
+
+        def stop_reason() -> str | None:
+            if run is not None and run.status == "active" and hub.get(session_id) is live:
+                return None
+            status = run_status(session_id, run_id)
+            return None if status == "active" else f"run_{status or 'finished'}"
+        return stop_reason
+
     def deliver(session_id: str, out: messages.Outbound) -> bool:
         try:
             return bool(call(engine.deliver, session_id, Send(out)))
@@ -65,7 +82,8 @@ def agui_services(engine: "Engine", *, call: Callable[..., Any],
             call(finish_elsewhere, engine, session_id, run_id, summary, error)
 
     return AguiServices(deliver=deliver, call_tool=tool_call, send_message=send_message,
-                        finish_run=finish, run_status=run_status, report_error=report_error,
+                        finish_run=finish, run_status=run_status, watch_run=watch_run,
+                        report_error=report_error,
                         handler=handler, echo=engine.config.echo_messages,
                         max_message_size=engine.config.max_message_size)
 
