@@ -38,9 +38,9 @@ IDS = ["m1", "0123456789abcdef0123456789abcdef", 'q"x', "b\\s", "é€", "None",
 TEXTS = ["token 1 ", "", 'say "hi"', "a\\", "\\", 'x\\"y', "tab\tnl\n", "é😀", "}}", '"}}']
 
 
-def make_core() -> ProtocolSession:
+def make_core(window: int = 100000) -> ProtocolSession:
     base = ServerConfig().session_settings()
-    s = replace(base, credits=replace(base.credits, enabled=False), replay_window_size=100000)
+    s = replace(base, credits=replace(base.credits, enabled=False), replay_window_size=window)
     core = ProtocolSession("agui-fast", "u", s, 0, greeted=True)
     core.attach(0)
     return core
@@ -207,6 +207,12 @@ class TestSocketTranslator:
         # a resume from seq 10, then one from 3 (each a replay of what was written)
         self.same(a_run() + a_run("r2"), [7] * 1000, replays=[(10, 30), (3, 60)])
 
+    def test_a_memo_trimmed_to_the_window_is_the_same(self) -> None:
+        # past TRIM_EVERY seqs several times, in a window of 64: what left it is
+        # replayed as the window has it, both ways
+        outs = [out for run in ("r1", "r2", "r3", "r4") for out in a_run(run)]
+        self.same(outs, [9] * 1000, replays=[(30, 80), (45, 40)], window=64)
+
     def test_a_catch_up_is_the_same(self) -> None:
         # the translator starts at a later seq: what came before is read from the window
         self.same(a_run() + a_run("r2"), [5] * 1000, replays=[], skip=20)
@@ -222,10 +228,10 @@ class TestSocketTranslator:
 
     @staticmethod
     def same(outs: list[messages.Outbound], sizes: list[int],
-             replays: list[tuple[int, int]], skip: int = 0) -> None:
+             replays: list[tuple[int, int]], skip: int = 0, window: int = 100000) -> None:
         """Both implementations on one core's messages, in ``sizes`` batches from the
         ``skip``-th; before batch i of ``replays`` (i, n), the n seqs before it again."""
-        core = make_core()
+        core = make_core(window)
         ready = stamp(core, outs)[skip:]
         results = {}
         for name, translate in SOCKET.items():
