@@ -11,6 +11,7 @@ from typing import Any, Iterable, Iterator
 import gevent
 
 from ..core.errors import MessageTooLarge, RequestTimeout
+from ..turns import give_turn
 
 #: Largest piece read from a request body at once.
 PIECE_SIZE = 65536
@@ -102,7 +103,7 @@ def taking_turns(pieces: Iterable[bytes]) -> Iterator[bytes]:
     ``/health`` (tests/integration/test_reader_fairness.py). One hub turn per piece (a
     chunk, or up to PIECE_SIZE bytes) is a few microseconds per many lines."""
     for piece in pieces:
-        gevent.sleep(0)
+        give_turn()
         yield piece
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from time import monotonic
 from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
@@ -32,6 +33,7 @@ except ImportError:  # pragma: no cover - websockets built without its C extensi
     from websockets.utils import apply_mask
 
 from ..core.errors import MessageTooLarge
+from ..turns import COSTLY, SLICE
 from .sockets import immediate_send, read_wait, shutdown
 
 if TYPE_CHECKING:
@@ -48,6 +50,8 @@ _TEXT, _BINARY = Opcode.TEXT, Opcode.BINARY
 _state_of: Callable[[ServerProtocol], State] = \
     ServerProtocol.state.fget  # type: ignore[attr-defined]
 RECV_SIZE = 65536
+#: deflated bytes handed to the protocol at a time (inflated: up to a few messages)
+FEED_SIZE = 8192
 
 
 def handshake_request(environ: dict[str, Any]) -> Request:
@@ -103,6 +107,7 @@ class WebSocketConnection:
         self._writing = self._flush_scheduled = self._closing = False
         self._reader: gevent.Greenlet | None = None
         self._owed = 0  # bytes of a frame the protocol is reading still to come
+        self._turn = 0.0  # when this read's turn began (monotonic s)
         self.opened = False  # attached to its session: ``serve`` leaves its end to the port
 
     # -- opening ---------------------------------------------------------------------
@@ -147,10 +152,16 @@ class WebSocketConnection:
         if protocol.state is _CLOSED:
             return
         wait, readable = read_wait(sock) or (None, None)
+        assert self.port is not None
+        pacer, user = self.port.pacer, self.port.user_id
+        owed = pacer.owed
         while True:  # until the connection is closed (checked after each read)
             if wait is not None:
                 wait(readable)
+            if owed:  # some user's costly turns: this one's may have to wait
+                pacer.pause(user)
             data = sock.recv(RECV_SIZE)
+            self._turn = monotonic()
             if not data:
                 if pending:  # an incomplete frame: the protocol reports the EOF in it
                     protocol.receive_data(pending)
@@ -158,15 +169,20 @@ class WebSocketConnection:
                 self._protocol_events()
             elif own_frames:
                 pending = self._read_frames(pending + data if pending else data)
-            else:
-                protocol.receive_data(data)
-                self._protocol_events()
+            else:  # deflated: fed a piece at a time, so that one read of 64 KiB (a
+                # thousand times that inflated) is never all held, nor handled, at once
+                for i in range(0, len(data), FEED_SIZE):
+                    protocol.receive_data(data[i:i + FEED_SIZE])
+                    self._protocol_events()
             # almost always None: that cheap test first, the isinstance call only then
             if protocol.parser_exc is not None and isinstance(protocol.parser_exc, PayloadTooBig):
                 self._report_too_large()
             self.flush()
             if not data or _state_of(protocol) is _CLOSED:
                 return
+            spent = monotonic() - self._turn
+            if spent >= COSTLY:  # paced (turns.Pacer); else the wait above is a turn
+                pacer.took(user, spent)
 
     def _read_frames(self, data: bytes) -> bytes:
         """Handle the frames of ``data``; return the start of an incomplete one.
@@ -232,15 +248,17 @@ class WebSocketConnection:
         return data[i:] if i else data
 
     def _protocol_events(self) -> None:
-        # One read of deflated frames can carry many large messages: a turn past RECV_SIZE.
-        handled = 0
+        # One read of deflated frames can carry many costly messages: the others get a
+        # turn (a real one, turns.give_turn, or the user's pause if the slice was
+        # costly) once this read's have taken a SLICE.
         for frame in self.protocol.events_received():
             assert isinstance(frame, Frame)  # the handshake is done: only frames now
-            if handled > RECV_SIZE:
-                gevent.sleep(0)
-                handled = 0
-            handled += len(frame.data)
             self._on_frame(frame)
+            spent = monotonic() - self._turn
+            if spent > SLICE:
+                assert self.port is not None
+                self.port.pacer.took(self.port.user_id, spent)
+                self._turn = monotonic()
 
     # -- receiving -------------------------------------------------------------------
 

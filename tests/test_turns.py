@@ -1,0 +1,50 @@
+"""turns.py: a real turn for the others, and the pause a user's costly turns owe."""
+
+from __future__ import annotations
+
+import gevent
+
+from protoflask.turns import COSTLY, Pacer, give_turn
+
+
+def test_give_turn_lets_a_greenlet_run_that_sleep_0_would_not():
+    """gevent.sleep(0) in a loop runs again before the loop polls (here: before a
+    timer that is due); give_turn waits for it."""
+    ran: list[str] = []
+    gevent.spawn_later(0, ran.append, "timer")
+    for _ in range(10):
+        gevent.sleep(0)
+    assert ran == []
+    give_turn()
+    assert ran == ["timer"]
+
+
+def test_a_costly_turn_pauses_its_user_and_nobody_else():
+    pacer = Pacer()
+    order: list[str] = []
+
+    def flooder() -> None:
+        pacer.took("flooder", COSTLY * 3)  # paused for as long
+        order.append("flooder again")
+
+    def flooders_other_connection() -> None:
+        pacer.pause("flooder")
+        order.append("flooder's other connection")
+
+    def bystander() -> None:
+        pacer.pause("bystander")
+        order.append("bystander")
+
+    first = gevent.spawn(flooder)
+    gevent.sleep(0)  # the flooder's turn has taken place: it owes
+    assert "flooder" in pacer.owed
+    gevent.joinall([first, gevent.spawn(flooders_other_connection), gevent.spawn(bystander)])
+    assert order[0] == "bystander"
+    assert set(order[1:]) == {"flooder again", "flooder's other connection"}
+    assert pacer.owed == {}  # paid: forgotten
+
+
+def test_a_cheap_turn_owes_nothing():
+    pacer = Pacer()
+    pacer.took("user", COSTLY / 10)
+    assert pacer.owed == {}
