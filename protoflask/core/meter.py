@@ -30,15 +30,19 @@ class Account(Protocol):
         """Count ``nbytes`` less."""
 
     def grow(self, nbytes: int) -> None:
-        """The session queued ``nbytes`` more downstream (never refused: the server's
-        own output; what admission checks next sees it)."""
+        """The session's window and unsent bytes changed by ``nbytes`` (never refused)."""
+
+    def over(self, more: int = 0) -> str | None:
+        """Why ``more`` bytes would take the user or the worker over budget, or None."""
 
 
 class Meter:
-    __slots__ = ("held", "account")
+    __slots__ = ("held", "window", "account")
 
     def __init__(self) -> None:
         self.held = 0
+        #: the session's replay window and unsent bytes as last told to its account
+        self.window = 0
         self.account: Account | None = None
 
     def charge(self, nbytes: int) -> None:
@@ -48,12 +52,23 @@ class Meter:
             account.take(nbytes)
         self.held += nbytes
 
-    def grew(self, nbytes: int) -> None:
-        """A message of ``nbytes`` was queued downstream: it joins the unsent bytes, then
-        the replay window (the user's count of them grows until the tick counts again)."""
+    def queue(self, window: int, nbytes: int, refusable: bool) -> str | None:
+        """A message of ``nbytes`` is to be queued downstream by a session whose window
+        and unsent bytes are ``window`` now: the account learns what changed since
+        (evictions, writes), then, unless a ``refusable`` (data) message would take the
+        user or the worker over budget (returned: why), counts the message. Control
+        messages (ERROR, PONG...) are always counted and queued."""
         account = self.account
         if account is not None:
+            account.grow(window - self.window)
+            if refusable:
+                why = account.over(nbytes)
+                if why is not None:
+                    self.window = window
+                    return why
             account.grow(nbytes)
+        self.window = window + nbytes
+        return None
 
     def release(self, nbytes: int) -> None:
         if nbytes:

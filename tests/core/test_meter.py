@@ -31,6 +31,9 @@ class Limit:
     def grow(self, nbytes: int) -> None:
         self.queued += nbytes
 
+    def over(self, more: int = 0) -> str | None:
+        return f"over {self.budget}" if self.held + self.queued + more > self.budget else None
+
 
 def metered(budget: int, **settings):
     s = make_session(**settings)
