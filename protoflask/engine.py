@@ -84,7 +84,7 @@ class Engine:
         hub.bind(SessionHost(settings=self.settings, adopt=self.adopt,
                              close_transport=self.close_transport,
                              local_stats=self.local_stats, receive_body=self.receive_body,
-                             settle=self.settle))
+                             settle=self.settle, released=self.budget.forget))
 
     def local_stats(self) -> dict[str, Any]:
         """This node's statistics (docs/PROTOCOL.md §10) now, and ``errorsSent``."""
