@@ -17,10 +17,13 @@
   carry 100,000 ``{}`` (300 kB of JSON, about 7 MB of objects), 2 running and 10 queued
   a session; a run with the same metadata; worker RSS before and after, how many calls
   were refused (MAX_RUNS_EXCEEDED) and the bystander's probe.
-* tiny-call (the ``sleep`` app, ``MAX_USER_BYTES`` 64 MiB): one session sends 8 calls of
-  ``sleep`` whose params hold 300,000 ``{}`` (900 kB) back to back while a bystander
-  probes; how long until the session's PING after them is answered, worker CPU and RSS,
-  how many calls were refused, and the bystander's slowest probe.
+* tiny-call (the ``sleep`` app, ``MAX_USER_BYTES`` 64 MiB): a flood: for 10 s
+  (``--seconds``) one session sends calls of ``sleep`` whose params hold 300,000 ``{}``
+  (900 kB, deflated to about a kilobyte) back to back, each followed by a PING, at most
+  16 not yet answered; a bystander (another user) probes ``/health``, a PING on a new
+  WebSocket and a PING on its own session, first for 5 s with no attack (the baseline,
+  same server), then until the flood's last PING is answered: each probe's p50 / p99 /
+  max, how many calls were refused, worker CPU and RSS.
 * resume-churn: one user opens a session and resumes it 50 times over WebSockets that
   never answer the server's close frame; then how many connections the worker counts.
 """
@@ -28,6 +31,7 @@
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import socket
 import threading
 import time
@@ -138,39 +142,100 @@ def user_calls(server: Server) -> None:
         ws.close()
 
 
-def tiny_call(server: Server) -> None:
+class Bystander:
+    """A user not in the attack: ``/health``, a PING on a new WebSocket (connect, HELLO,
+    PING) and a PING on a session it already holds, probed again and again."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.ws = ws_connect(f"ws://127.0.0.1:{server.port}/proto/websocket?token="
+                             f"{server.other}", open_timeout=30, max_size=None).__enter__()
+        self.seq = 1
+        self.ws.send(orjson.dumps(env(1, "HELLO", payload=HELLO)).decode())
+        while orjson.loads(self.ws.recv(timeout=30))["type"] != "HELLO":
+            pass
+
+    def session_ping(self) -> float:
+        self.seq += 1
+        t0 = time.monotonic()
+        self.ws.send(orjson.dumps(env(self.seq, "PING", payload={"nonce": "b"})).decode())
+        while orjson.loads(self.ws.recv(timeout=60))["type"] != "PONG":
+            pass
+        return time.monotonic() - t0
+
+    def probe_until(self, done: threading.Event, seconds: float | None = None
+                    ) -> dict[str, list[float]]:
+        """Probe until ``done`` is set (or for ``seconds``): each kind's times."""
+        times: dict[str, list[float]] = {"health": [], "new ws PING": [], "PING": []}
+        until = time.monotonic() + seconds if seconds else None
+        while not done.is_set() and (until is None or time.monotonic() < until):
+            health, ping = self.server.probe()
+            times["health"].append(health)
+            times["new ws PING"].append(ping)
+            times["PING"].append(self.session_ping())
+        return times
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+def spread(times: dict[str, list[float]]) -> str:
+    """p50 / p99 / max in ms of each kind of probe."""
+    out = []
+    for kind, values in times.items():
+        values = sorted(values)
+        if not values:
+            continue
+        p50 = values[len(values) // 2]
+        p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
+        out.append(f"{kind} {p50 * 1000:.0f}/{p99 * 1000:.0f}/{values[-1] * 1000:.0f}")
+    return f"{len(next(iter(times.values())))} probes, p50/p99/max ms: " + ", ".join(out)
+
+
+def call_flood(port: int, token: str, seconds: float, out: "multiprocessing.Queue") -> None:
+    """tiny-call's attacker, in a process of its own (a thread of the bystander's would
+    share its interpreter lock, and compressing 900 kB a call keeps it)."""
+    server = Server.__new__(Server)
+    server.port, server.token = port, token
     ws, _session = session_of(server)
     pad = orjson.dumps([{}] * 300_000).decode()
-    done = threading.Event()
-    result: list[object] = []
-
-    def calls() -> None:
-        t0, refused = time.monotonic(), 0
-        for i in range(8):
-            ws.send(f'{{"id":"c{i}","session":"","seq":"{10 + i}","ts":"1","type":"TOOL_CALL",'
-                    f'"channel":"AGENT","payload":{{"call_id":"c{i}","tool":"sleep",'
-                    f'"params":{{"seconds":20,"pad":{pad}}}}}}}')
-        ws.send(orjson.dumps(env(30, "PING", payload={"nonce": "n"})).decode())
-        while True:
-            msg = orjson.loads(ws.recv(timeout=120))
-            if msg["type"] == "ERROR" and msg["payload"]["code"] == "MAX_RUNS_EXCEEDED":
-                refused += 1
-            if msg["type"] == "PONG":
-                break
-        result.extend((time.monotonic() - t0, refused))
-        done.set()
-
-    cpu0, rss0 = server.cpu(), server.rss_mib()
-    threading.Thread(target=calls, daemon=True).start()
-    probes = []
-    while not done.is_set():
-        health, ping = server.probe()
-        probes.append(max(health, ping))
-    print(f"tiny-call: 8 calls answered in {result[0]:.2f} s, worker CPU "
-          f"{server.cpu() - cpu0:.2f} s, RSS {rss0:.0f} -> {server.rss_mib():.0f} MiB, "
-          f"{result[1]} of 8 refused; {len(probes)} probes, the slowest "
-          f"{max(probes) * 1000:.0f} ms")
+    t0, refused, sent, answered = time.monotonic(), 0, 0, 0
+    while time.monotonic() - t0 < seconds or answered < sent:
+        if sent - answered < 16 and time.monotonic() - t0 < seconds:
+            ws.send(f'{{"id":"c{sent}","session":"","seq":"{10 + 2 * sent}","ts":"1",'
+                    f'"type":"TOOL_CALL","channel":"AGENT","payload":{{"call_id":'
+                    f'"c{sent}","tool":"sleep","params":{{"seconds":20,"pad":{pad}}}}}}}')
+            ws.send(orjson.dumps(env(11 + 2 * sent, "PING", payload={"nonce": "n"})).decode())
+            sent += 1
+            continue
+        msg = orjson.loads(ws.recv(timeout=120))
+        if msg["type"] == "ERROR":
+            refused += 1
+        elif msg["type"] == "PONG":
+            answered += 1
+    out.put((time.monotonic() - t0, refused, sent))
     ws.close()
+
+
+def tiny_call(server: Server, seconds: float = 10.0) -> None:
+    """A flood: for ``seconds``, calls of 300,000 ``{}`` back to back (at most 16 not yet
+    answered, so that the worker's backlog ends with the flood); a bystander probes
+    before (the baseline, same server) and during it."""
+    bystander = Bystander(server)
+    baseline = bystander.probe_until(threading.Event(), seconds=min(seconds, 5.0))
+    results: multiprocessing.Queue = multiprocessing.Queue()
+    cpu0, rss0 = server.cpu(), server.rss_mib()
+    flood = multiprocessing.Process(target=call_flood,
+                                    args=(server.port, server.token, seconds, results))
+    flood.start()
+    done = threading.Event()
+    threading.Thread(target=lambda: (flood.join(), done.set()), daemon=True).start()
+    during = bystander.probe_until(done)
+    took, refused, sent = results.get(timeout=10)
+    print(f"tiny-call: {sent} calls in {took:.1f} s ({refused} refused), worker CPU "
+          f"{server.cpu() - cpu0:.1f} s, RSS {rss0:.0f} -> {server.rss_mib():.0f} MiB\n"
+          f"  baseline: {spread(baseline)}\n  attack:   {spread(during)}")
+    bystander.close()
 
 
 def resume_churn(server: Server) -> None:
