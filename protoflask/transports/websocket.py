@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover - websockets built without its C extensi
     from websockets.utils import apply_mask
 
 from ..core.errors import MessageTooLarge
-from ..turns import COSTLY, SLICE
+from ..turns import SLICE
 from .sockets import immediate_send, read_wait, shutdown
 
 if TYPE_CHECKING:
@@ -107,7 +107,6 @@ class WebSocketConnection:
         self._writing = self._flush_scheduled = self._closing = False
         self._reader: gevent.Greenlet | None = None
         self._owed = 0  # bytes of a frame the protocol is reading still to come
-        self._turn = 0.0  # when this read's turn began (monotonic s)
         self.opened = False  # attached to its session: ``serve`` leaves its end to the port
 
     # -- opening ---------------------------------------------------------------------
@@ -161,7 +160,6 @@ class WebSocketConnection:
             if owed:  # some user's costly turns: this one's may have to wait
                 pacer.pause(user)
             data = sock.recv(RECV_SIZE)
-            self._turn = monotonic()
             if not data:
                 if pending:  # an incomplete frame: the protocol reports the EOF in it
                     protocol.receive_data(pending)
@@ -171,18 +169,16 @@ class WebSocketConnection:
                 pending = self._read_frames(pending + data if pending else data)
             else:  # deflated: fed a piece at a time, so that one read of 64 KiB (a
                 # thousand times that inflated) is never all held, nor handled, at once
+                turn = monotonic()
                 for i in range(0, len(data), FEED_SIZE):
                     protocol.receive_data(data[i:i + FEED_SIZE])
-                    self._protocol_events()
+                    turn = self._protocol_events(turn)
             # almost always None: that cheap test first, the isinstance call only then
             if protocol.parser_exc is not None and isinstance(protocol.parser_exc, PayloadTooBig):
                 self._report_too_large()
             self.flush()
             if not data or _state_of(protocol) is _CLOSED:
                 return
-            spent = monotonic() - self._turn
-            if spent >= COSTLY:  # paced (turns.Pacer); else the wait above is a turn
-                pacer.took(user, spent)
 
     def _read_frames(self, data: bytes) -> bytes:
         """Handle the frames of ``data``; return the start of an incomplete one.
@@ -247,18 +243,26 @@ class WebSocketConnection:
             i = end
         return data[i:] if i else data
 
-    def _protocol_events(self) -> None:
-        # One read of deflated frames can carry many costly messages: the others get a
-        # turn (a real one, turns.give_turn, or the user's pause if the slice was
-        # costly) once this read's have taken a SLICE.
-        for frame in self.protocol.events_received():
+    def _protocol_events(self, turn: float = 0.0) -> float:
+        """Handle the frames the protocol parsed. A message that is not the reader's
+        common small frame (deflated, large, fragmented) may be costly to handle: once
+        the frames of this turn (begun at ``turn``, else now) took a SLICE, the others
+        get a turn, or, if it was costly, the user pauses (turns.Pacer). Returns when
+        the turn now going on began."""
+        events = self.protocol.events_received()
+        if not events:
+            return turn
+        if not turn:
+            turn = monotonic()
+        for frame in events:
             assert isinstance(frame, Frame)  # the handshake is done: only frames now
             self._on_frame(frame)
-            spent = monotonic() - self._turn
+            spent = monotonic() - turn
             if spent > SLICE:
                 assert self.port is not None
                 self.port.pacer.took(self.port.user_id, spent)
-                self._turn = monotonic()
+                turn = monotonic()
+        return turn
 
     # -- receiving -------------------------------------------------------------------
 
