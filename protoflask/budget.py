@@ -87,6 +87,21 @@ class Account:
         self.held -= nbytes
         self.worker.held -= nbytes
 
+    def queued(self, change: int, nbytes: int, refusable: bool) -> str | None:
+        """``core.meter.Account.queued``: ``over`` and two ``grow``s, written out (it
+        runs for every message a session queues)."""
+        budget = self.budget
+        window = self.window + change
+        budget.window += change
+        if refusable and (
+                budget.user_budget and self.held + window + nbytes > budget.user_budget
+                or budget.ceiling and budget.held + budget.window + nbytes > budget.ceiling):
+            self.window = window
+            return self.over(nbytes)
+        self.window = window + nbytes
+        budget.window += nbytes
+        return None
+
     def grow(self, nbytes: int) -> None:
         """The user's windows and unsent bytes changed by ``nbytes`` (less when a window
         evicted more than was queued): as each session queues, until the next tick."""
@@ -131,7 +146,7 @@ class MemoryBudget:
         meter = live.core.meter
         if meter.account is not None:
             meter.account.give(meter.held)
-            meter.account.grow(-meter.window)
+            meter.account.queued(-meter.window, 0, False)  # its window, given back
             meter.account = None
 
     def admit(self, user_id: str) -> None:

@@ -29,11 +29,11 @@ class Account(Protocol):
     def give(self, nbytes: int) -> None:
         """Count ``nbytes`` less."""
 
-    def grow(self, nbytes: int) -> None:
-        """The session's window and unsent bytes changed by ``nbytes`` (never refused)."""
-
-    def over(self, more: int = 0) -> str | None:
-        """Why ``more`` bytes would take the user or the worker over budget, or None."""
+    def queued(self, change: int, nbytes: int, refusable: bool) -> str | None:
+        """A session's window and unsent bytes changed by ``change`` since it last told,
+        and a message of ``nbytes`` is to be queued: count both, or, for a
+        ``refusable`` message that would take the user or the worker over budget, only
+        ``change`` and return why."""
 
 
 class Meter:
@@ -59,16 +59,12 @@ class Meter:
         user or the worker over budget (returned: why), counts the message. Control
         messages (ERROR, PONG...) are always counted and queued."""
         account = self.account
-        if account is not None:
-            account.grow(window - self.window)
-            if refusable:
-                why = account.over(nbytes)
-                if why is not None:
-                    self.window = window
-                    return why
-            account.grow(nbytes)
-        self.window = window + nbytes
-        return None
+        if account is None:
+            self.window = window + nbytes
+            return None
+        why = account.queued(window - self.window, nbytes, refusable)
+        self.window = window + nbytes if why is None else window
+        return why
 
     def release(self, nbytes: int) -> None:
         if nbytes:

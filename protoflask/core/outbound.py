@@ -97,7 +97,8 @@ class OutboundQueue:
             if not self._queued_when_full(out):
                 return False
         size = len(dumps(out.payload, option=ENCODING)) + ENVELOPE_OVERHEAD
-        if self.meter is not None and not self._metered(out, size):
+        if out.type not in CONTROL_TYPES and self.meter is not None \
+                and not self._metered(out, size):
             return False
         self._enqueue(out)
         if out.type not in CONTROL_TYPES:
@@ -106,12 +107,13 @@ class OutboundQueue:
         return True
 
     def _metered(self, out: Outbound, size: int) -> bool:
-        """The user's count of windows and unsent bytes brought up to date with this
-        session's (evictions taken off) and grown by ``size``; False, and SendRefused,
-        for a data message that would take the user or the worker over budget."""
+        """A data message: the user's count of windows and unsent bytes brought up to
+        date with this session's (evictions taken off, control messages queued since
+        added) and grown by ``size``; False, and SendRefused, if that would take the
+        user or the worker over budget. (Control messages are never refused, and the
+        next data message or the tick counts them: no call for every PONG.)"""
         assert self.meter is not None
-        why = self.meter.queue(self.replay.nbytes + self.unsent_bytes, size,
-                               out.type not in CONTROL_TYPES)
+        why = self.meter.queue(self.replay.nbytes + self.unsent_bytes, size, True)
         if why is None:
             return True
         self._events.append(SendRefused(out.type, out.channel, why))
@@ -139,16 +141,23 @@ class OutboundQueue:
             if not self._queued_when_full(out):
                 return False
         size = len(dumps(out.payload, option=ENCODING)) + ENVELOPE_OVERHEAD
-        if self.meter is not None and not self._metered(out, size):
-            return False
+        data = out.type not in CONTROL_TYPES
+        pending_bytes = self._pending_bytes
+        meter = self.meter
+        if data and meter is not None:  # _metered, inline
+            why = meter.queue(self.replay.nbytes + pending_bytes + self._resend_bytes
+                              + self.in_flight, size, data)
+            if why is not None:
+                self._events.append(SendRefused(out.type, out.channel, why))
+                return False
         # _enqueue, inline
         pending.append(out)
         self._pending_sizes.append(size)
         by_channel = self._pending_channel_bytes
         channel = out.channel
         by_channel[channel] = by_channel.get(channel, 0) + size
-        pending_bytes = self._pending_bytes = self._pending_bytes + size
-        if out.type not in CONTROL_TYPES:
+        pending_bytes = self._pending_bytes = pending_bytes + size
+        if data:
             self._pause_armed = True
         if pending_bytes + self._resend_bytes + self.in_flight >= self._low_water \
                 or self.paused_by_server:  # check_pressure's own first test, saving a call
