@@ -16,10 +16,11 @@ Two checks:
   call, which gets its TOOL_DONE ERROR, or a run); a new session is refused while over
   (503 USER_CONNECTION_LIMIT / MAX_CONNECTIONS). What the sessions queue downstream
   (echoes, TOOL_DONEs, the application's messages: the server's own output) is checked
-  and counted as it is queued, with what the session's window evicted since
-  (``Meter.queue``): a data message that would take the user or the worker over is
-  dropped and reported to the application as OUTBOUND_QUEUE_FULL, as when the pending
-  queue is full; control messages (ERROR, PONG...) are always queued;
+  and counted as each data message is queued, with what the session's window evicted
+  and its control messages added since (``Meter.queue``): a data message that would
+  take the user or the worker over is dropped and reported to the application as
+  OUTBOUND_QUEUE_FULL, as when the pending queue is full; control messages (ERROR,
+  PONG...) are always queued;
 * at the heartbeat's tick (it walks the sessions anyway): the accounts are counted
   again from the sessions (windows as they are, evictions included; what a session that
   vanished without giving back held is forgotten), and a user over ``maxUserBytes``

@@ -319,13 +319,16 @@ class Engine:
         core, notify, record, dispatch = live.core, live.notify, self.stats.record, \
             self._dispatch
         count = handled = 0
-        pacer, user, sliced = self.pacer, live.user_id, now_ms()
+        pacer, user = self.pacer, live.user_id
         pacer.pause(user)
+        sliced = finished = now_ms()  # finished: the last message's end (no clock read
+        # of its own: a slice's time is told from the messages' own timing)
         try:
             for part in iter_body(body):
-                if part is TURN or handled >= BODY_SLICE or now_ms() - sliced >= SLICE_MS:
+                if part is TURN or handled >= BODY_SLICE or finished - sliced >= SLICE_MS:
                     pacer.took(user, (now_ms() - sliced) / 1000)  # a turn, or a pause
                     handled, sliced = 0, now_ms()
+                    finished = sliced
                     if part is TURN:
                         continue
                 count += 1

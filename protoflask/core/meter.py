@@ -56,8 +56,9 @@ class Meter:
         """A message of ``nbytes`` is to be queued downstream by a session whose window
         and unsent bytes are ``window`` now: the account learns what changed since
         (evictions, writes), then, unless a ``refusable`` (data) message would take the
-        user or the worker over budget (returned: why), counts the message. Control
-        messages (ERROR, PONG...) are always counted and queued."""
+        user or the worker over budget (returned: why), counts the message. (The queue
+        asks only for data messages: control messages are never refused, and what they
+        add is in ``window`` the next time.)"""
         account = self.account
         if account is None:
             self.window = window + nbytes
