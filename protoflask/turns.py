@@ -56,25 +56,29 @@ class Pacer:
     def __init__(self) -> None:
         self.owed: dict[str, float] = {}  # user -> monotonic s until which they pause
 
-    def pause(self, user: str) -> None:
-        """Before a turn of ``user``'s: wait out what they owe (a real turn for the others)."""
+    def pause(self, user: str) -> bool:
+        """Before a turn of ``user``'s: wait out what they owe (a real turn for the
+        others); whether there was anything to wait."""
         owed = self.owed
         until = owed.get(user)
+        waited = False
         while until is not None:
             now = monotonic()
             if now >= until:
                 if owed.get(user) == until:
                     del owed[user]
-                return
+                break
             gevent.sleep(until - now)
+            waited = True
             until = owed.get(user)
+        return waited
 
     def took(self, user: str, seconds: float) -> None:
-        """A turn of ``user``'s took ``seconds``: if that was costly, pause for as long;
-        else give the others a turn."""
-        if seconds < COSTLY:
+        """A turn of ``user``'s took ``seconds``: if that was costly, they owe as long.
+        Then the others get a turn: the user's pause if they owe (for this turn or for
+        one of their other connections'), else ``give_turn``."""
+        if seconds >= COSTLY:
+            now = monotonic()
+            self.owed[user] = max(self.owed.get(user, now), now) + seconds
+        if not (self.owed and self.pause(user)):
             give_turn()
-            return
-        now = monotonic()
-        self.owed[user] = max(self.owed.get(user, now), now) + seconds
-        self.pause(user)

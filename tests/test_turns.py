@@ -48,3 +48,30 @@ def test_a_cheap_turn_owes_nothing():
     pacer = Pacer()
     pacer.took("user", COSTLY / 10)
     assert pacer.owed == {}
+
+
+def test_a_cheap_turn_of_a_user_who_owes_waits_with_the_others():
+    """Another connection of a user paying for a costly turn pauses at the end of even
+    a cheap turn of its own (a stream's pieces, a body's slices): no way around the
+    pause by spreading the flood over connections."""
+    pacer = Pacer()
+    order: list[str] = []
+
+    def costly() -> None:
+        pacer.took("flooder", COSTLY * 3)
+        order.append("costly")
+
+    def cheap_of_the_same_user() -> None:
+        pacer.took("flooder", 0.0)
+        order.append("cheap, same user")
+
+    def cheap_of_another() -> None:
+        pacer.took("bystander", 0.0)
+        order.append("bystander")
+
+    first = gevent.spawn(costly)
+    gevent.sleep(0)
+    gevent.joinall([first, gevent.spawn(cheap_of_the_same_user),
+                    gevent.spawn(cheap_of_another)])
+    assert order[0] == "bystander"
+    assert set(order[1:]) == {"costly", "cheap, same user"}
