@@ -40,6 +40,10 @@ def give_turn() -> None:
 COSTLY = 0.010
 
 
+#: users owing a pause beyond which the ones already paid up are forgotten
+FORGET_PAST = 1024
+
+
 class Pacer:
     """The worker's: the pause each user owes for their costly turns.
 
@@ -79,6 +83,10 @@ class Pacer:
         one of their other connections'), else ``give_turn``."""
         if seconds >= COSTLY:
             now = monotonic()
-            self.owed[user] = max(self.owed.get(user, now), now) + seconds
+            owed = self.owed
+            if len(owed) >= FORGET_PAST:  # users paid up who never came back to pause
+                for stale in [u for u, until in owed.items() if until <= now]:
+                    del owed[stale]
+            owed[user] = max(owed.get(user, now), now) + seconds
         if not (self.owed and self.pause(user)):
             give_turn()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gevent
 
-from protoflask.turns import COSTLY, Pacer, give_turn
+from protoflask.turns import COSTLY, FORGET_PAST, Pacer, give_turn
 
 
 def test_give_turn_lets_a_greenlet_run_that_sleep_0_would_not():
@@ -75,3 +75,11 @@ def test_a_cheap_turn_of_a_user_who_owes_waits_with_the_others():
                     gevent.spawn(cheap_of_another)])
     assert order[0] == "bystander"
     assert set(order[1:]) == {"costly", "cheap, same user"}
+
+
+def test_users_paid_up_are_forgotten():
+    pacer = Pacer()
+    for user in range(FORGET_PAST):
+        pacer.owed[f"gone{user}"] = 0.0  # paid long ago, never came back to pause
+    pacer.took("flooder", COSTLY)
+    assert pacer.owed == {}  # the flooder paid its own pause; the rest forgotten
