@@ -35,6 +35,7 @@ from .kept import KeptSessions
 from .limits import user_caps
 from .stats import HELD, Stats, add_held
 from .tools import CallSink, SessionToolRunner, Tool, ToolExecution, ToolRegistry, check_call
+from .turns import SLICE_MS, Pacer, give_turn
 from . import signals
 
 log = logging.getLogger("protoflask")
@@ -69,6 +70,7 @@ class Engine:
         #: transports replaced by a resume whose slot was given back before they ended
         #: (by id; the transport is held so its id is not reused meanwhile)
         self._released: dict[int, Transport] = {}
+        self.pacer = Pacer()  # costly turns pause their user (turns.py)
         self.kept = KeptSessions(hub, config.max_kept_sessions_per_user, self._expire)
         self.budget = MemoryBudget(config.max_user_bytes, config.memory_ceiling, self.kept,
                                    self._drop_for_memory)
@@ -82,7 +84,7 @@ class Engine:
         hub.bind(SessionHost(settings=self.settings, adopt=self.adopt,
                              close_transport=self.close_transport,
                              local_stats=self.local_stats, receive_body=self.receive_body,
-                             settle=self.settle))
+                             settle=self.settle, released=self.budget.forget))
 
     def local_stats(self) -> dict[str, Any]:
         """This node's statistics (docs/PROTOCOL.md §10) now, and ``errorsSent``."""
@@ -307,20 +309,26 @@ class Engine:
         messages). A body of which no line is JSON at all is reported in-protocol like a
         non-JSON WebSocket frame and then raised as InvalidMessage (the HTTP 400).
 
-        The body is decoded and handled ``BODY_SLICE`` messages at a time, with a turn
-        for every other greenlet between slices: a body of maxMessageSize of tiny
-        messages is hundreds of thousands of them, which handled in one go held the
-        worker for over a second (docs/RELIABILITY.md, "one body of tiny messages")."""
+        The body is decoded and handled ``BODY_SLICE`` messages (or ``turns.SLICE`` of
+        time) at a time, with a turn for every other greenlet between slices: a body of
+        maxMessageSize of tiny messages is hundreds of thousands of them, which handled
+        in one go held the worker for over a second (docs/RELIABILITY.md, "one body of
+        tiny messages")."""
         # a decoded part: ``receive``'s steps for a message already parsed, with what
         # they look up bound once per body
         core, notify, record, dispatch = live.core, live.notify, self.stats.record, \
             self._dispatch
         count = handled = 0
+        pacer, user = self.pacer, live.user_id
+        pacer.pause(user)
+        sliced = finished = now_ms()  # finished: the last message's end (no clock read
+        # of its own: a slice's time is told from the messages' own timing)
         try:
             for part in iter_body(body):
-                if part is TURN or handled >= BODY_SLICE:
-                    gevent.sleep(0)
-                    handled = 0
+                if part is TURN or handled >= BODY_SLICE or finished - sliced >= SLICE_MS:
+                    pacer.took(user, (now_ms() - sliced) / 1000)  # a turn, or a pause
+                    handled, sliced = 0, now_ms()
+                    finished = sliced
                     if part is TURN:
                         continue
                 count += 1
@@ -346,7 +354,7 @@ class Engine:
         count = 0
         for part in iter_body(body):
             if part is TURN or count % BODY_SLICE == BODY_SLICE - 1:
-                gevent.sleep(0)
+                give_turn()
             if part is not TURN:
                 count += 1
         return count

@@ -42,6 +42,9 @@ class SessionHost:
     #: act on the events an operation another node sent caused (the listen side of a
     #: cluster: what it heard is handed to the session layer here, and nowhere else)
     settle: Callable[["LiveSession"], None] = lambda live: None
+    #: a session this node stopped holding (it moved to another node): what the session
+    #: layer counted for it here (its memory budget) is given back now, not at a tick
+    released: Callable[["LiveSession"], None] = lambda live: None
 
 
 # -- what only a cluster answers ----------------------------------------------------------
