@@ -5,7 +5,9 @@ this extends, and adds routing through Redis (operations: ``store``; keys: ``key
 
 - who holds each session, so a delivery, a posted body or a resume made anywhere finds
   it: deliveries and bodies go to the holder over its pub/sub channel (confirmed once
-  Redis has them); a resume moves the session here (the holder lets go first);
+  Redis has them; a delivery left unconfirmed waits in the session's inbox, skipped by
+  its id where it arrived already); a resume moves the session here (the holder lets go
+  first);
 - each session's state and replay window (``journal``), so any node can take it over.
 
 Redis unreachable degrades, it does not stop: local sessions keep working from memory,
