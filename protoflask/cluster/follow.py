@@ -1,11 +1,12 @@
 """This node's record of a session it holds or held (the ``SessionLink`` a cluster hub
 sets on the LiveSession): whether its messages are journaled, the epoch it holds it at,
-and whether it moved away."""
+whether it moved away, and the ids of the deliveries from other nodes it applied last."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from collections import deque
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import gevent
 
@@ -22,6 +23,13 @@ if TYPE_CHECKING:
 KEEP_WAIT = 1.0
 KEEP_POLL = 0.002
 
+#: how many ids of deliveries from other nodes a session remembers (its last ones; they
+#: move with its state): a delivery its holder did not confirm is queued again for the
+#: holder's next beat or the next holder, and that copy is skipped when the first one
+#: was applied. A copy comes after at most the deliveries applied within the sender's
+#: wait (DELIVERY_WAIT) and a take-over; this bound is far above those.
+DELIVERED_KEPT = 64
+
 
 class Follow:
     """This node's record of a session it holds or held (the ``SessionLink`` it sets on
@@ -29,14 +37,29 @@ class Follow:
     moved to another node (then deliveries made here, say by a tool call still running
     here, are forwarded there)."""
 
-    __slots__ = ("hub", "journaled_seq", "epoch", "journaling", "moved")
+    __slots__ = ("hub", "journaled_seq", "epoch", "journaling", "moved", "delivered")
 
-    def __init__(self, hub: "RoutingHub", journaled_seq: int, epoch: int) -> None:
+    def __init__(self, hub: "RoutingHub", journaled_seq: int, epoch: int,
+                 delivered: Iterable[str] = ()) -> None:
         self.hub = hub
         self.journaled_seq = journaled_seq
         self.epoch = epoch  # the fence: every write of this node to the session carries it
         self.journaling = True
         self.moved = False
+        #: the ids of the last deliveries from other nodes applied to the session (here,
+        #: or before it moved here: they are in the state the journal writes)
+        self.delivered: deque[str] = deque(delivered, maxlen=DELIVERED_KEPT)
+
+    def first_copy(self, delivery_id: str | None) -> bool:
+        """Whether a delivery from another node is to be applied: not when its id says
+        it was applied already (a copy queued again because its holder did not confirm
+        it). Its id is noted first: the state the journal writes with its message has it."""
+        if delivery_id is None:  # queued without one (a let-go's waiting messages)
+            return True
+        if delivery_id in self.delivered:
+            return False
+        self.delivered.append(delivery_id)
+        return True
 
     def written(self, live: LiveSession, ready: list[tuple[int, bytes]], now: int) -> bool:
         if not self.journaling:

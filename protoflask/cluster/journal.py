@@ -322,10 +322,12 @@ class Journal:
 
     def _encoded(self, live: "LiveSession", line: StateLine | None,
                  texts: bool = False) -> bytes:
-        """The state by its line if the journal keeps one, else exported and encoded."""
+        """The state by its line if the journal keeps one (not while the session has ids
+        of deliveries from other nodes to carry), else exported and encoded."""
+        delivered = getattr(live.link, "delivered", None)  # (routing.Follow)
         try:
-            blob = line.encode() if line is not None else \
-                encode_state(export_journaled(live.core, texts))
+            blob = line.encode() if line is not None and not delivered else \
+                encode_state(export_journaled(live.core, texts, delivered or ()))
         except Exception as exc:  # noqa: BLE001 - the messages still go to Redis
             if live.id not in self._unencodable:
                 self._unencodable.add(live.id)

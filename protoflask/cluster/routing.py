@@ -5,7 +5,9 @@ this extends, and adds routing through Redis (operations: ``store``; keys: ``key
 
 - who holds each session, so a delivery, a posted body or a resume made anywhere finds
   it: deliveries and bodies go to the holder over its pub/sub channel (confirmed once
-  Redis has them); a resume moves the session here (the holder lets go first);
+  Redis has them; a delivery left unconfirmed waits in the session's inbox, skipped by
+  its id where it arrived already); a resume moves the session here (the holder lets go
+  first);
 - each session's state and replay window (``journal``), so any node can take it over.
 
 Redis unreachable degrades, it does not stop: local sessions keep working from memory,
@@ -16,6 +18,7 @@ here (``degrade``), left by the beat's recovery (``hub``). Calls: ``calls``.
 from __future__ import annotations
 
 import base64
+import itertools
 import logging
 import uuid
 from typing import TYPE_CHECKING, Any, Iterable
@@ -66,6 +69,7 @@ class RoutingHub(LocalHub):
         self.node_id = node_id or default_node_id()
         self.store = RedisStore(self.redis, self.keys, self.node_id)
         self.calls = RemoteCalls(self.store, self.get, self.cancel_elsewhere)
+        self._deliveries = itertools.count(1)  # this node's delivery ids (see deliver_remote)
         self.degraded = False
         #: since when Redis has answered this node without a break (ms; None: it does not).
         #: A node just started has had no break to recover from (a loss of Redis's data
@@ -154,10 +158,11 @@ class RoutingHub(LocalHub):
         if self.get(live.id) is not None:
             self.write_record(live)
 
-    def hold(self, live: LiveSession, epoch: int) -> None:
-        """Hold the session here at ``epoch``, journaling what it writes from now on."""
+    def hold(self, live: LiveSession, epoch: int, delivered: Iterable[str] = ()) -> None:
+        """Hold the session here at ``epoch``, journaling what it writes from now on;
+        ``delivered``: the ids of the deliveries applied to it before (its state's)."""
         super().add(live)
-        live.link = Follow(self, live.core.downstream_seq, epoch)
+        live.link = Follow(self, live.core.downstream_seq, epoch, delivered)
 
     def unhold(self, session_id: str) -> LiveSession | None:
         """Stop holding the session here (its Redis record stays) and journaling it."""
@@ -195,8 +200,13 @@ class RoutingHub(LocalHub):
             return self.forward_upstream(session_id, item.user_id, item.body)
         return self.deliver_remote(session_id, item)
 
-    def deliver_remote(self, session_id: str, op: Operation, hops: int = 0) -> bool:
+    def deliver_remote(self, session_id: str, op: Operation, hops: int = 0,
+                       delivery_id: str | None = None) -> bool:
+        """Deliver ``op`` to the node holding the session; ``delivery_id``: the id of a
+        delivery another node made (one made here gets this node's next)."""
         item = encode_operation(op)
+        # the id the holder skips a second copy by (it moves with the session's state)
+        item["did"] = delivery_id or f"{self.node_id}:{next(self._deliveries)}"
         try:
             user, node = self.store.holder(session_id)
             if user is None:
@@ -209,10 +219,14 @@ class RoutingHub(LocalHub):
                     "op": "deliver", "sid": session_id, "hops": hops, "reply": reply, **item})
                 if sent:
                     answer = self.store.wait_reply(reply, DELIVERY_WAIT)
-                    if answer is None:  # died on it, or stuck: not reported as delivered
-                        raise self.unavailable(f"node {node} holding session {session_id!r}"
-                                               f" did not confirm {op.name}; it may be lost")
-                    return answer == b"1"
+                    if answer is not None:
+                        return answer == b"1"
+                    # It died on it, or is stuck: it may have it or not. Not given up while
+                    # the session lives: a copy waits in its inbox, as below, and the one
+                    # that applies it second (by its id) skips it.
+                    log.warning("node %s holding session %s did not confirm %s %s; queued "
+                                "again for it or the next holder", node, session_id,
+                                op.name, item["did"])
             # No node heard it: the next one to take the session over sends this first, or
             # the holder, if alive but not listening just now, at its next beat.
             self.store.queue(session_id, orjson.dumps(item))
@@ -295,9 +309,15 @@ class RoutingHub(LocalHub):
             data = orjson.loads(raw)
             if data.get("op") == "upstream":
                 self.upstream(live, data)
-            else:
+            elif self.first_copy(live, data):
                 live.run(decode_operation(data))
                 self.host.settle(live)
+
+    @staticmethod
+    def first_copy(live: LiveSession, data: dict[str, Any]) -> bool:
+        """Whether a delivery from another node is to be applied to the session held here
+        (not a copy of one it applied already: ``Follow.first_copy``)."""
+        return not isinstance(live.link, Follow) or live.link.first_copy(data.get("did"))
 
     # -- messages from other nodes (the listener calls these) --------------------------
 
@@ -306,14 +326,14 @@ class RoutingHub(LocalHub):
         op = decode_operation(data)
         live = self.get(sid)
         if live is not None:
-            result = live.apply(op)
+            result = live.apply(op) if self.first_copy(live, data) else True
             self.host.settle(live)
             if live.link is not None:  # confirmed once Redis has it: this node may die next
                 live.link.persist(live)
             if op.name in ("tool_done", "fail_call") and sid in self.calls.remote:
                 self.calls.settle(sid)
         else:  # it moved on since the sender looked
-            result = self.deliver_remote(sid, op, data["hops"] + 1)
+            result = self.deliver_remote(sid, op, data["hops"] + 1, data.get("did"))
         self.store.reply(data["reply"], b"1" if result else b"0")
 
     def on_upstream(self, data: dict[str, Any]) -> None:
@@ -391,8 +411,9 @@ class RoutingHub(LocalHub):
             log.warning("session %s: restored behind its client's seq %d; going on from "
                         "there (REPLAY_UNAVAILABLE sent)", session_id, last_seq)
         live = self.host.adopt(core)
-        self.hold(live, epoch)
-        for out in decode_state(state).get("pending") or ():  # (state.export_journaled)
+        saved = decode_state(state)
+        self.hold(live, epoch, saved.get("delivered") or ())
+        for out in saved.get("pending") or ():  # (state.export_journaled)
             live.run(Send(messages.from_dict(out)))
         self.apply_queued(live, inbox)
         self.calls.adopt(live, holder, decode_state(calls_on) if calls_on else {})

@@ -8,7 +8,7 @@ exporting and encoding the whole state each time.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import orjson
 
@@ -29,17 +29,22 @@ def encode_state(state: dict[str, Any]) -> bytes:
         return json.dumps(state, default=str, separators=(",", ":")).encode()
 
 
-def export_journaled(core: "ProtocolSession", texts: bool = False) -> dict[str, Any]:
+def export_journaled(core: "ProtocolSession", texts: bool = False,
+                     delivered: Iterable[str] = ()) -> dict[str, Any]:
     """``export_state`` plus, when there are any, the messages queued but not stamped
     yet (``pending``). A batch writes the state as it is when it is flushed, which may be
     ahead of what it journals: a TOOL_CALL answered at once (an inline tool) is closed
     and its seq seen while its TOOL_DONE waits for a busy writer or for credit. A node
     writes to the wire only what is journaled, so a node taking the session over from
     this state sends these as new messages: none of them reached the client. ``texts``:
-    the open texts too (``export_state``), for a hand-over."""
+    the open texts too (``export_state``), for a hand-over. ``delivered``: the ids of the
+    last deliveries from other nodes applied to the session (``Follow.delivered``), so
+    the next holder skips a copy of one of them."""
     state = export_state(core, texts)
     if core.outbound.pending:
         state["pending"] = core.outbound.export_pending()
+    if delivered:
+        state["delivered"] = list(delivered)
     return state
 
 

@@ -6,10 +6,12 @@ The run's handler runs on node a (where the run was posted); the client's stream
 and re-attached on node b, which now holds the thread's session; b dies (worker and
 master) while the handler pauses between two bursts. The client re-attaches on node c,
 which takes the session over from the dead node's journal while a's handler goes on
-streaming into it through the cluster. (The kill falls in the pause: a message the
-cluster forwards to a node in the instant it dies can be lost today, before and
-without AG-UI: cluster/routing.py's deliver_remote counts a publish the holder queued
-in memory as delivered.)"""
+streaming into it through the cluster. The client sees chunk5 and b dies at once,
+often before its confirmation of chunk5 reaches a: a's delivery is then queued again
+for the next holder, which skips the copy by its id when b had it (before, the
+unconfirmed delivery was an error: stream_text stopped as if the session were gone,
+and the run ended without the rest and with a made-up TEXT_MESSAGE_END; 1 run in 5;
+tests/cluster/test_unconfirmed_delivery.py makes both cases certain)."""
 
 from __future__ import annotations
 
