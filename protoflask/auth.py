@@ -98,7 +98,7 @@ class TokenAuthority:
             del self._verified[signature]
             raise InvalidToken("token expired")
         claims = self.fast_hs256(token) if self.fast_hs256 is not None else None
-        alg = "HS256"
+        alg: Any = "HS256"
         if claims is None:  # not the common case: PyJWT decides, and words the refusal
             try:
                 header = jwt.get_unverified_header(token)
