@@ -389,7 +389,7 @@ class Engine:
         assert tool is not None
         if tool.execute is None:
             raise ValueError(f"tool {name!r} has no execute function to call")
-        live.core.open_call(call_id, run_id, args)
+        live.core.work.open_call(call_id, run_id, args)
         self.tool_runner(live).submit(ToolExecution(call_id, tool.name, args, run_id=run_id,
                                          on_done=on_done), tool)
         self.settle(live)
