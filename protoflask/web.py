@@ -273,10 +273,14 @@ def _serve_apart(ports: Ports, admission: Any, sock: Any, environ: dict[str, Any
         ws.serve(ports, admission, sock, handshake, compression)
         return
     own = sock.dup()
+    # handed over in a box the greenlet empties: a closure's cell would hold the headers
+    # (~0.8 KB) as long as the connection lives
+    box = [handshake]
+    del handshake
 
     def run() -> None:
         try:
-            ws.serve(ports, admission, own, handshake, compression)
+            ws.serve(ports, admission, own, box.pop(), compression)
         except Exception:  # what Flask logged as the request's 500 before
             log.exception("WebSocket connection failed")
         finally:

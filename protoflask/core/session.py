@@ -399,10 +399,10 @@ class ProtocolSession:
         self.credits.add_client_credit(p["channel"], p["add_messages"], p["add_bytes"])
 
     def _on_pause_channel(self, msg: Message, seen_before: int, now: int) -> None:
-        self.outbound.paused_by_client.add(msg.payload["channel"])
+        self.outbound.pause_by_client(msg.payload["channel"])
 
     def _on_resume_channel(self, msg: Message, seen_before: int, now: int) -> None:
-        self.outbound.paused_by_client.discard(msg.payload["channel"])
+        self.outbound.resume_by_client(msg.payload["channel"])
 
     def _on_replay_request(self, msg: Message, seen_before: int,
                            now: int) -> None:

@@ -470,7 +470,9 @@ def serve(ports: "Ports", admission: "Admission", sock: socket.socket,
     however it ends."""
     conn = WebSocketConnection(ports.limits, sock, compression)
     try:
-        if conn.accept(environ):
+        accepted = conn.accept(environ)
+        del environ  # the upgrade's headers are not held for the connection's life
+        if accepted:
             conn.serve(ports.port(admission, WebSocketConnection.kind))
     except OSError:
         pass

@@ -87,7 +87,7 @@ def test_receive_returns_nothing_and_take_events_drains() -> None:
 
 def test_pending_messages_export_as_plain_data() -> None:
     s = make_session()
-    s.outbound.paused_by_client.add("AGENT")
+    s.outbound.pause_by_client("AGENT")
     s.send(messages.create("NOTE", {"n": 1}, channel="AGENT"))
     assert s.outbound.export_pending() == [
         {"type": "NOTE", "channel": "AGENT", "payload": {"n": 1}}]
@@ -95,7 +95,7 @@ def test_pending_messages_export_as_plain_data() -> None:
 
 def test_taking_the_pending_messages_keeps_the_byte_counts_true() -> None:
     s = make_session()
-    s.outbound.paused_by_client.add("AGENT")
+    s.outbound.pause_by_client("AGENT")
     for n in range(3):
         s.send(messages.create("NOTE", {"n": n}, channel="AGENT"))
     assert s.outbound.pending_bytes > 0
