@@ -183,6 +183,9 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
 
     @bp.route("/proto/websocket", websocket=True)
     def websocket() -> Response:
+        refused = request.environ.pop(REFUSED_KEY, None)
+        if refused is not None:  # post_lane.py admitted it and was refused: answer that
+            return error_response(refused)
         if not valid_host(request.environ.get("HTTP_HOST")):
             return error_response(InvalidMessage("a WebSocket upgrade needs one valid Host "
                                                  "header"))
@@ -196,7 +199,7 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
         except ProtoError as exc:
             return error_response(exc)
         g.protoflask_live = True  # logged as open/closed, not as a request
-        _serve_apart(ports, admission, sock, request.environ, config.enable_compression)
+        serve_apart(ports, admission, sock, request.environ, config.enable_compression)
         # a content type given: werkzeug otherwise looks for one in the empty headers,
         # raising and catching a KeyError (~3% of a handshake in a reconnect storm)
         return _TakenOverResponse(content_type="text/plain")
@@ -254,11 +257,14 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
     return bp
 
 
+#: Where protoflask's own app's lane (post_lane.py) leaves the refusal of an upgrade it
+#: tried to admit, for the route to answer as its own (Flask's hooks then add the rest).
+REFUSED_KEY = "protoflask.refused"
 #: What of the upgrade request's environ the WebSocket handshake reads.
 _HANDSHAKE_KEYS = ("PATH_INFO", "QUERY_STRING")
 
 
-def _serve_apart(ports: Ports, admission: Any, sock: Any, environ: dict[str, Any],
+def serve_apart(ports: Ports, admission: Any, sock: Any, environ: dict[str, Any],
                  compression: bool) -> None:
     """Serve an admitted WebSocket in a greenlet of its own, on a duplicate of the
     socket, and let the request end: the WSGI server's request, Flask's context and the
