@@ -3,6 +3,7 @@ plain values, and what the server's HELLO announces. The session applies them.""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from .envelope import SERVER_TYPES
@@ -52,7 +53,15 @@ def asked_extensions(payload: dict[str, Any]) -> frozenset[str] | None:
     return EXTENSIONS.intersection(e for e in asked[:16] if isinstance(e, str))
 
 
+@lru_cache(maxsize=64)
 def capabilities(s: SessionSettings, extensions: frozenset[str]) -> dict[str, Any]:
+    """``capabilities_plain``, made once per settings and extensions (every HELLO reply of
+    a server announces the same: issue 29). Shared by every reply: never changed, as no
+    message's payload is once built (messages.Outbound)."""
+    return capabilities_plain(s, extensions)
+
+
+def capabilities_plain(s: SessionSettings, extensions: frozenset[str]) -> dict[str, Any]:
     """What the server's HELLO announces of the session's settings (and the extensions
     in use, only to a client that asked)."""
     caps: dict[str, Any] = {
