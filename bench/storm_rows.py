@@ -155,6 +155,11 @@ def ratios(rnd: dict[str, Any]) -> dict[str, float | None]:
             out[row] = round(r["connect_per_s"] / base, 3)
         elif r:
             out[row] = None
+    cpu = echo.get("server_us_per_connect")
+    for row in ROWS[:-1]:  # the same from the server's CPU per connection (less noisy)
+        r = rnd.get(row)
+        if r and cpu and r.get("server_us_per_connect"):
+            out[f"{row} cpu"] = round(cpu / r["server_us_per_connect"], 3)
     held, kb = rnd.get("memory"), echo.get("kb_per_conn")
     if held and kb and held.get("kb_per_conn"):
         worst = max(held["kb_per_conn"], held.get("kb_per_conn_held") or 0)
@@ -169,11 +174,19 @@ def storm_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     per_round = [ratios(r) for r in storm["rounds"]]
     out = []
     n = storm["n"]
-    for key in ROWS:
+    for key in (*ROWS, *(f"{r} cpu" for r in ROWS[:-1])):
         values = [r.get(key) for r in per_round if key in r]
         if not values:
             continue
         ok_values = [v for v in values if v is not None]
+        if key.endswith(" cpu"):
+            row = key[:-4]
+            spread = "-" if not ok_values else f"{statistics.median(ok_values):.2f}x" + (
+                f" ({min(ok_values):.2f}-{max(ok_values):.2f})" if len(values) > 1 else "")
+            out.append({"target": f"  {LABELS[row]}: echo's server CPU per connection / "
+                                  "this row's (info)", "value": spread, "goal": "-",
+                        "verdict": "info", "ratios": values})
+            continue
         if key == "memory":
             goal, ok = f"<= {MEMORY_GOAL}x", bool(ok_values) and len(ok_values) == len(
                 values) and max(ok_values) <= MEMORY_GOAL
@@ -210,12 +223,13 @@ def storm_table(results: dict[str, Any], markdown: bool) -> str:
                 extra = f"{r.get('replayed_exactly_once')}/{r.get('resumed')} exact"
             rows.append([i, LABELS.get(row, row), r.get("connected"), r.get("failed"),
                          r.get("seconds"), r.get("connect_per_s"), rat.get(row),
-                         r.get("server_us_per_connect"), r.get("gen_cpu_pct"),
+                         r.get("server_us_per_connect"), rat.get(f"{row} cpu"),
+                         r.get("gen_cpu_pct"),
                          r.get("kb_per_conn"), r.get("kb_per_conn_held"), extra])
     return RUN.table(
         f"Reconnect storms (issue 29): {storm['n']} connections, {storm['inflight']} "
         "handshakes in flight, each row a fresh server",
         ["round", "row", "done", "failed", "s", "per s", "x echo", "server µs/conn",
-         "gen CPU %", "KB/conn", "KB/conn held", "replay"], rows, markdown,
+         "x echo (CPU)", "gen CPU %", "KB/conn", "KB/conn held", "replay"], rows, markdown,
         note=f"'held': after {storm['heartbeat_rounds']} heartbeat rounds of "
              f"{storm['heartbeat_ms']} ms. Ratios are within the round.")
