@@ -1051,6 +1051,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--storm-rows", default=",".join(storm_rows.ROWS),
                    help="comma list of storm rows (the echo baseline always runs): "
                         + ",".join(storm_rows.ROWS))
+    p.add_argument("--storm-server", default="protoflask",
+                   help="the protoflask of the storm rows: protoflask-before (with --before "
+                        "DIR) runs them on another checkout")
     p.add_argument("--storm-inflight", type=int, default=100,
                    help="handshakes in flight in a storm")
     p.add_argument("--storm-heartbeat-ms", type=int, default=2000,

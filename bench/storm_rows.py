@@ -88,7 +88,7 @@ def run_storm(bench: Any, srv: Any, mode: str, n: int, args: Any,
 
 def one_row(bench: Any, row: str, n: int, args: Any, redis_url: str | None) -> dict[str, Any]:
     """A fresh server for ``row``, warmed up, its base RSS, the storm."""
-    spec = bench.specs["gevent-sansio" if row == "echo" else "protoflask"]
+    spec = bench.specs["gevent-sansio" if row == "echo" else args.storm_server]
     env = dict(spec.env)
     if row != "echo":
         env.update({"MAX_CONNECTIONS": str(2 * n + 1000),
@@ -129,6 +129,7 @@ def measure_storms(bench: Any, args: Any) -> dict[str, Any]:
 
         redis = PrivateRedis()  # run.py's process is on the generator's CPU, so is Redis
     out: dict[str, Any] = {"n": args.storm, "inflight": args.storm_inflight,
+                           "server": args.storm_server,
                            "heartbeat_ms": args.storm_heartbeat_ms,
                            "heartbeat_rounds": args.storm_heartbeat_rounds, "rounds": []}
     try:
