@@ -40,8 +40,9 @@ from .core.bodies import parse_seq_arg
 from .core.errors import ProtoError
 from .transports.http import PostAnswer, answer_post
 from .transports.sockets import raw_socket
-from .web import (BLUEPRINT_NAME, REFUSED_KEY, ConnectionTakenOver, WebContext, cors_headers,
-                  gzipped_json, log_access, serve_apart, valid_host)
+from .transports import sse
+from .web import (BLUEPRINT_NAME, REFUSED_KEY, ConnectionTakenOver, WebContext, add_cors,
+                  cors_headers, gzipped_json, log_access, serve_apart, valid_host)
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -54,6 +55,8 @@ log = logging.getLogger("protoflask.web")
 LANE_PATHS = frozenset({"/proto/sse", "/proto/stream"})
 #: The WebSocket endpoint, whose upgrades the lane also admits
 WEBSOCKET_PATH = "/proto/websocket"
+#: The SSE endpoint, whose streams (GET) the lane also opens
+SSE_PATH = "/proto/sse"
 #: The MCP endpoint, whose POSTs the lane also answers (its own Origin rule included)
 MCP_PATH = "/proto/mcp"
 #: Flask's signals sent during a request's cycle: a receiver would miss the lane's requests.
@@ -120,6 +123,11 @@ class SessionPostLane:
         if environ.get("PATH_INFO") == WEBSOCKET_PATH and environ.get("REQUEST_METHOD") == "GET":
             self._upgrade(environ)  # raises ConnectionTakenOver once it serves it
             return self.flask_wsgi_app(environ, start_response)
+        if environ.get("PATH_INFO") == SSE_PATH and environ.get("REQUEST_METHOD") == "GET":
+            stream = self._sse(environ)
+            if stream is not None:
+                return stream(environ, start_response)
+            return self.flask_wsgi_app(environ, start_response)
         if environ.get("REQUEST_METHOD") != "POST" or environ.get("PATH_INFO") not in LANE_PATHS:
             if environ.get("PATH_INFO") == MCP_PATH and environ.get("REQUEST_METHOD") == "POST" \
                     and self.app_is_plain():
@@ -181,6 +189,24 @@ class SessionPostLane:
             return
         serve_apart(self.ports, admission, sock, environ, self.config.enable_compression)
         raise ConnectionTakenOver()
+
+    def _sse(self, environ: dict[str, Any]) -> Any:
+        """GET /proto/sse as the route and its hooks answer it: the stream's response
+        (with the CORS headers), or None for Flask (a refusal left for the route)."""
+        args = plain_query(environ.get("QUERY_STRING", ""))
+        origin = environ.get("HTTP_ORIGIN")
+        if args is None or raw_socket(environ) is None or not self.origins.allows(origin) \
+                or not self.app_is_plain():
+            return None
+        try:
+            response = sse.stream_response(self.ports, args, environ.get("HTTP_AUTHORIZATION"),
+                                           environ.get("HTTP_LAST_EVENT_ID", ""), environ)
+        except ProtoError as exc:
+            environ[REFUSED_KEY] = exc
+            return None
+        if self.config.enable_cors:
+            add_cors(response, origin, self.origins)
+        return response
 
     def _mcp(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """POST /proto/mcp: the endpoint's Answer, with the headers Flask's cycle adds."""

@@ -225,6 +225,9 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
 
     @bp.get("/proto/sse")
     def sse_stream() -> Response:
+        refused = request.environ.pop(REFUSED_KEY, None)
+        if refused is not None:  # post_lane.py tried to open it and was refused
+            return error_response(refused)
         if raw_socket(request.environ) is None:
             return _unsupported_server("An SSE stream")
         return _live(sse.open_stream(ports, request))
@@ -313,8 +316,13 @@ def _live(response: Response) -> Response:
 
 
 def _add_cors(response: Response, origins: OriginPolicy) -> None:
+    add_cors(response, request.headers.get("Origin"), origins)
+
+
+def add_cors(response: Response, origin: str | None, origins: OriginPolicy) -> None:
+    """The CORS headers of a request with this Origin, on ``response``."""
     headers = response.headers
-    for name, value in cors_headers(request.headers.get("Origin"), origins):
+    for name, value in cors_headers(origin, origins):
         if name == "Vary":
             headers.add(name, value)
         else:  # replaced, not repeated, when an error handler added them already

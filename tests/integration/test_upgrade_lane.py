@@ -105,3 +105,52 @@ def test_the_lane_answers_byte_for_byte_as_flask(own, case: str) -> None:  # noq
             assert lane.startswith(b"HTTP/1.1 101"), lane
     finally:
         owner.close()
+
+
+def raw_sse(base_url: str, query: str, headers: dict[str, str] | None = None) -> bytes:
+    """The head of one SSE stream and its first event (or a refusal whole), with the Date,
+    the session id and the chunk sizes around it made the same for every session."""
+    sock = open_http(base_url, "GET", f"/proto/sse?{query}",
+                     {"Accept": "text/event-stream", **(headers or {})})
+    data = b""
+    try:
+        while not (b"\r\n\r\n" in data and (b"event: session" in data and data.endswith(
+                b"\n\n\r\n") or b"Content-Length" in data and _complete(data))):
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            data += piece
+    finally:
+        sock.close()
+    data = re.sub(rb"\r\nDate: [^\r]*", b"", data)
+    return re.sub(rb"[0-9a-f]{32}", b"<session>", data)
+
+
+@pytest.mark.parametrize("case", ["opened", "an Origin", "gzip asked", "no token",
+                                  "bad token", "unknown session", "bad Last-Event-ID",
+                                  "resumed by Last-Event-ID"])
+def test_the_sse_lane_answers_as_flask(own, case: str) -> None:  # noqa: F811
+    server, cycle = own(enableCompression=True)
+    token = server.issue_token("alice")
+    owner = WSClient(server.base_url, token, compression=False)
+    owner.hello()
+    owner.close()
+    query = {"no token": "", "bad token": "token=nope",
+             "unknown session": f"token={token}&session={'f' * 32}&last_seq=0"}.get(
+                 case, f"token={token}")
+    headers = {"an Origin": {"Origin": "http://page.example"},
+               "gzip asked": {"Accept-Encoding": "gzip"},
+               "bad Last-Event-ID": {"Last-Event-ID": "nonsense"},
+               "resumed by Last-Event-ID": {"Last-Event-ID": f"{owner.session_id}:0"}}.get(
+                   case, {})
+    before = cycle.dispatched
+    lane = raw_sse(server.base_url, query, headers)
+    lane_took_it = cycle.dispatched == before
+    with cycle.forced():
+        flask = raw_sse(server.base_url, query, headers)
+    assert lane == flask
+    if case in ("opened", "an Origin", "gzip asked", "resumed by Last-Event-ID"):
+        assert lane.startswith(b"HTTP/1.1 200") and b"event: session" in lane, lane
+        assert lane_took_it  # no Flask dispatch on the lane
+    else:
+        assert lane.startswith(b"HTTP/1.1 4"), lane
