@@ -40,7 +40,7 @@ from .core.bodies import parse_seq_arg
 from .core.errors import ProtoError
 from .transports.http import PostAnswer, answer_post
 from .transports.sockets import raw_socket
-from .transports import sse
+from .transports import sse, stream
 from .web import (BLUEPRINT_NAME, REFUSED_KEY, ConnectionTakenOver, WebContext, add_cors,
                   cors_headers, gzipped_json, log_access, serve_apart, valid_host)
 
@@ -55,8 +55,10 @@ log = logging.getLogger("protoflask.web")
 LANE_PATHS = frozenset({"/proto/sse", "/proto/stream"})
 #: The WebSocket endpoint, whose upgrades the lane also admits
 WEBSOCKET_PATH = "/proto/websocket"
-#: The SSE endpoint, whose streams (GET) the lane also opens
+#: The SSE endpoint, whose streams (GET) the lane also opens, as it opens the NDJSON
+#: streams (a POST /proto/stream without ``session``, or a resume with ``last_seq``)
 SSE_PATH = "/proto/sse"
+STREAM_PATH = "/proto/stream"
 #: The MCP endpoint, whose POSTs the lane also answers (its own Origin rule included)
 MCP_PATH = "/proto/mcp"
 #: Flask's signals sent during a request's cycle: a receiver would miss the lane's requests.
@@ -124,9 +126,9 @@ class SessionPostLane:
             self._upgrade(environ)  # raises ConnectionTakenOver once it serves it
             return self.flask_wsgi_app(environ, start_response)
         if environ.get("PATH_INFO") == SSE_PATH and environ.get("REQUEST_METHOD") == "GET":
-            stream = self._sse(environ)
-            if stream is not None:
-                return stream(environ, start_response)
+            opened = self._open(environ, "sse")
+            if opened is not None:
+                return opened(environ, start_response)
             return self.flask_wsgi_app(environ, start_response)
         if environ.get("REQUEST_METHOD") != "POST" or environ.get("PATH_INFO") not in LANE_PATHS:
             if environ.get("PATH_INFO") == MCP_PATH and environ.get("REQUEST_METHOD") == "POST" \
@@ -135,6 +137,12 @@ class SessionPostLane:
             return self.flask_wsgi_app(environ, start_response)
         args = plain_query(environ.get("QUERY_STRING", ""))
         origin = environ.get("HTTP_ORIGIN")
+        if args is not None and environ["PATH_INFO"] == STREAM_PATH \
+                and (not args.get("session") or args.get("last_seq")):
+            opened = self._open(environ, "stream")  # a stream opened (new or resumed)
+            if opened is not None:
+                return opened(environ, start_response)
+            return self.flask_wsgi_app(environ, start_response)
         if args is None or not args.get("session") or args.get("last_seq") \
                 or not self.origins.allows(origin) or not self.app_is_plain():
             return self.flask_wsgi_app(environ, start_response)
@@ -190,17 +198,21 @@ class SessionPostLane:
         serve_apart(self.ports, admission, sock, environ, self.config.enable_compression)
         raise ConnectionTakenOver()
 
-    def _sse(self, environ: dict[str, Any]) -> Any:
-        """GET /proto/sse as the route and its hooks answer it: the stream's response
-        (with the CORS headers), or None for Flask (a refusal left for the route)."""
+    def _open(self, environ: dict[str, Any], kind: str) -> Any:
+        """GET /proto/sse, or a POST /proto/stream that opens a stream, as the route and
+        its hooks answer it: the stream's response (with the CORS headers), or None for
+        Flask (a refusal left for the route)."""
         args = plain_query(environ.get("QUERY_STRING", ""))
         origin = environ.get("HTTP_ORIGIN")
         if args is None or raw_socket(environ) is None or not self.origins.allows(origin) \
                 or not self.app_is_plain():
             return None
+        authorization = environ.get("HTTP_AUTHORIZATION")
         try:
-            response = sse.stream_response(self.ports, args, environ.get("HTTP_AUTHORIZATION"),
-                                           environ.get("HTTP_LAST_EVENT_ID", ""), environ)
+            response = sse.stream_response(
+                self.ports, args, authorization, environ.get("HTTP_LAST_EVENT_ID", ""),
+                environ) if kind == "sse" else stream.stream_response(
+                self.ports, args, authorization, environ)
         except ProtoError as exc:
             environ[REFUSED_KEY] = exc
             return None

@@ -238,6 +238,9 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
 
     @bp.post("/proto/stream")
     def http_stream() -> Response:
+        refused = request.environ.pop(REFUSED_KEY, None)
+        if refused is not None:  # post_lane.py tried to open it and was refused
+            return error_response(refused)
         if stream.opens_stream(request) and raw_socket(request.environ) is None:
             return _unsupported_server("An NDJSON stream")
         return _live(stream.handle_post(ports, request))

@@ -154,3 +154,51 @@ def test_the_sse_lane_answers_as_flask(own, case: str) -> None:  # noqa: F811
         assert lane_took_it  # no Flask dispatch on the lane
     else:
         assert lane.startswith(b"HTTP/1.1 4"), lane
+
+
+def raw_stream(base_url: str, query: str, headers: dict[str, str]) -> bytes:
+    """The head of one NDJSON stream opened with a HELLO body and its first line (or a
+    refusal whole), the Date, session ids, timestamps and chunk sizes made comparable."""
+    hello = (b'{"id":"c1","session":"","seq":"1","ts":"0","type":"HELLO","channel":"SYSTEM",'
+             b'"payload":{"proto_version":"1.1.2","accept_major":[1],"accept_events":[]}}\n')
+    sock = open_http(base_url, "POST", f"/proto/stream?{query}",
+                     {"Content-Type": "application/x-ndjson", **headers}, hello)
+    data = b""
+    try:
+        while not (b"\r\n\r\n" in data and (b'"type":"HELLO"' in data and data.endswith(
+                b"\n\r\n") or b"Content-Length" in data and _complete(data))):
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            data += piece
+    finally:
+        sock.close()
+    data = re.sub(rb"\r\nDate: [^\r]*", b"", data)
+    data = re.sub(rb'"ts":"\d+"', b'"ts":"-"', data)
+    data = re.sub(rb"\r\n[0-9a-f]+\r\n", b"\r\n<chunk>\r\n", data)
+    return re.sub(rb"[0-9a-f]{32}", b"<session>", data)
+
+
+@pytest.mark.parametrize("case", ["opened", "an Origin", "no token", "bad token",
+                                  "unknown session", "bad last_seq"])
+def test_the_stream_lane_answers_as_flask(own, case: str) -> None:  # noqa: F811
+    server, cycle = own(enableCompression=True)
+    token = server.issue_token("alice")
+    query = {"unknown session": f"session={'f' * 32}&last_seq=0",
+             "bad last_seq": f"session={'f' * 32}&last_seq=x"}.get(case, "")
+    headers = {"Authorization": f"Bearer {token}"}
+    headers.update({"an Origin": {"Origin": "http://page.example"},
+                    "no token": {"Authorization": ""},
+                    "bad token": {"Authorization": "Bearer nope"}}.get(case, {}))
+    headers = {k: v for k, v in headers.items() if v}
+    before = cycle.dispatched
+    lane = raw_stream(server.base_url, query, headers)
+    lane_took_it = cycle.dispatched == before
+    with cycle.forced():
+        flask = raw_stream(server.base_url, query, headers)
+    assert lane == flask
+    if case in ("opened", "an Origin"):
+        assert lane.startswith(b"HTTP/1.1 200") and b'"type":"HELLO"' in lane, lane
+        assert lane_took_it
+    else:
+        assert lane.startswith(b"HTTP/1.1 4"), lane
