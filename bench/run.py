@@ -4,6 +4,7 @@
     python bench/run.py --quick         # a few-second smoke of the same
     python bench/run.py --only ping --servers protoflask,flask-sock --levels 100
     python bench/run.py --profile       # also py-spy the protoflask worker under PING load
+    python bench/run.py --only storm --storm 2000 --rounds 3   # reconnect storms (issue 29)
 
 Servers run pinned to the first allowed CPU, the load generator to the second (skipped with
 a warning on one CPU, or with --no-pin). Servers:
@@ -48,6 +49,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import storm_rows
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -763,9 +766,11 @@ def render(results: dict[str, Any], specs: dict[str, ServerSpec], markdown: bool
             parts.append(("**SSE / HTTP stream downstream throughput**\n\n" if markdown else
                           "SSE / HTTP stream downstream throughput\n")
                          + f"TODO: {http.get('reason')}\n")
+    if results.get("storm"):
+        parts.append(storm_rows.storm_table(results, markdown))
     if results.get("targets"):
         rows = [[t["target"], t["value"], t["goal"], t["verdict"]] for t in results["targets"]]
-        parts.append(table("Targets of issues 5 and 16 (ratios within this run)",
+        parts.append(table("Targets of issues 5, 16 and 29 (ratios within this run)",
                            ["target", "measured", "goal", "verdict"], rows, markdown))
     if results.get("profile"):
         prof = results["profile"]
@@ -810,6 +815,7 @@ def compute_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                             "ratio": round(r, 2), "connections": n})
     targets += issue16_targets(results)
     targets += mcp_targets(results)
+    targets += storm_rows.storm_targets(results)
     tool = results.get("tool", {}).get("protoflask")
     if tool and tool.get("p50_ms") is not None:
         targets.append({"target": f"tool call p50 @{tool['connections']}",
@@ -1017,8 +1023,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="a few-second smoke: short windows, small idle levels")
     p.add_argument("--only", default="",
-                   help="comma list of sections: gencheck,ping,tool,stream,idle,http,mcp "
-                        "(default: all)")
+                   help="comma list of sections: gencheck,ping,tool,stream,idle,http,mcp,"
+                        "storm (default: all)")
     p.add_argument("--servers", default="",
                    help="comma list (default: protoflask,flask-sock,gevent-simple-ws,"
                         "websockets-asyncio,gevent-sansio; on Redis: protoflask-redis, "
@@ -1040,6 +1046,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--settle", type=float, default=None,
                    help="seconds idle sessions are held before RSS is read")
     p.add_argument("--generator", choices=["auto", "c", "node", "python"], default="auto")
+    p.add_argument("--storm", type=int, default=None,
+                   help="connections per reconnect storm row (default 10000; --quick 100)")
+    p.add_argument("--storm-rows", default=",".join(storm_rows.ROWS),
+                   help="comma list of storm rows (the echo baseline always runs): "
+                        + ",".join(storm_rows.ROWS))
+    p.add_argument("--storm-server", default="protoflask",
+                   help="the protoflask of the storm rows: protoflask-before (with --before "
+                        "DIR) runs them on another checkout")
+    p.add_argument("--storm-inflight", type=int, default=100,
+                   help="handshakes in flight in a storm")
+    p.add_argument("--storm-heartbeat-ms", type=int, default=2000,
+                   help="HEARTBEAT_INTERVAL of the storm's WebSocket row (held through rounds)")
+    p.add_argument("--storm-heartbeat-rounds", type=int, default=2)
     p.add_argument("--no-pin", action="store_true", help="do not pin to CPUs")
     p.add_argument("--profile", action="store_true",
                    help="py-spy record the protoflask worker under PING load")
@@ -1063,7 +1082,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.levels = [int(x) for x in (args.levels or "1,10,100").split(",") if x]
     args.idle_levels = [int(x) for x in (args.idle_levels or ("200" if q else "1000,10000"))
                         .split(",") if x]
-    all_sections = ["gencheck", "ping", "tool", "stream", "idle", "http", "mcp"]
+    all_sections = ["gencheck", "ping", "tool", "stream", "idle", "http", "mcp", "storm"]
     args.sections = [s for s in (args.only.split(",") if args.only else all_sections) if s]
     if q and not args.only:
         args.sections.remove("gencheck")
@@ -1082,6 +1101,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.server_names) - set(specs)
     if unknown:
         p.error(f"unknown servers: {', '.join(sorted(unknown))}")
+    args.storm = args.storm if args.storm is not None else (100 if q else 10000)
+    args.storm_rows = [r for r in args.storm_rows.split(",") if r]
+    unknown = set(args.storm_rows) - set(storm_rows.ROWS)
+    if unknown:
+        p.error(f"unknown storm rows: {', '.join(sorted(unknown))}")
+    if q:
+        args.storm_heartbeat_rounds = min(args.storm_heartbeat_rounds, 1)
     args.max_connections = max([*args.idle_levels, *args.levels, 1000]) + 1000
     return args
 
@@ -1098,7 +1124,7 @@ def main(argv: list[str] | None = None) -> int:
         print(render(saved, server_specs(1), args.markdown))
         return gate(saved["targets"], args.no_gate)
     signal.signal(signal.SIGTERM, _terminated)
-    fd_limit = raise_fd_limit(2 * args.max_connections + 1000)
+    fd_limit = raise_fd_limit(2 * max(args.max_connections, args.storm) + 1000)
     if fd_limit < max(args.idle_levels, default=0) + 500:
         print(f"bench: RLIMIT_NOFILE is {fd_limit}; idle levels above that will fail",
               file=sys.stderr)
@@ -1128,7 +1154,8 @@ def main(argv: list[str] | None = None) -> int:
     def start_live() -> None:
         live.update(bench.start_servers(names))
 
-    steps.append(("starting servers", 3.0, start_live))
+    if set(args.sections) - {"idle", "storm", "mcp"}:  # the others start their own
+        steps.append(("starting servers", 3.0, start_live))
     # The generator check drives the fastest bare echo (websockets asyncio on this machine)
     # with each generator: the generator that is not the bottleneck keeps its CPU below
     # 100% while the server's core saturates.
@@ -1229,6 +1256,14 @@ def main(argv: list[str] | None = None) -> int:
                 est = 4 + args.settle + n / (300 if name == "protoflask" else 900)
                 steps.append((f"idle {name} x{n}", est, run_idle))
 
+    if "storm" in args.sections:
+        def run_storms() -> None:
+            results["storm"] = storm_rows.measure_storms(bench, args)
+        per_row = 6 + args.storm / 400
+        est = args.rounds * (len(args.storm_rows) + 1) * per_row + args.rounds * (
+            args.storm_heartbeat_rounds * args.storm_heartbeat_ms / 1000)
+        steps.append((f"reconnect storms x{args.storm}", est, run_storms))
+
     progress = Progress(sum(s[1] for s in steps), enabled=not args.no_progress)
     bench.progress = progress
     cpu_before = cpu_times()
@@ -1323,6 +1358,8 @@ def profile_protoflask(bench: Bench, srv: Server, args: argparse.Namespace) -> d
         return {"error": f"py-spy produced nothing: {err[-1000:]}"}
     return {"connections": n, "file": str(raw), **summarize_collapsed(raw)}
 
+
+storm_rows.RUN = sys.modules[__name__]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import hmac
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import jwt
+import orjson
 from jwt.warnings import InsecureKeyLengthWarning
 
 from .core.errors import InvalidToken, MissingToken
@@ -34,9 +39,11 @@ def weak_secret_warning(secret: str | None) -> str | None:
 
 
 USER_CLAIMS = ("sub", "userId", "user_id")
-#: HMAC tokens remembered once verified (each POST of the HTTP transports carries its
-#: token again: verifying it costs ~10% of a 50-message body); cleared when full
-VERIFIED_CACHE_SIZE = 1024
+#: HMAC tokens remembered once verified, until their exp: each POST of the HTTP
+#: transports carries its token again (verifying it costs ~10% of a 50-message body) and
+#: a reconnect storm brings every user's token back at once (docs/PERFORMANCE.md,
+#: "p7-storm"). Bounded: when full, the oldest half is forgotten (~150 B a token).
+VERIFIED_CACHE_SIZE = 65536
 
 
 class TokenAuthority:
@@ -59,10 +66,16 @@ class TokenAuthority:
         self._jwks = jwks
         self.audience, self.issuer = audience, issuer
         self.expires_in = parse_duration(expires_in)
-        #: HMAC-signed token -> (user id, exp or None): the same string always verifies
-        #: the same way with the same secret, so only its expiry is checked again. Tokens
-        #: checked with public keys are not kept (a key may leave the JWKS).
-        self._verified: dict[str, tuple[str, float | None]] = {}
+        #: An HMAC-signed token's signature -> (hash of the whole token, user id, exp or
+        #: None): the same string always verifies the same way with the same secret, so
+        #: only its expiry is checked again. Tokens checked with public keys are not kept
+        #: (a key may leave the JWKS: the token is then refused).
+        self._verified: dict[str, tuple[int, str, float | None]] = {}
+        #: the swap point of HS256 verification: PyJWT (``_decode``) or ``hs256_claims``
+        #: for the common token, which defers to PyJWT for anything else
+        self.fast_hs256: Callable[[str], dict[str, Any] | None] | None = (
+            self._hs256_claims if "HS256" in self._hmac and audience is None
+            and issuer is None and _hmac_key_ok(secret) else None)
 
     @property
     def can_issue(self) -> bool:
@@ -77,20 +90,24 @@ class TokenAuthority:
         MissingToken / InvalidToken. What a connect ticket needs: never to outlive it."""
         if not token:
             raise MissingToken()
-        known = self._verified.get(token)
-        if known is not None:
-            if known[1] is None or time.time() < known[1]:  # PyJWT: expired once exp <= now
-                return known
-            del self._verified[token]
+        signature = token[token.rfind(".") + 1:]
+        known = self._verified.get(signature)
+        if known is not None and known[0] == hash(token):
+            if known[2] is None or time.time() < known[2]:  # PyJWT: expired once exp <= now
+                return known[1], known[2]
+            del self._verified[signature]
             raise InvalidToken("token expired")
-        try:
-            header = jwt.get_unverified_header(token)
-        except jwt.PyJWTError as exc:
-            raise InvalidToken(f"invalid token: {exc}") from None
-        alg, kid = header.get("alg"), header.get("kid")
-        if not isinstance(alg, str) or not isinstance(kid, (str, type(None))):
-            raise InvalidToken("invalid token: bad header")
-        claims = self._decode(token, alg, kid)
+        claims = self.fast_hs256(token) if self.fast_hs256 is not None else None
+        alg: Any = "HS256"
+        if claims is None:  # not the common case: PyJWT decides, and words the refusal
+            try:
+                header = jwt.get_unverified_header(token)
+            except jwt.PyJWTError as exc:
+                raise InvalidToken(f"invalid token: {exc}") from None
+            alg, kid = header.get("alg"), header.get("kid")
+            if not isinstance(alg, str) or not isinstance(kid, (str, type(None))):
+                raise InvalidToken("invalid token: bad header")
+            claims = self._decode(token, alg, kid)
         for claim in USER_CLAIMS:
             value = claims.get(claim)
             if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
@@ -103,9 +120,49 @@ class TokenAuthority:
     def _remember(self, token: str, user: str, exp: Any) -> None:
         if exp is not None and not isinstance(exp, (int, float)):
             return  # PyJWT accepted it (a numeric string?): leave it to PyJWT every time
-        if len(self._verified) >= VERIFIED_CACHE_SIZE:
-            self._verified.clear()
-        self._verified[token] = (user, exp)
+        verified = self._verified
+        if len(verified) >= VERIFIED_CACHE_SIZE:  # forget the oldest half (insertion order)
+            for old in list(verified)[:VERIFIED_CACHE_SIZE // 2]:
+                del verified[old]
+        verified[token[token.rfind(".") + 1:]] = (hash(token), user, exp)
+
+    def _hs256_claims(self, token: str) -> dict[str, Any] | None:
+        """The claims of a common HS256 token, checked as ``_decode`` checks them, or None
+        to leave the token to PyJWT (anything else, and every refusal, so that its
+        wording stays PyJWT's). Common: header ``{"alg":"HS256"}`` with at most ``typ``
+        JWT, a valid signature, an integer ``exp`` in the future (or none, when not
+        required), an integer ``iat`` and ``nbf`` if present, ``nbf`` not in the future,
+        no ``aud``. Held equal to PyJWT by tests/test_auth.py ``TestFastHs256``."""
+        try:
+            head, body, sig = token.split(".")
+            header = orjson.loads(_b64(head))
+            if header != {"alg": "HS256", "typ": "JWT"} and header != {"alg": "HS256"}:
+                return None
+            assert self._secret is not None
+            mac = hmac.new(self._secret.encode(), f"{head}.{body}".encode(), hashlib.sha256)
+            if not hmac.compare_digest(mac.digest(), _b64(sig)):
+                return None
+            claims = orjson.loads(_b64(body))
+        except (ValueError, binascii.Error, UnicodeError, orjson.JSONDecodeError):
+            return None
+        if not isinstance(claims, dict) or "aud" in claims \
+                or not isinstance(claims.get("sub", ""), str) \
+                or not isinstance(claims.get("jti", ""), str):
+            return None  # PyJWT checks aud, refuses a sub or jti that is not a string
+        now = time.time()
+        exp, iat, nbf = claims.get("exp"), claims.get("iat"), claims.get("nbf")
+        if exp is None and self.require_exp and "exp" not in claims:
+            return None
+        for value in (exp, iat, nbf):
+            if value is not None and (type(value) is not int):
+                return None
+        if ("exp" in claims and (exp is None or exp <= now)) or (
+                "iat" in claims and iat is None) or ("nbf" in claims and (nbf is None
+                                                                        or nbf > now)):
+            return None
+        if iat is not None and iat > now:  # PyJWT refuses an iat in the future
+            return None
+        return claims
 
     def _decode(self, token: str, alg: str, kid: str | None) -> dict[str, Any]:
         keys: list[Any]
@@ -153,6 +210,22 @@ class TokenAuthority:
         return jwt.encode(payload, self._secret, algorithm=algorithm)
 
 
+
+
+def _hmac_key_ok(secret: str | None) -> bool:
+    """Whether PyJWT takes ``secret`` as an HMAC key (it refuses one that looks like a
+    public key): the fast check must refuse what PyJWT refuses."""
+    try:
+        jwt.algorithms.HMACAlgorithm(jwt.algorithms.HMACAlgorithm.SHA256).prepare_key(
+            secret or "")
+    except jwt.PyJWTError:
+        return False
+    return bool(secret)
+
+
+def _b64(segment: str) -> bytes:
+    """A base64url segment of a JWT (unpadded), strictly: what PyJWT decodes."""
+    return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
 
 
 def _seconds(exp: Any) -> float | None:

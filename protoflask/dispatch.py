@@ -136,7 +136,7 @@ class Dispatcher:
         try:
             check_call(tool, event.tool, event.params)
         except ProtoError as exc:
-            live.core.fail_call(event.call_id, exc)
+            live.core.work.fail_call(event.call_id, exc)
             return
         assert tool is not None
         execution = ToolExecution(event.call_id, tool.name, event.params, run_id=event.run_id)

@@ -41,6 +41,12 @@ from . import signals
 log = logging.getLogger("protoflask")
 access_log = logging.getLogger("protoflask.access")
 
+#: A serving worker's collection thresholds (Python's: 700, 10, 10), unless the process
+#: set its own: a full collection per 100 gen-1 ones. A storm of 10,000 sessions made
+#: nine full collections of all of them, half the worker's CPU (PERFORMANCE.md p7-storm).
+SERVING_GC_THRESHOLDS = (700, 10, 100)
+
+
 #: Messages of a posted body handled between two turns for the other greenlets: a slice
 #: of the smallest messages costs about a millisecond of the worker.
 BODY_SLICE = 256
@@ -397,7 +403,7 @@ class Engine:
         assert tool is not None
         if tool.execute is None:
             raise ValueError(f"tool {name!r} has no execute function to call")
-        live.core.open_call(call_id, run_id, args)
+        live.core.work.open_call(call_id, run_id, args)
         self.tool_runner(live).submit(ToolExecution(call_id, tool.name, args, run_id=run_id,
                                          on_done=on_done), tool)
         self.settle(live)
@@ -462,6 +468,8 @@ class Engine:
             # it out of every future full collection, whose pauses are the latency tail.
             gc.collect()
             gc.freeze()
+            if gc.get_threshold() == (700, 10, 10):
+                gc.set_threshold(*SERVING_GC_THRESHOLDS)
             self._ticker = gevent.spawn(self._tick_forever)
             self.hub.start()
 

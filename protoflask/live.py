@@ -76,7 +76,7 @@ class ToolUpdate:
     name: ClassVar[str] = "tool_update"
 
     def apply(self, core: ProtocolSession) -> bool:
-        return core.tool_update(self.call_id, self.status, self.progress, self.partial)
+        return core.work.tool_update(self.call_id, self.status, self.progress, self.partial)
 
     def encode(self) -> list[Any]:
         return [self.call_id, self.status, self.progress, self.partial]
@@ -95,7 +95,7 @@ class ToolDone:
     name: ClassVar[str] = "tool_done"
 
     def apply(self, core: ProtocolSession) -> bool:
-        return core.tool_done(self.call_id, self.status, self.result, self.error)
+        return core.work.tool_done(self.call_id, self.status, self.result, self.error)
 
     def encode(self) -> list[Any]:
         error = self.error.to_payload() if self.error is not None else None
@@ -114,7 +114,7 @@ class FailCall:
     name: ClassVar[str] = "fail_call"
 
     def apply(self, core: ProtocolSession) -> bool:
-        return core.fail_call(self.call_id, self.error)
+        return core.work.fail_call(self.call_id, self.error)
 
     def encode(self) -> list[Any]:
         return [self.call_id, self.error.to_payload()]
@@ -128,7 +128,7 @@ class FailCall:
 
 @dataclass(frozen=True, slots=True)
 class OpenCall:
-    """Open a call of the application's own agent (``core.open_call``) from the node it runs
+    """Open a call of the application's own agent (``core.work.open_call``) from the node it runs
     on, for a session another node holds (agui/remote_tool.py); False if it cannot open."""
     call_id: str
     run_id: str | None
@@ -136,7 +136,7 @@ class OpenCall:
 
     def apply(self, core: ProtocolSession) -> bool:
         try:
-            core.open_call(self.call_id, self.run_id)
+            core.work.open_call(self.call_id, self.run_id)
         except ProtoError:  # the run ended meanwhile, or the id is taken
             return False
         return True
@@ -317,7 +317,7 @@ class LiveSession:
     def tool_done(self, call_id: str, status: str, result: Any = None,
                   error: ProtoError | None = None) -> bool:
         if self.link is None:  # the common case, without the operation object
-            done = self.core.tool_done(call_id, status, result, error)
+            done = self.core.work.tool_done(call_id, status, result, error)
             self.notify()
             return done
         return self.apply(ToolDone(call_id, status, result, error))

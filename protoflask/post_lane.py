@@ -13,7 +13,9 @@ It steps aside, and the request goes through Flask, whenever the difference coul
 seen or the request is not the common case: a hook, teardown function or URL processor
 that is not protoflask's own, a receiver of Flask's request or app-context signals, a
 ``SERVER_NAME``, an ``Origin`` the allow-list refuses (Flask's hook answers the 403), a
-query string that needs decoding, no ``session`` or a resume (``last_seq``). An
+query string that needs decoding, no ``session`` or a resume (``last_seq``). An upgrade
+it admits is served as the route serves it; one the session layer refuses is handed to
+Flask's route with the refusal (``web.REFUSED_KEY``), which answers it as its own. An
 application's own Flask app (``ProtoServer(app)``, ``init_app``) never gets the lane:
 middleware it wrapped around its app before protoflask was added would be skipped.
 """
@@ -33,8 +35,14 @@ from .mcp import Answer
 from .origins import OriginPolicy
 from .pins import check_flask
 from .port import Ports
+from .auth import token_from_request
+from .core.bodies import parse_seq_arg
+from .core.errors import ProtoError
 from .transports.http import PostAnswer, answer_post
-from .web import BLUEPRINT_NAME, WebContext, cors_headers, gzipped_json, log_access
+from .transports.sockets import raw_socket
+from .transports import sse, stream
+from .web import (BLUEPRINT_NAME, REFUSED_KEY, ConnectionTakenOver, WebContext, add_cors,
+                  cors_headers, gzipped_json, log_access, serve_apart, valid_host)
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -45,6 +53,12 @@ log = logging.getLogger("protoflask.web")
 
 #: The paths whose POST with ``?session=`` is a session's upstream batch.
 LANE_PATHS = frozenset({"/proto/sse", "/proto/stream"})
+#: The WebSocket endpoint, whose upgrades the lane also admits
+WEBSOCKET_PATH = "/proto/websocket"
+#: The SSE endpoint, whose streams (GET) the lane also opens, as it opens the NDJSON
+#: streams (a POST /proto/stream without ``session``, or a resume with ``last_seq``)
+SSE_PATH = "/proto/sse"
+STREAM_PATH = "/proto/stream"
 #: The MCP endpoint, whose POSTs the lane also answers (its own Origin rule included)
 MCP_PATH = "/proto/mcp"
 #: Flask's signals sent during a request's cycle: a receiver would miss the lane's requests.
@@ -108,6 +122,14 @@ class SessionPostLane:
         return not any(signal.has_receivers_for(app) for signal in REQUEST_SIGNALS)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == WEBSOCKET_PATH and environ.get("REQUEST_METHOD") == "GET":
+            self._upgrade(environ)  # raises ConnectionTakenOver once it serves it
+            return self.flask_wsgi_app(environ, start_response)
+        if environ.get("PATH_INFO") == SSE_PATH and environ.get("REQUEST_METHOD") == "GET":
+            opened = self._open(environ, "sse")
+            if opened is not None:
+                return opened(environ, start_response)
+            return self.flask_wsgi_app(environ, start_response)
         if environ.get("REQUEST_METHOD") != "POST" or environ.get("PATH_INFO") not in LANE_PATHS:
             if environ.get("PATH_INFO") == MCP_PATH and environ.get("REQUEST_METHOD") == "POST" \
                     and self.app_is_plain():
@@ -115,6 +137,12 @@ class SessionPostLane:
             return self.flask_wsgi_app(environ, start_response)
         args = plain_query(environ.get("QUERY_STRING", ""))
         origin = environ.get("HTTP_ORIGIN")
+        if args is not None and environ["PATH_INFO"] == STREAM_PATH \
+                and (not args.get("session") or args.get("last_seq")):
+            opened = self._open(environ, "stream")  # a stream opened (new or resumed)
+            if opened is not None:
+                return opened(environ, start_response)
+            return self.flask_wsgi_app(environ, start_response)
         if args is None or not args.get("session") or args.get("last_seq") \
                 or not self.origins.allows(origin) or not self.app_is_plain():
             return self.flask_wsgi_app(environ, start_response)
@@ -145,6 +173,52 @@ class SessionPostLane:
             log_access("POST", environ["PATH_INFO"], environ["QUERY_STRING"].encode("latin-1"),
                        answer.status, time.perf_counter() - started)
         return [body]
+
+    def _upgrade(self, environ: dict[str, Any]) -> None:
+        """GET /proto/websocket as the route answers it: admitted and served apart (then
+        ConnectionTakenOver, as the route's response raises), or refused (the refusal
+        left for the route); returns at once, leaving it to Flask, for anything else."""
+        args = plain_query(environ.get("QUERY_STRING", ""))
+        sock = raw_socket(environ)
+        if args is None or sock is None or not valid_host(environ.get("HTTP_HOST")) \
+                or environ.get("HTTP_UPGRADE", "").lower() != "websocket" \
+                or not any(v.strip(" \t") == "upgrade"  # werkzeug's test for a WebSocket
+                           for v in environ.get("HTTP_CONNECTION", "").lower().split(",")) \
+                or not self.origins.allows(environ.get("HTTP_ORIGIN")) \
+                or not self.app_is_plain():
+            return
+        try:
+            admission = self.ports.admit(
+                token_from_request(args.get("token"), environ.get("HTTP_AUTHORIZATION")),
+                args.get("session") or None, parse_seq_arg(args.get("last_seq"), "last_seq"),
+                "websocket", ticket=args.get("ticket"))
+        except ProtoError as exc:
+            environ[REFUSED_KEY] = exc
+            return
+        serve_apart(self.ports, admission, sock, environ, self.config.enable_compression)
+        raise ConnectionTakenOver()
+
+    def _open(self, environ: dict[str, Any], kind: str) -> Any:
+        """GET /proto/sse, or a POST /proto/stream that opens a stream, as the route and
+        its hooks answer it: the stream's response (with the CORS headers), or None for
+        Flask (a refusal left for the route)."""
+        args = plain_query(environ.get("QUERY_STRING", ""))
+        origin = environ.get("HTTP_ORIGIN")
+        if args is None or raw_socket(environ) is None or not self.origins.allows(origin) \
+                or not self.app_is_plain():
+            return None
+        authorization = environ.get("HTTP_AUTHORIZATION")
+        try:
+            response = sse.stream_response(
+                self.ports, args, authorization, environ.get("HTTP_LAST_EVENT_ID", ""),
+                environ) if kind == "sse" else stream.stream_response(
+                self.ports, args, authorization, environ)
+        except ProtoError as exc:
+            environ[REFUSED_KEY] = exc
+            return None
+        if self.config.enable_cors:
+            add_cors(response, origin, self.origins)
+        return response
 
     def _mcp(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """POST /proto/mcp: the endpoint's Answer, with the headers Flask's cycle adds."""

@@ -28,6 +28,7 @@ from .config import APP_CONFIG_PREFIX, ConfigError, ServerConfig
 from .core import messages
 from .core.coalesce import DEFAULT_MAX_CHARS, DEFAULT_MAX_DELAY_MS
 from .core.errors import CloseCode, InvalidMessage, ProtoError, RunNotFound, SessionNotFound
+from .core.handoff import snapshot
 from .engine import Engine
 from .clock import now_ms
 from .cli.devtoken import forget_dev_token, save_dev_token
@@ -327,7 +328,7 @@ class ProtoServer:
             live = self.hub.get(session_id)
             if live is None:
                 return self.hub.lookup(session_id)  # held by another node, if clustered
-            snap = live.core.snapshot()
+            snap = snapshot(live.core)
             transport = live.transport
             for kind, key in (("websocket", "ws"), ("sse", "sseResponse"),
                               ("stream", "httpResponse")):
@@ -421,16 +422,16 @@ class ProtoServer:
     def start_run(self, session_id: str, run_id: str | None = None,
                   thread_id: str | None = None, metadata: Any = None) -> dict[str, Any]:
         """Start a run for the application's agent; returns the run (docs/PROTOCOL.md §12)."""
-        return self._run_op(session_id, lambda live, now: live.core.start_run(
+        return self._run_op(session_id, lambda live, now: live.core.work.start_run(
             now, run_id=run_id, thread_id=thread_id, metadata=metadata))
 
     def finish_run(self, session_id: str, run_id: str, summary: Any = None,
                    error: Any = None) -> dict[str, Any]:
-        return self._run_op(session_id, lambda live, now: live.core.finish_run(
+        return self._run_op(session_id, lambda live, now: live.core.work.finish_run(
             run_id, now, summary=summary, error=error))
 
     def cancel_run(self, session_id: str, run_id: str) -> dict[str, Any]:
-        return self._run_op(session_id, lambda live, now: live.core.cancel_run(run_id, now))
+        return self._run_op(session_id, lambda live, now: live.core.work.cancel_run(run_id, now))
 
     def _run_op(self, session_id: str, op: Callable[[LiveSession, int], Any]) -> dict[str, Any]:
         def run() -> dict[str, Any]:

@@ -95,3 +95,34 @@ def test_a_failing_target_row_fails_the_exit_code(tmp_path: Path) -> None:
     assert render(_saved_run(tmp_path, 500), "--no-gate").returncode == 0
     fast = render(_saved_run(tmp_path, 900))
     assert fast.returncode == 0 and "FAIL" not in fast.stdout, fast.stdout + fast.stderr
+
+
+@pytest.mark.timeout(180)
+def test_quick_storm_bench_produces_numbers(tmp_path: Path) -> None:
+    """The reconnect storm rows (issue 29) at a tiny N: every row connects all its
+    sessions, the resumes replay each message exactly once (on Redis too), and the ratio
+    rows exist. Never how large the numbers are."""
+    n = 30
+    cmd = [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--only", "storm",
+           "--storm", str(n), "--storm-heartbeat-ms", "500", "--no-progress", "--no-gate",
+           "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Reconnect storms" in proc.stdout
+
+    data = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert "error" not in data, data.get("error")
+    (rnd,) = data["storm"]["rounds"]
+    assert set(rnd) == {"echo", "ws", "sse", "stream", "resume", "resume-redis", "memory"}, rnd
+    for row, r in rnd.items():
+        assert r["connected"] == n and r["failed"] == 0, (row, r)
+        assert r["connect_per_s"] > 0 and r["still_open"] == n, (row, r)
+    held = rnd["memory"]
+    assert held["heartbeats_answered"] >= n, held  # held through a heartbeat round
+    assert held["kb_per_conn_held"] is not None and rnd["echo"]["kb_per_conn"] is not None
+    for row in ("resume", "resume-redis"):
+        r = rnd[row]
+        assert r["resumed"] == n and r["replayed_exactly_once"] == n, (row, r)
+        assert r["replay_duplicates"] == 0 and r["replay_missing"] == 0, (row, r)
+    rows = [t["target"] for t in data["targets"] if t["target"].startswith("[29]")]
+    assert len(rows) == 6, rows

@@ -126,7 +126,7 @@ def run(engine: "Engine", request: Request, services: Callable[[], AguiServices]
         # the stream replays from here: while no transport is attached, what the session
         # sends goes straight into its replay window
         before = live.core.downstream_seq
-        live.core.start_run(now_ms(), run_input.run_id, run_input.thread_id,
+        live.core.work.start_run(now_ms(), run_input.run_id, run_input.thread_id,
                             handler_metadata(engine))
         engine.settle(live)
     except ProtoError as exc:

@@ -1,5 +1,6 @@
-"""What a session carries from one node to another: its durable state as plain data, and
-a session rebuilt from that state plus its replay entries.
+"""A session as plain data: its fields as the application reads them (``snapshot``), and
+what it carries from one node to another: its durable state, and a session rebuilt from
+that state plus its replay entries.
 
 A cluster keeps this next to the session's replay window so that any node can take the
 session over (a resume that lands elsewhere, or a node that died). What does not move:
@@ -14,17 +15,41 @@ outbound queue); this module only names the fields of the state and its version.
 
 from __future__ import annotations
 
-from sys import getsizeof
 from typing import Any, Iterable
 
+from .envelope import decode_json
 from .errors import ReplayUnavailable
 from .messages import error as error_message
 from .seen import SeenSeqs
 from .session import ProtocolSession
 from .settings import SessionSettings
-from .upstream import Text
 
 STATE_VERSION = 1
+
+
+def snapshot(session: ProtocolSession) -> dict[str, Any]:
+    """The session fields (docs/PROTOCOL.md §12), with live values (plain data, camelCase):
+    what the application reads of a session (``ProtoServer.get_session``)."""
+    up = session.credits.upstream()
+    ob = session.outbound
+    return {
+        "id": session.id,
+        "userId": session.user_id,
+        "connected": session.connected,
+        "handshakeCompleted": session.handshake_completed,
+        "lastActivity": session.last_activity,
+        "credits": {ch: m for ch, (m, _) in up.items()},
+        "byteCredits": {ch: b for ch, (_, b) in up.items()},
+        "downstreamCredits": {ch: m for ch, (m, _) in session.credits.downstream().items()},
+        "pausedChannels": set(ob.paused_by_client | ob.paused_by_server),
+        "lastAck": str(session.last_ack),
+        "lastDeliveredSeq": str(ob.downstream_seq),
+        "lastClientSeq": str(session.upstream_seq),
+        "replayWindow": {str(e.seq): decode_json(e.data) for e in ob.replay},
+        "activeRuns": set(session.registry.runs),
+        "pendingMessages": {str(i): o.to_dict() for i, o in enumerate(ob.pending)},
+        "outboundBytes": ob.unsent_bytes,
+    }
 
 
 def export_state(session: ProtocolSession, texts: bool = False) -> dict[str, Any]:
@@ -87,11 +112,7 @@ def restore(state: dict[str, Any], settings: SessionSettings, now: int,
         session.credits.restore(saved)
     session.registry.restore(state.get("runs"), state.get("calls"))
     for mid, content_type, so_far, size in state.get("texts") or ():
-        # charged to this session's meter here (its user's account takes it over when
-        # the session is bound on this node), as each part was on the old node
-        memory = getsizeof(so_far) if so_far else 0
-        session.texts[mid] = Text(content_type, [so_far] if so_far else [], int(size), memory)
-        session.meter.charge(memory)
+        session.texts.restore(mid, content_type, so_far, int(size))
     session.outbound.restore(int(state["downstream_seq"]),
                              set(state.get("paused_by_client") or ()), replay,
                              session.last_ack, now)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
 import orjson
@@ -68,12 +69,23 @@ def create(type: str, payload: Mapping[str, Any] | None = None,
 # -- control (SYSTEM) --------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=256)
+def _sorted(types: frozenset[str]) -> list[str]:
+    return sorted(types)
+
+
+def sorted_types(types: Iterable[str]) -> list[str]:
+    """``sorted(types)``; made once per set of types when they come as a frozenset (every
+    HELLO reply, issue 29). The list is shared: never changed."""
+    return _sorted(types) if isinstance(types, frozenset) else sorted(types)
+
+
 def hello(*, session_id: str, accept_events: Iterable[str], capabilities: dict[str, Any],
           last_client_seq: int) -> Outbound:
     return Outbound("HELLO", "SYSTEM", {
         "proto_version": PROTO_VERSION,
         "accept_major": list(SUPPORTED_MAJORS),
-        "accept_events": sorted(accept_events),
+        "accept_events": sorted_types(accept_events),
         "session": session_id,
         "capabilities": capabilities,
         "last_client_seq": str(last_client_seq),

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from .errors import RateLimited
+
 
 class Verdict(Enum):
     ALLOW = "allow"
@@ -28,7 +30,7 @@ _ALLOW = Verdict.ALLOW  # read for every message: cheaper as a constant than off
 
 
 class RateLimiter:
-    __slots__ = ("rate", "burst", "_tokens", "_strikes", "_at")
+    __slots__ = ("rate", "burst", "_tokens", "_strikes", "_at", "flooding")
 
     def __init__(self, rate: float, burst: int, now: int) -> None:
         self.rate = rate  # messages per second; 0 turns the limit off
@@ -36,6 +38,8 @@ class RateLimiter:
         self._tokens = float(burst)
         self._strikes = 0.0
         self._at = now
+        #: a CLOSE was asked for: later messages are dropped unread, and unanswered
+        self.flooding = False
 
     def check(self, now: int) -> Verdict:
         """Take a token for one message received at ``now`` (ms)."""
@@ -57,6 +61,16 @@ class RateLimiter:
             return _ALLOW
         self._strikes += 1.0
         return Verdict.CLOSE if self._strikes > self.burst else Verdict.DROP
+
+    def refusal(self, verdict: Verdict) -> RateLimited | None:
+        """The ERROR for a message ``check`` refused (None while flooding); a CLOSE
+        verdict starts the flooding."""
+        if self.flooding:
+            return None
+        self.flooding = verdict is Verdict.CLOSE
+        return RateLimited(f"more than {self.rate:g} messages per second (burst "
+                           f"{self.burst}); message dropped",
+                           detail={"retry_after_ms": self.retry_after_ms()})
 
     def charge(self) -> None:
         """Take a token for something the session did for the client (an ERROR it sent):

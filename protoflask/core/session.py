@@ -33,32 +33,44 @@ queued, waits for credit, and is stamped with its seq when taken for the wire.
 
 from __future__ import annotations
 
-import secrets
+import base64
+import binascii
 from typing import Any, Callable
 
-from .meter import Meter
-from .messages import (
-    Outbound, error as error_message, ping as ping_message, run_finished, run_started, split_text,
-    text_end, text_part, text_start, tool_done as tool_done_message,
-    tool_update as tool_update_message,
-)
 from .calls import Call, CallRegistry, Run
 from .credits import CreditLedger
-from .envelope import byte_length, decode_json, parse_envelope, validate_envelope
-from .errors import CloseCode, MessageTooLarge, ProtoError, RateLimited
+from .envelope import (
+    CLIENT_TYPES, CONTROL_TYPES, SERVER_TYPES, Message, byte_length, parse_envelope,
+    validate_envelope, validate_payload,
+)
+from .errors import (
+    ChannelPaused, CloseCode, HandshakeRequired, InsufficientCredits, InvalidMessage,
+    MessageTooLarge, ProtoError, RateLimited, UnsupportedType, UnsupportedVersion,
+)
 from .events import (
     AudioReceived, CloseRequested, ErrorSent, Event, Expired, Handshake, HeartbeatTimedOut,
     RunChanged, SendRefused, SlowConsumer, TextReceived, ToolCallReceived, ToolCancelRequested,
     ToolListRequested,
 )
+from .heartbeat import Heartbeat
+from .hello import (
+    PRE_HANDSHAKE_TYPES, accepted_events, asked_extensions, capabilities, client_flow_control,
+    version_refused,
+)
+from .messages import (
+    Outbound, error as error_message, flow_update, hello as hello_message,
+    ping as ping_message, pong as pong_message,
+)
+from .meter import Meter
 from .outbound import OutboundQueue
 from .ratelimit import RateLimiter, Verdict
-from .state import RESET_STEPS, TRANSITIONS, SessionState, Transition
 from .replay import ReplayWindow
 from .seen import SeenSeqs
 from .settings import SessionSettings
-from .traffic import INVALID, TrafficCounters
-from .upstream import Text, UpstreamHandlers
+from .state import RESET_STEPS, TRANSITIONS, SessionState, Transition
+from .texts import OpenTexts, outgoing_text
+from .traffic import INVALID, UNKNOWN_TYPE, TrafficCounters
+from .work import Work
 
 # The events and Run are defined in events.py and calls.py; they are exported here too
 # because the session is where callers meet them.
@@ -77,7 +89,7 @@ _CLOSED = _S.CLOSED
 _ALLOW = Verdict.ALLOW  # enum members as constants: cheaper to read than off their class
 
 
-class ProtocolSession(UpstreamHandlers):
+class ProtocolSession:
     def __init__(self, session_id: str, user_id: str, settings: SessionSettings,
                  now: int, traffic: TrafficCounters | None = None, *,
                  greeted: bool = False) -> None:
@@ -93,10 +105,9 @@ class ProtocolSession(UpstreamHandlers):
         self.up_seqs = SeenSeqs()  # upstream seqs seen: the highest, and gaps below it
         self.last_ack = 0
         self.accept_events: frozenset[str] | None = None
-        #: the protocol extensions the client asked for in its first HELLO (upstream.py)
+        #: the protocol extensions the client asked for in its first HELLO (hello.py)
         self.extensions: frozenset[str] = frozenset()
         self.rate = RateLimiter(settings.rate_limit, settings.rate_limit_burst, now)
-        self._flooding = False  # closed for flooding: later messages are dropped silently
         self.credits = CreditLedger(settings.credits)
         # shared by every session of a server (the server's /metrics); own one otherwise
         self.traffic = traffic if traffic is not None else TrafficCounters()
@@ -109,16 +120,18 @@ class ProtocolSession(UpstreamHandlers):
         self.has_writable: Callable[[], bool] = self.outbound.has_writable
         self.take_writable: Callable[[int], list[tuple[int, bytes]]] = \
             self.outbound.take_writable
-        self.texts: dict[str, Text] = {}
         #: what the client made this session hold beyond its window (texts, calls, runs)
         self.meter = self.outbound.meter = Meter()
+        #: the texts open (started, not ended): message_id -> Text (texts.py)
+        self.texts = OpenTexts(settings, self.meter)
         self.registry = CallRegistry(settings.max_concurrent_runs, self.meter)
+        #: the runs and tool calls: the client's and the application's (work.py)
+        self.work = Work(session_id, self.registry, self.send, self._fail, self._events,
+                         self._next)
         #: the last number used in an id this session made (message and run ids); it
         #: moves with the session so that ids never repeat
         self.id_counter = 0
-        self._ping_nonce: str | None = None
-        self._ping_sent_at = 0
-        self._next_ping_at = now + settings.heartbeat_interval
+        self.heartbeat = Heartbeat(settings, now)
 
     # -- state ----------------------------------------------------------------------------
 
@@ -129,8 +142,8 @@ class ProtocolSession(UpstreamHandlers):
     def _to(self, transition: Transition) -> None:
         before = self._state
         after = self._state = TRANSITIONS[before][transition]
-        for on_queue, name, value in RESET_STEPS[transition]:  # the state beside the table
-            setattr(self.outbound if on_queue else self, name, value)
+        for part, flag, value in RESET_STEPS[transition]:  # the state beside the table
+            setattr(getattr(self, part), flag, value)
         if (before in _ATTACHED) is not (after in _ATTACHED):  # the shared running count
             self.traffic.attached += 1 if after in _ATTACHED else -1
 
@@ -184,22 +197,6 @@ class ProtocolSession(UpstreamHandlers):
         return self.outbound.downstream_seq
 
     @property
-    def paused_by_client(self) -> set[str]:
-        return self.outbound.paused_by_client
-
-    @property
-    def paused_by_server(self) -> set[str]:
-        return self.outbound.paused_by_server
-
-    @property
-    def in_flight(self) -> int:
-        return self.outbound.in_flight
-
-    @property
-    def pending_bytes(self) -> int:
-        return self.outbound.pending_bytes
-
-    @property
     def unsent_bytes(self) -> int:
         return self.outbound.unsent_bytes
 
@@ -210,7 +207,7 @@ class ProtocolSession(UpstreamHandlers):
         self._to(Transition.ATTACH)
         self.disconnected_at = None
         self.last_activity = now
-        self._next_ping_at = now + self.settings.heartbeat_interval
+        self.heartbeat.restart(now)
         self.outbound.drop_resends()  # a fresh connection: nothing to resend yet
         if last_seq is not None:
             self._queue_replay(last_seq + 1, None, now, source="resume")
@@ -220,7 +217,7 @@ class ProtocolSession(UpstreamHandlers):
         self.disconnected_at = now
         self.outbound.drop_resends()
 
-    # -- upstream (the handlers are in upstream.py) --------------------------------------
+    # -- upstream: rules 0 and 1, then receive_message ---------------------------------
 
     def receive(self, raw: bytes | str, now: int) -> None:
         """One client frame / line / body element."""
@@ -257,13 +254,10 @@ class ProtocolSession(UpstreamHandlers):
     def _rate_limited(self, verdict: Verdict) -> None:
         """A message found no rate-limit token (``verdict``): it is dropped unread (so its
         seq is not recorded and it may be resent as it was)."""
-        if not self._flooding:
-            self._fail(RateLimited(
-                f"more than {self.settings.rate_limit:g} messages per second (burst "
-                f"{self.settings.rate_limit_burst}); message dropped",
-                detail={"retry_after_ms": self.rate.retry_after_ms()}))
-            if verdict is Verdict.CLOSE:
-                self._flooding = True
+        refusal = self.rate.refusal(verdict)
+        if refusal is not None:
+            self._fail(refusal)
+            if self.rate.flooding:
                 self._events.append(CloseRequested(CloseCode.POLICY_VIOLATION,
                                                    "rate limit exceeded"))
 
@@ -273,75 +267,155 @@ class ProtocolSession(UpstreamHandlers):
         self.traffic.received[INVALID] += 1
         self._fail(exc)
 
-    def _greeted(self) -> None:
-        """A HELLO was accepted."""
-        self._to(Transition.HELLO)
-
-    # -- runs (also the application's API) -----------------------------------------------
-
-    def start_run(self, now: int, run_id: str | None = None, thread_id: str | None = None,
-                  metadata: Any = None) -> Run:
-        self.registry.check_room()
-        if run_id is None:
-            run_id = f"{self.id}-run{self._next()}"
-        run = self.registry.add_run(run_id, now, thread_id, metadata)
-        self.send(run_started(run_id, thread_id))
-        self._events.append(RunChanged("started", run))
-        return run
-
-    def finish_run(self, run_id: str, now: int, summary: Any = None, error: Any = None) -> Run:
-        run = self.registry.end_run(run_id, now)
-        run.status = "error" if error is not None else "finished"
-        run.summary, run.error = summary, error
-        self.send(run_finished(run_id, run.status, summary, error))
-        self._events.append(RunChanged("finished", run))
-        return run
-
-    def cancel_run(self, run_id: str, now: int) -> Run:
-        run = self.registry.end_run(run_id, now)
-        run.status = "cancelled"
-        calls = self.registry.calls_of(run_id)
-        self.send(run_finished(run_id, "cancelled"))
-        self._events.append(RunChanged("cancelled", run, calls))
-        return run
-
-    # -- tool calls (the application's side) ---------------------------------------------
-
-    def open_call(self, call_id: str, run_id: str | None = None, params: Any = None) -> None:
-        """A call the application starts itself (its agent calling a tool): from here on
-        it is like a client's call, with TOOL_UPDATEs and exactly one TOOL_DONE, and
-        cancelled with its run. MAX_RUNS_EXCEEDED when its params are over budget."""
-        self.registry.add_call(call_id, run_id, None, check_run=True)
+    def receive_message(self, msg: Message, nbytes: int, now: int) -> None:
+        """A message whose envelope is valid (rules 2 to 8)."""
+        self.last_activity = now
+        mtype = msg.type
+        received = self.traffic.received  # inline: this runs for every message
         try:
-            self.registry.charge_call(call_id, params)
-        except ProtoError:
-            self.registry.end_call(call_id)
-            raise
+            received[mtype] += 1
+        except KeyError:  # a type no client may send: one bounded label for all of them
+            received[UNKNOWN_TYPE] += 1
+        seen = self.up_seqs
+        seen_before = seen.highest
+        if not seen.first_time(msg.seq):
+            return  # a retransmission: already seen
+        charged = False
+        try:
+            if mtype not in CLIENT_TYPES:
+                raise UnsupportedType(f"unsupported message type {mtype!r}")
+            if mtype not in PRE_HANDSHAKE_TYPES and not self.handshake_completed:
+                raise HandshakeRequired()
+            msg = validate_payload(msg)
+            if mtype not in CONTROL_TYPES:
+                # refused before it is charged: a message the client must send again
+                # must not cost it credit (nor earn it a top-up)
+                if msg.channel in self.outbound.paused_by_server:
+                    raise ChannelPaused(f"channel {msg.channel} is paused", related_id=msg.id)
+                self.credits.charge(msg.channel, nbytes)
+                charged = True
+            _HANDLERS[mtype](self, msg, seen_before, now)
+        except InsufficientCredits as exc:
+            exc.related_id = exc.related_id or msg.id
+            self._fail(exc)
+            # refused for its size: top the bytes up so the client can send it again
+            grant = self.credits.top_up_bytes(msg.channel, nbytes)
+            if grant is not None:
+                self.send(flow_update(msg.channel, *grant))
+        except ProtoError as exc:
+            if exc.related_id is None:
+                exc.related_id = msg.id
+            self._fail(exc)
+        if charged:
+            # A message that spent credit is handled even when its handling ends in an
+            # ERROR, so the channel is topped up either way (else a client whose last
+            # credits went to rejected messages would wait for a FLOW_UPDATE forever).
+            grant = self.credits.replenish(msg.channel, under_load=self.outbound.under_load())
+            if grant is not None:
+                self.send(flow_update(msg.channel, *grant))
 
-    def tool_update(self, call_id: str, status: str, progress: float | None = None,
-                    partial: Any = None) -> bool:
-        if call_id not in self.registry.calls:
-            return False
-        return self.send(tool_update_message(call_id, status, progress, partial))
+    def _on_hello(self, msg: Message, seen_before: int, now: int) -> None:
+        p = msg.payload
+        refused = version_refused(p)
+        if refused is not None:
+            self._fail(UnsupportedVersion(refused, related_id=msg.id))
+            self._events.append(CloseRequested(CloseCode.UNSUPPORTED_VERSION,
+                                               "unsupported version"))
+            return
+        self.accept_events = accepted_events(p)
+        self.credits.announce_client_credit(*client_flow_control(p))
+        first = not self.handshake_completed
+        if first:  # the session's first HELLO decides its extensions, for its whole life
+            asked = asked_extensions(p)
+            if asked is not None:
+                self.extensions = asked
+        self._to(Transition.HELLO)
+        self.send(hello_message(
+            session_id=self.id,
+            accept_events=self.accept_events or SERVER_TYPES,
+            capabilities=capabilities(self.settings, self.extensions),
+            last_client_seq=seen_before,
+        ))
+        if first:
+            self._events.append(Handshake(p))
 
-    def tool_done(self, call_id: str, status: str, result: Any = None,
-                  error: ProtoError | None = None) -> bool:
-        """Finish a call with its single TOOL_DONE; False if it had already finished."""
-        if self.registry.end_call(call_id) is None:
-            return False
-        self.send(tool_done_message(call_id, status, result, error))
-        return True
+    def _on_ping(self, msg: Message, seen_before: int, now: int) -> None:
+        self.send(pong_message(msg.payload["nonce"]))
 
-    def fail_call(self, call_id: str, exc: ProtoError) -> bool:
-        """TOOL_DONE ERROR with the error, plus the ERROR message (docs/PROTOCOL.md §4.4 Tools)."""
-        call = self.registry.calls.get(call_id)
-        if call is None:
-            return False
-        if exc.related_id is None:
-            exc.related_id = call.message_id
-        self.tool_done(call_id, "ERROR", error=exc)
-        self._fail(exc)
-        return True
+    def _on_pong(self, msg: Message, seen_before: int, now: int) -> None:
+        self.heartbeat.answered(msg.payload["nonce"])
+
+    def _on_text(self, msg: Message, seen_before: int, now: int) -> None:
+        """MESSAGE_START, PART, END: assembled by ``texts`` (texts.py), each reported."""
+        p = msg.payload
+        mid = p["message_id"]
+        wire = msg.to_wire()
+        wire["payload"] = payload = dict(p)
+        mtype = msg.type
+        if mtype == "MESSAGE_START":
+            self.texts.start(mid, p["content_type"])
+        elif mtype == "MESSAGE_PART":
+            self.texts.add(mid, p["content"])
+        else:
+            assembled, content_type = self.texts.end(mid)
+            payload["text"], payload["content_type"] = assembled, content_type
+            self._events.append(TextReceived(wire))
+            if self.settings.echo_messages:
+                self.send_text(assembled, content_type)
+            return
+        self._events.append(TextReceived(wire))
+
+    _on_message_start = _on_message_part = _on_message_end = _on_text
+
+    def _on_tool_call(self, msg: Message, seen_before: int, now: int) -> None:
+        self.work.call_received(msg)
+
+    def _on_tool_cancel(self, msg: Message, seen_before: int, now: int) -> None:
+        self.work.cancel_received(msg.payload["call_id"])
+
+    def _on_tool_list(self, msg: Message, seen_before: int, now: int) -> None:
+        self._events.append(ToolListRequested())
+
+    def _on_run_started(self, msg: Message, seen_before: int, now: int) -> None:
+        p = msg.payload
+        self.work.start_run(now, run_id=p.get("run_id"), thread_id=p.get("thread_id"),
+                            metadata=p.get("metadata"))
+
+    def _on_run_finished(self, msg: Message, seen_before: int, now: int) -> None:
+        self.work.finish_run(msg.payload["run_id"], now, summary=msg.payload.get("summary"))
+
+    def _on_run_cancel(self, msg: Message, seen_before: int, now: int) -> None:
+        self.work.cancel_run(msg.payload["run_id"], now)
+
+    def _on_ack(self, msg: Message, seen_before: int, now: int) -> None:
+        seq = min(msg.payload["seq"], self.outbound.downstream_seq)
+        if seq > self.last_ack:
+            self.last_ack = seq
+        self.outbound.replay.ack(seq)
+
+    def _on_flow_update(self, msg: Message, seen_before: int,
+                        now: int) -> None:
+        p = msg.payload
+        self.credits.add_client_credit(p["channel"], p["add_messages"], p["add_bytes"])
+
+    def _on_pause_channel(self, msg: Message, seen_before: int, now: int) -> None:
+        self.outbound.pause_by_client(msg.payload["channel"])
+
+    def _on_resume_channel(self, msg: Message, seen_before: int, now: int) -> None:
+        self.outbound.resume_by_client(msg.payload["channel"])
+
+    def _on_replay_request(self, msg: Message, seen_before: int,
+                           now: int) -> None:
+        p = msg.payload
+        self._queue_replay(p["from_seq"], p["to_seq"], now, source="request",
+                           related_id=msg.id)
+
+    def _on_audio_chunk(self, msg: Message, seen_before: int, now: int) -> None:
+        try:
+            data = base64.b64decode(msg.payload["data"], validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidMessage("AUDIO_CHUNK data is not valid base64") from None
+        self._events.append(AudioReceived(msg.to_wire(), data))
 
     # -- downstream (the queue is outbound.py) -------------------------------------------
 
@@ -354,16 +428,10 @@ class ProtocolSession(UpstreamHandlers):
         return self.outbound.push(out)
 
     def send_text(self, text: str, content_type: str = "text/plain") -> str:
-        """START, PARTs, END on AGENT with a fresh message_id; returns the id. The text is
-        split into as many PARTs as it takes for no envelope to exceed maxMessageSize."""
+        """START, PARTs, END on AGENT with a fresh message_id (texts.py); returns the id."""
         mid = f"{self.id}-m{self._next()}"
-        self.send(text_start(mid, content_type))
-        # what the stamped envelope adds around the payload: id and session hold the
-        # session id, seq and ts at most 16 and 20 digits
-        room = self.settings.max_message_size - (128 + 2 * len(self.id))
-        for piece in split_text(mid, text, room):
-            self.send(text_part(mid, piece))
-        self.send(text_end(mid))
+        for out in outgoing_text(mid, text, content_type, self.settings, self.id):
+            self.send(out)
         return mid
 
     def set_in_flight(self, nbytes: int) -> None:
@@ -380,19 +448,14 @@ class ProtocolSession(UpstreamHandlers):
 
     def tick(self, now: int) -> None:
         """Heartbeat and expiry; call about once a second."""
-        s = self.settings
         if self.connected:
-            if self._ping_nonce is not None:
-                if now - self._ping_sent_at >= s.heartbeat_timeout:
-                    self._ping_nonce = None
-                    self._events.append(HeartbeatTimedOut())
-            elif now >= self._next_ping_at:
-                self._ping_nonce = f"hb-{secrets.token_urlsafe(12)}"  # unguessable: no blind PONGs
-                self._ping_sent_at = now
-                self._next_ping_at = now + s.heartbeat_interval
-                self.send(ping_message(self._ping_nonce))
+            nonce, timed_out = self.heartbeat.beat(now)
+            if nonce is not None:
+                self.send(ping_message(nonce))
+            elif timed_out:
+                self._events.append(HeartbeatTimedOut())
         elif not self.closed and self.disconnected_at is not None and \
-                now - self.disconnected_at >= s.replay_window_time:
+                now - self.disconnected_at >= self.settings.replay_window_time:
             self._to(Transition.CLOSE)
             self._events.append(Expired())
         self.outbound.replay.prune(now)
@@ -423,33 +486,11 @@ class ProtocolSession(UpstreamHandlers):
         self.send(error_message(exc))
         self._events.append(ErrorSent(exc))
 
-    def _under_load(self) -> bool:
-        return self.outbound.under_load()
-
     def _next(self) -> int:
         self.id_counter += 1
         return self.id_counter
 
-    def snapshot(self) -> dict[str, Any]:
-        """The session fields (docs/PROTOCOL.md §12), with live values (plain data, camelCase)."""
-        up = self.credits.upstream()
-        ob = self.outbound
-        return {
-            "id": self.id,
-            "userId": self.user_id,
-            "connected": self.connected,
-            "handshakeCompleted": self.handshake_completed,
-            "lastActivity": self.last_activity,
-            "credits": {ch: m for ch, (m, _) in up.items()},
-            "byteCredits": {ch: b for ch, (_, b) in up.items()},
-            "downstreamCredits": {ch: m for ch, (m, _) in self.credits.downstream().items()},
-            "pausedChannels": set(ob.paused_by_client | ob.paused_by_server),
-            "lastAck": str(self.last_ack),
-            "lastDeliveredSeq": str(ob.downstream_seq),
-            "lastClientSeq": str(self.upstream_seq),
-            "replayWindow": {str(e.seq): decode_json(e.data) for e in ob.replay},
-            "activeRuns": set(self.registry.runs),
-            "pendingMessages": {str(i): o.to_dict() for i, o in enumerate(ob.pending)},
-            "outboundBytes": ob.unsent_bytes,
-        }
 
+#: message type -> its handler, ``_on_<type>``
+_HANDLERS: dict[str, Callable[[ProtocolSession, Message, int, int], None]] = {
+    mtype: getattr(ProtocolSession, f"_on_{mtype.lower()}") for mtype in CLIENT_TYPES}

@@ -46,10 +46,12 @@ TRANSITIONS: dict[SessionState, dict[Transition, SessionState]] = {
 #: lists its flags): each flag that lives outside the lifecycle above and what it means
 #: (its start value in brackets); ``RESETS``: the transitions that put one back to its
 #: start value, which ``ProtocolSession._to`` applies (tests/core/test_session_state.py).
-#: "outbound." names the session's outbound queue (``core/outbound.py``).
+#: "part.name" names a flag of one of the parts the session composes: its rate limiter
+#: (``rate``, ``core/ratelimit.py``), its heartbeat (``heartbeat``, ``core/heartbeat.py``),
+#: its outbound queue (``outbound``, ``core/outbound.py``).
 BESIDE: dict[str, str] = {
-    "_flooding": "closed for flooding: later messages are dropped unread (False)",
-    "_ping_nonce": "the heartbeat PING waiting for its PONG (None)",
+    "rate.flooding": "closed for flooding: later messages are dropped unread (False)",
+    "heartbeat.nonce": "the heartbeat PING waiting for its PONG (None)",
     "outbound._overflowed": "SlowConsumer reported for this connection (False)",
     "outbound._pause_armed": "back-pressure may pause USER: data was queued since the "
                              "last resume (True)",
@@ -57,10 +59,16 @@ BESIDE: dict[str, str] = {
 }
 #: transition -> (state, start value) reset when it happens
 RESETS: dict[Transition, tuple[tuple[str, Any], ...]] = {
-    Transition.ATTACH: (("_flooding", False), ("_ping_nonce", None),
+    Transition.ATTACH: (("rate.flooding", False), ("heartbeat.nonce", None),
                         ("outbound._overflowed", False), ("outbound.in_flight", 0)),
-    Transition.DETACH: (("_ping_nonce", None),),
+    Transition.DETACH: (("heartbeat.nonce", None),),
     Transition.HELLO: (), Transition.CLOSE: (),
 }
-RESET_STEPS = {t: tuple((name.startswith("outbound."), name.rpartition(".")[2], value)
-                        for name, value in steps) for t, steps in RESETS.items()}
+def _split(name: str) -> tuple[str, str]:
+    part, _, flag = name.partition(".")
+    return part, flag
+
+
+#: transition -> (the part's attribute name on the session, the flag, its start value)
+RESET_STEPS: dict[Transition, tuple[tuple[str, str, Any], ...]] = {
+    t: tuple((*_split(name), value) for name, value in steps) for t, steps in RESETS.items()}

@@ -14,14 +14,14 @@ superseded by a resume, server stopping) ends with ``event: close`` carrying
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 import orjson
 from flask import Request, Response
 
+from ..auth import token_from_request
 from ..core.bodies import is_seq, parse_seq_arg
 from ..core.errors import InvalidMessage, ProtoError
-from .admission import admit
 from .http import HTTPDownstream, error_response
 from .http import post_messages as post_messages  # POST /proto/sse is the shared upstream
 
@@ -56,15 +56,15 @@ class SSEStream(HTTPDownstream):
         return b"event: close\ndata: " + orjson.dumps({"code": code, "reason": reason}) + b"\n\n"
 
 
-def resume_point(request: Request) -> tuple[str | None, int | None]:
+def resume_point(args: Mapping[str, str], last_event_id: str) -> tuple[str | None, int | None]:
     """(session, last_seq) from the query or from the Last-Event-ID header.
 
     The header is what a browser sends on its own when it reconnects; for the session the
     query names (or, without one, for the header's session) it wins over ``last_seq`` in
     the query, being the newer of the two."""
-    session_id = request.args.get("session") or None
-    last_seq = parse_seq_arg(request.args.get("last_seq"), "last_seq")
-    header = request.headers.get("Last-Event-ID", "").strip()
+    session_id = args.get("session") or None
+    last_seq = parse_seq_arg(args.get("last_seq"), "last_seq")
+    header = last_event_id.strip()
     if header:
         sid, sep, seq = header.rpartition(":")
         if not sep or not sid or not is_seq(seq):
@@ -74,10 +74,21 @@ def resume_point(request: Request) -> tuple[str | None, int | None]:
     return session_id, last_seq
 
 
+def stream_response(ports: "Ports", args: Mapping[str, str], authorization: str | None,
+                    last_event_id: str, environ: dict[str, Any]) -> Response:
+    """GET /proto/sse: a new session's stream, or a resumed one; or the contract's
+    ProtoError. Flask's route and protoflask's own app's lane (post_lane.py) both open
+    streams with this."""
+    session_id, last_seq = resume_point(args, last_event_id)
+    admission = ports.admit(token_from_request(args.get("token"), authorization), session_id,
+                            last_seq, SSEStream.kind, ticket=args.get("ticket"))
+    return SSEStream(ports.port(admission, SSEStream.kind), environ).response()
+
+
 def open_stream(ports: "Ports", request: Request) -> Response:
-    """GET /proto/sse: a new session's stream, or a resumed one."""
+    """GET /proto/sse as a Flask response (see ``stream_response``)."""
     try:
-        admission = admit(ports, request, SSEStream.kind, *resume_point(request))
+        return stream_response(ports, request.args, request.headers.get("Authorization"),
+                               request.headers.get("Last-Event-ID", ""), request.environ)
     except ProtoError as exc:
         return error_response(exc)
-    return SSEStream(ports.port(admission, SSEStream.kind), request.environ).response()

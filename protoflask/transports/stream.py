@@ -19,14 +19,14 @@ socket's read side to notice a client that went away.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 import gevent
 from flask import Request, Response
 
+from ..auth import token_from_request
 from ..core.bodies import parse_seq_arg
 from ..core.errors import MessageTooLarge, ProtoError, RequestTimeout
-from .admission import admit
 from .http import LINGER_SECONDS, HTTPDownstream, error_response, post_messages
 from .request_body import body_pieces, iter_lines, taking_turns
 from .sockets import shutdown
@@ -127,10 +127,20 @@ def handle_post(ports: "Ports", request: Request) -> Response:
     """POST /proto/stream: a new stream, a follow-up (202) or a resume (last_seq)."""
     if not opens_stream(request):
         return post_messages(ports, request)
-    session_id = request.args.get("session") or None
     try:
-        admission = admit(ports, request, NDJSONStream.kind, session_id,
-                          parse_seq_arg(request.args.get("last_seq"), "last_seq"))
+        return stream_response(ports, request.args, request.headers.get("Authorization"),
+                               request.environ)
     except ProtoError as exc:
         return error_response(exc)
-    return NDJSONStream(ports.port(admission, NDJSONStream.kind), request.environ).response()
+
+
+def stream_response(ports: "Ports", args: Mapping[str, str], authorization: str | None,
+                    environ: dict[str, Any]) -> Response:
+    """A POST /proto/stream that opens a stream (new, or resumed with ``last_seq``): its
+    response, or the contract's ProtoError. Flask's route and protoflask's own app's lane
+    (post_lane.py) both open streams with this."""
+    session_id = args.get("session") or None
+    last_seq = parse_seq_arg(args.get("last_seq"), "last_seq")
+    admission = ports.admit(token_from_request(args.get("token"), authorization), session_id,
+                            last_seq, NDJSONStream.kind, ticket=args.get("ticket"))
+    return NDJSONStream(ports.port(admission, NDJSONStream.kind), environ).response()

@@ -20,10 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import gevent
 from gevent import getcurrent
 from websockets.exceptions import PayloadTooBig
-from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.frames import Frame, Opcode
-from websockets.http11 import Request
-from websockets.datastructures import Headers
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
@@ -35,6 +32,7 @@ except ImportError:  # pragma: no cover - websockets built without its C extensi
 from ..core.errors import MessageTooLarge
 from ..turns import SLICE
 from .sockets import immediate_send, read_wait, shutdown
+from .ws_handshake import accept_fast, accept_plain
 
 if TYPE_CHECKING:
     from ..port import Admission, Limits, Ports, SessionPort
@@ -52,18 +50,6 @@ _state_of: Callable[[ServerProtocol], State] = \
 RECV_SIZE = 65536
 #: deflated bytes handed to the protocol at a time (inflated: up to a few messages)
 FEED_SIZE = 8192
-
-
-def handshake_request(environ: dict[str, Any]) -> Request:
-    """The upgrade request as websockets sees it, rebuilt from the WSGI environ."""
-    headers = Headers()
-    for key, value in environ.items():
-        if key.startswith("HTTP_"):
-            headers[key[5:].replace("_", "-").title()] = value
-    path = environ.get("PATH_INFO", "/")
-    if environ.get("QUERY_STRING"):
-        path += "?" + environ["QUERY_STRING"]
-    return Request(path, headers)
 
 
 _SMALL_TEXT_HEADS = [bytes((0x81, n)) for n in range(126)]
@@ -115,14 +101,13 @@ class WebSocketConnection:
         """Answer the upgrade; False if websockets refused the request (already answered).
 
         The HTTP request was parsed by the WSGI server, so a throwaway protocol object
-        negotiates the handshake and the frame protocol starts OPEN with its extensions."""
-        handshake = ServerProtocol(
-            extensions=[ServerPerMessageDeflateFactory()] if self.compression else None)
-        response = handshake.accept(handshake_request(environ))
-        handshake.send_response(response)
-        self._send(handshake.data_to_send())
-        self.protocol.extensions = handshake.extensions
-        return response.status_code == 101
+        negotiates the handshake and the frame protocol starts OPEN with its extensions.
+        The common upgrade is answered from a template (``accept_fast``)."""
+        answer = accept_fast(environ, self.compression) \
+            or accept_plain(environ, self.compression)
+        chunks, self.protocol.extensions, accepted = answer
+        self._send(chunks)
+        return accepted
 
     def serve(self, port: "SessionPort") -> None:
         """Attach to the session and pump until the connection ends, in the greenlet
@@ -442,7 +427,9 @@ def serve(ports: "Ports", admission: "Admission", sock: socket.socket,
     however it ends."""
     conn = WebSocketConnection(ports.limits, sock, compression)
     try:
-        if conn.accept(environ):
+        accepted = conn.accept(environ)
+        del environ  # the upgrade's headers are not held for the connection's life
+        if accepted:
             conn.serve(ports.port(admission, WebSocketConnection.kind))
     except OSError:
         pass

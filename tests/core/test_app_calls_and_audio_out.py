@@ -16,11 +16,11 @@ from ._support import types
 
 def test_an_opened_call_gets_updates_and_one_done(client):
     s = client.s
-    assert s.tool_update("a1", "RUNNING", 10) is False  # unknown until opened
-    s.open_call("a1")
-    assert s.tool_update("a1", "RUNNING", 10) is True
-    assert s.tool_done("a1", "OK", {"x": 1}) is True
-    assert s.tool_done("a1", "OK", {"x": 1}) is False
+    assert s.work.tool_update("a1", "RUNNING", 10) is False  # unknown until opened
+    s.work.open_call("a1")
+    assert s.work.tool_update("a1", "RUNNING", 10) is True
+    assert s.work.tool_done("a1", "OK", {"x": 1}) is True
+    assert s.work.tool_done("a1", "OK", {"x": 1}) is False
     out = client.take()
     assert types(out) == ["TOOL_UPDATE", "TOOL_DONE"]
     assert out[1]["payload"] == {"call_id": "a1", "status": "OK", "result": {"x": 1}}
@@ -28,31 +28,31 @@ def test_an_opened_call_gets_updates_and_one_done(client):
 
 def test_open_call_refuses_a_running_id_and_an_inactive_run(client):
     s = client.s
-    s.open_call("a1")
+    s.work.open_call("a1")
     with pytest.raises(DuplicateCallId):
-        s.open_call("a1")
+        s.work.open_call("a1")
     client.send("TOOL_CALL", {"call_id": "c1", "tool": "echo", "params": {}})
     with pytest.raises(DuplicateCallId):
-        s.open_call("c1")  # a client's running call too
+        s.work.open_call("c1")  # a client's running call too
     with pytest.raises(RunNotFound):
-        s.open_call("a2", run_id="nope")
+        s.work.open_call("a2", run_id="nope")
     assert "a2" not in s.calls
 
 
 def test_cancelling_a_run_lists_the_calls_opened_in_it(client):
     s = client.s
-    run = s.start_run(0, run_id="r1")
-    s.open_call("a1", run_id=run.run_id)
-    s.open_call("a2")
+    run = s.work.start_run(0, run_id="r1")
+    s.work.open_call("a1", run_id=run.run_id)
+    s.work.open_call("a2")
     s.take_events()
-    s.cancel_run("r1", 0)
+    s.work.cancel_run("r1", 0)
     (changed,) = [e for e in s.take_events() if isinstance(e, RunChanged)]
     assert changed.kind == "cancelled" and changed.cancelled_calls == ("a1",)
 
 
 def test_a_failed_opened_call_has_no_related_id(client):
-    client.s.open_call("a1")
-    client.s.fail_call("a1", ToolExecutionError("boom"))
+    client.s.work.open_call("a1")
+    client.s.work.fail_call("a1", ToolExecutionError("boom"))
     done, error = client.take()
     assert done["payload"]["status"] == "ERROR"
     assert error["payload"] == {"code": "TOOL_EXECUTION_ERROR", "message": "boom"}

@@ -201,7 +201,7 @@ def test_data_messages_at_the_pending_byte_cap_are_refused_and_reported():
     for i in range(20):  # no credit: they wait in pending
         s.send(messages.text_part(f"m{i}", "z" * 1000))
     refused = [e for e in s.take_events() if isinstance(e, SendRefused)]
-    assert refused and s.pending_bytes <= 10_000 + 1200
+    assert refused and s.outbound.pending_bytes <= 10_000 + 1200
 
 
 # -- bounded error work -----------------------------------------------------------------------

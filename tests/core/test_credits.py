@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from protoflask.core.handoff import snapshot
 from protoflask.core import errors, messages
 from protoflask.core.credits import CreditLedger
 from protoflask.core.envelope import CONTROL_TYPES
@@ -271,13 +272,13 @@ def test_insufficient_credits_rejects_without_processing_or_spending():
     assert out[0]["payload"]["related_id"] == c.sent_ids[-1]
     assert [type(e) for e in events] == [ErrorSent]
     assert s.texts == {}
-    snap = s.snapshot()
+    snap = snapshot(s)
     assert (snap["credits"]["USER"], snap["byteCredits"]["USER"]) == (1000, 300)
     # The rejected message still advanced the seq: the client resends with a new seq.
     assert c.send("PING", {"nonce": "dup"}, seq=c.seq) == []
     events = start(c, "small")
     assert [type(e) for e in events] == [TextReceived]
-    assert s.snapshot()["byteCredits"]["USER"] == 300 - len(c.last_raw)
+    assert snapshot(s)["byteCredits"]["USER"] == 300 - len(c.last_raw)
 
 
 def flow_session(**credits):
@@ -304,7 +305,7 @@ def test_flow_update_when_remaining_credit_falls_to_the_threshold():
     assert types(out) == ["FLOW_UPDATE"]
     assert out[0]["channel"] == "SYSTEM"
     assert out[0]["payload"] == {"channel": "USER", "add_messages": 7, "add_bytes": sum(sizes)}
-    snap = s.snapshot()
+    snap = snapshot(s)
     assert (snap["credits"]["USER"], snap["byteCredits"]["USER"]) == (9, 10**6)
     # 9 left: the next top-up comes with the 7th message after this one (9 - 7 = 2).
     for i in range(6):
@@ -353,19 +354,19 @@ def test_control_messages_never_need_or_spend_credit(channel):
     out = c.take()
     assert error_codes(out) == []
     assert "FLOW_UPDATE" not in types(out)
-    assert s.snapshot()["credits"] == {}
+    assert snapshot(s)["credits"] == {}
 
 
 def test_channel_paused_by_back_pressure():
     s, c = flow_session()
-    s.paused_by_server.add("USER")
+    s.outbound.paused_by_server = {"USER"}
     events = start(c, "m")
     assert not any(isinstance(e, TextReceived) for e in events)
     assert error_codes(c.take()) == ["CHANNEL_PAUSED"]
     assert s.texts == {}
     c.send("PING", {"nonce": "n"}, channel="USER")  # control is not paused
     assert types(c.take()) == ["PONG"]
-    s.paused_by_server.discard("USER")
+    s.outbound.paused_by_server = set()
     assert [type(e) for e in start(c, "m")] == [TextReceived]
 
 
@@ -454,14 +455,14 @@ def test_pause_and_resume_channel_from_the_client():
     c = Client(s)
     c.handshake()
     c.send("PAUSE_CHANNEL", {"channel": "AGENT"})
-    assert s.snapshot()["pausedChannels"] == {"AGENT"}
+    assert snapshot(s)["pausedChannels"] == {"AGENT"}
     for i in range(3):
         s.send(messages.text_part("m", str(i)))
     c.send("MESSAGE_END", {"message_id": "nope"})  # ERROR on SYSTEM
     c.send("PING", {"nonce": "n"})
     assert types(c.take()) == ["ERROR", "PONG"]
     c.send("RESUME_CHANNEL", {"channel": "AGENT"})
-    assert s.snapshot()["pausedChannels"] == set()
+    assert snapshot(s)["pausedChannels"] == set()
     out = c.take()
     assert contents(out) == ["0", "1", "2"]
     assert seqs(out) == [4, 5, 6]
@@ -497,7 +498,7 @@ def test_a_message_too_large_for_the_bytes_left_gets_them_topped_up():
     c.handshake()
     start(c, "a" * 250)
     c.take()
-    left = s.snapshot()["byteCredits"]["USER"]
+    left = snapshot(s)["byteCredits"]["USER"]
     assert 250 < left < 700
     start(c, "b" * 600)
     out = c.take()
@@ -561,7 +562,7 @@ def test_writing_pause_and_resume_frames_never_pauses_or_resumes_again(part, tex
     assert kinds.count("MESSAGE_START") == kinds.count("MESSAGE_END") == texts
     # one burst of data: at most one pause, and one resume once it drained
     assert kinds.count("PAUSE_CHANNEL") == kinds.count("RESUME_CHANNEL") <= 1
-    assert not s.paused_by_server
+    assert not s.outbound.paused_by_server
 
 
 def paused_session(buffer, **credits):
@@ -573,19 +574,19 @@ def paused_session(buffer, **credits):
     for _ in range(buffer // 150):
         s.send(messages.text_part("m", "x" * 100))
     pump(s)
-    assert s.paused_by_server == {"USER"}
+    assert s.outbound.paused_by_server == {"USER"}
     return s, c
 
 
 def test_resume_waits_for_the_low_mark_a_quarter_of_the_high_one():
     s, c = paused_session(10000)  # the high mark is 8000 bytes, the low one 2000
     still_paused = []
-    while s.paused_by_server:
+    while s.outbound.paused_by_server:
         c.send("FLOW_UPDATE", {"channel": "AGENT", "add_messages": 1})
         out = types(pump(s))
-        assert ("RESUME_CHANNEL" in out) == (s.pending_bytes <= 2000)
-        if s.paused_by_server:
-            still_paused.append(s.pending_bytes)
+        assert ("RESUME_CHANNEL" in out) == (s.outbound.pending_bytes <= 2000)
+        if s.outbound.paused_by_server:
+            still_paused.append(s.outbound.pending_bytes)
     assert min(still_paused) < 4000  # half the high mark was not enough
 
 
@@ -596,4 +597,4 @@ def test_a_message_refused_for_back_pressure_costs_no_credit():
     out = c.take()
     assert error_codes(out) == ["CHANNEL_PAUSED"] * 10
     assert "FLOW_UPDATE" not in types(out)  # nothing spent, so nothing to give back
-    assert s.snapshot()["credits"] == {}
+    assert snapshot(s)["credits"] == {}

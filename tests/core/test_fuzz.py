@@ -14,6 +14,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
+from protoflask.core.handoff import snapshot
 from protoflask.core import envelope
 from protoflask.core.envelope import CLIENT_TYPES, PAYLOAD_SCHEMAS, Message
 from protoflask.core.errors import ERRORS_BY_CODE, InvalidMessage, ProtoError
@@ -232,4 +233,4 @@ def test_a_session_answers_anything_with_events_and_errors(inputs, hello_first, 
         now += 7
         receive_decoded_events(session, obj, len(raw), now)
         session.take_writable(now)
-    session.snapshot()
+    snapshot(session)

@@ -26,8 +26,8 @@ def test_a_moved_session_replays_resumes_and_keeps_its_seqs() -> None:
     s = make_session(now=1000)
     c = Client(s, now=1000)
     c.handshake(accept_events=["RUN_STARTED", "MESSAGE_START", "MESSAGE_PART", "MESSAGE_END"])
-    run = s.start_run(1000, run_id="r1", thread_id="t", metadata={"k": 1})
-    s.open_call("call-1", run.run_id)
+    run = s.work.start_run(1000, run_id="r1", thread_id="t", metadata={"k": 1})
+    s.work.open_call("call-1", run.run_id)
     s.send_text("before the move")
     s.send(messages.create("NOTE", {"n": 0}))  # not in accept_events: filtered out
     sent = c.take()
@@ -55,8 +55,8 @@ def test_a_moved_session_replays_resumes_and_keeps_its_seqs() -> None:
     assert c.send("PING", {"nonce": "x"}, seq=c.seq) == []
     assert types(c.take()) == []
     # a call opened on the old node can still be finished here, once
-    assert copy.tool_done("call-1", "OK", {"v": 1}) is True
-    assert copy.tool_done("call-1", "OK", {"v": 1}) is False
+    assert copy.work.tool_done("call-1", "OK", {"v": 1}) is True
+    assert copy.work.tool_done("call-1", "OK", {"v": 1}) is False
 
 
 def test_acknowledged_and_expired_entries_do_not_come_back() -> None:

@@ -92,7 +92,7 @@ def test_tool_call_params_are_held_until_the_tool_done():
     params = {"message": "\U0001F600" * 20_000}
     c.send("TOOL_CALL", {"call_id": "a", "tool": "echo", "params": params})
     assert s.meter.held == memory_of(params) > 80_000
-    s.tool_done("a", "OK", {"echoed": "x"})
+    s.work.tool_done("a", "OK", {"echoed": "x"})
     assert s.meter.held == 0 and s.meter.account.held == 0
 
 
@@ -106,7 +106,7 @@ def test_a_tool_call_over_budget_gets_its_one_tool_done_max_runs_exceeded():
     done = [m for m in out if m["type"] == "TOOL_DONE"]
     assert [(m["payload"]["call_id"], m["payload"]["status"]) for m in done] == [("b", "ERROR")]
     assert set(s.registry.calls) == {"a"}
-    s.tool_done("a", "OK", {})
+    s.work.tool_done("a", "OK", {})
     c.send("TOOL_CALL", {"call_id": "c", "tool": "echo", "params": {"l": tiny}})
     assert errors(c.take()) == []  # room again once a's params were given back
 
@@ -114,7 +114,7 @@ def test_a_tool_call_over_budget_gets_its_one_tool_done_max_runs_exceeded():
 def test_an_application_call_over_budget_is_refused_before_anything_is_sent():
     s, c = metered(10_000)
     try:
-        s.open_call("app", None, {"m": "x" * 20_000})
+        s.work.open_call("app", None, {"m": "x" * 20_000})
     except Exception as exc:
         assert getattr(exc, "code", None) == "MAX_RUNS_EXCEEDED"
     else:

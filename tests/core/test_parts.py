@@ -70,7 +70,7 @@ def test_events_of_every_origin_come_out_of_one_buffer_in_order() -> None:
     s = make_session()
     c = Client(s)
     c.handshake()
-    s.start_run(0, run_id="app-run")  # the application's call: its event waits
+    s.work.start_run(0, run_id="app-run")  # the application's call: its event waits
     events = c.send("RUN_STARTED", {"run_id": "client-run"})  # then a client message
     assert [e.run.run_id for e in events if isinstance(e, RunChanged)] == [
         "app-run", "client-run"]
@@ -87,7 +87,7 @@ def test_receive_returns_nothing_and_take_events_drains() -> None:
 
 def test_pending_messages_export_as_plain_data() -> None:
     s = make_session()
-    s.outbound.paused_by_client.add("AGENT")
+    s.outbound.pause_by_client("AGENT")
     s.send(messages.create("NOTE", {"n": 1}, channel="AGENT"))
     assert s.outbound.export_pending() == [
         {"type": "NOTE", "channel": "AGENT", "payload": {"n": 1}}]
@@ -95,12 +95,12 @@ def test_pending_messages_export_as_plain_data() -> None:
 
 def test_taking_the_pending_messages_keeps_the_byte_counts_true() -> None:
     s = make_session()
-    s.outbound.paused_by_client.add("AGENT")
+    s.outbound.pause_by_client("AGENT")
     for n in range(3):
         s.send(messages.create("NOTE", {"n": n}, channel="AGENT"))
-    assert s.pending_bytes > 0
+    assert s.outbound.pending_bytes > 0
     taken = s.outbound.take_pending()
     assert [ob.payload["n"] for ob in taken] == [0, 1, 2]
-    assert s.pending == [] and s.pending_bytes == 0 and s.unsent_bytes == 0
+    assert s.pending == [] and s.outbound.pending_bytes == 0 and s.unsent_bytes == 0
     s.send(messages.create("NOTE", {"n": 3}, channel="AGENT"))  # counting starts afresh
-    assert len(s.pending) == 1 and s.pending_bytes > 0
+    assert len(s.pending) == 1 and s.outbound.pending_bytes > 0

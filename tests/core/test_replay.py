@@ -92,3 +92,27 @@ def test_nbytes_tracks_adds_and_drops():
     assert w.nbytes == 3
     w.ack(2)
     assert w.nbytes == 1
+
+
+def test_a_small_window_is_a_list_and_a_grown_one_a_deque_with_the_same_answers():
+    """Issue 29: an idle session's window (its HELLO reply, a heartbeat or two) is a list;
+    past SMALL_WINDOW entries it becomes a deque. Every answer is the same either side."""
+    from collections import deque
+
+    from protoflask.core.replay import SMALL_WINDOW
+
+    w = ReplayWindow(size=40, time_ms=1000, max_bytes=5000)
+    assert type(w._entries) is list
+    for seq in range(1, SMALL_WINDOW + 1):
+        w.add(seq, b"x" * seq, now=seq)
+    assert type(w._entries) is list and stored_seqs(w) == list(range(1, SMALL_WINDOW + 1))
+    w.ack(3)  # a list drops its prefix too
+    assert stored_seqs(w)[0] == 4
+    for seq in range(SMALL_WINDOW + 1, 60):
+        w.add(seq, b"x" * seq, now=seq)
+    assert type(w._entries) is deque
+    assert stored_seqs(w) == list(range(20, 60))  # the size bound: the last 40
+    assert w.range(50, 52)[0][1].seq == 51 and w.holds(20) and not w.holds(19)
+    w.prune(1000 + 30)  # older than 30 ms before the horizon go
+    assert stored_seqs(w) == list(range(30, 60))
+    assert w.nbytes == sum(range(30, 60))

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from protoflask.core.handoff import snapshot
 from protoflask.core import errors, messages
 from protoflask.core.session import (
     CloseRequested, ErrorSent, Expired, Handshake, HeartbeatTimedOut, ProtocolSession, Run,
@@ -194,7 +195,7 @@ def test_a_client_that_does_not_ask_for_downstream_credit_is_never_stalled(flow_
     for i in range(2000):
         s.send(messages.text_part("m", str(i)))
     assert len([m for m in c.take() if m["type"] == "MESSAGE_PART"]) == 2000
-    assert s.snapshot()["downstreamCredits"] == {}
+    assert snapshot(s)["downstreamCredits"] == {}
 
 
 # -- upstream seq ------------------------------------------------------------------------------
@@ -219,7 +220,7 @@ def test_gaps_are_allowed_and_a_seq_in_a_gap_is_processed_once(client):
     assert client.take() == []
     client.send("PING", {"nonce": "c"}, seq=11)
     assert [m["payload"]["nonce"] for m in client.take()] == ["c"]
-    assert client.s.snapshot()["lastClientSeq"] == "11"
+    assert snapshot(client.s)["lastClientSeq"] == "11"
 
 
 def test_out_of_order_tool_calls_are_each_processed_once():
@@ -318,7 +319,7 @@ def test_downstream_seq_starts_at_1_and_rises_by_1_across_writes(client):
     ids = [m["id"] for m in all_out] + [client.hello_reply["id"]]
     assert len(set(ids)) == len(ids)
     assert all(m["session"] == "sess-1" for m in all_out)
-    assert client.s.snapshot()["lastDeliveredSeq"] == "8"
+    assert snapshot(client.s)["lastDeliveredSeq"] == "8"
 
 
 def test_seq_and_ts_are_stamped_when_the_message_is_written(client):
@@ -491,11 +492,11 @@ def test_tool_call_event_update_and_single_done(client):
     assert ev.message["id"] == "call-msg" and ev.message["type"] == "TOOL_CALL"
     assert client.take() == []
 
-    assert client.s.tool_update("c1", "RUNNING", 50) is True
-    assert client.s.tool_done("c1", "OK", {"result": 5}) is True
-    assert client.s.tool_done("c1", "OK", {"result": 5}) is False
-    assert client.s.tool_done("c1", "ERROR") is False
-    assert client.s.tool_update("c1", "RUNNING", 90) is False
+    assert client.s.work.tool_update("c1", "RUNNING", 50) is True
+    assert client.s.work.tool_done("c1", "OK", {"result": 5}) is True
+    assert client.s.work.tool_done("c1", "OK", {"result": 5}) is False
+    assert client.s.work.tool_done("c1", "ERROR") is False
+    assert client.s.work.tool_update("c1", "RUNNING", 90) is False
     out = client.take()
     assert types(out) == ["TOOL_UPDATE", "TOOL_DONE"]
     assert {m["channel"] for m in out} == {"AGENT"}
@@ -511,8 +512,8 @@ def test_duplicate_call_id_gets_only_an_error_and_the_running_call_keeps_one_don
     assert types(out) == ["ERROR"]
     assert out[0]["payload"]["code"] == "DUPLICATE_CALL_ID"
     assert out[0]["payload"]["related_id"] == "dup-msg"
-    client.s.tool_done("c1", "OK", "r")
-    client.s.tool_done("c1", "OK", "r")
+    client.s.work.tool_done("c1", "OK", "r")
+    client.s.work.tool_done("c1", "OK", "r")
     assert [m["payload"]["call_id"] for m in client.take() if m["type"] == "TOOL_DONE"] == ["c1"]
     # Finished: the call_id may be used again.
     assert of_type(call(client, "c1"), ToolCallReceived)
@@ -520,7 +521,7 @@ def test_duplicate_call_id_gets_only_an_error_and_the_running_call_keeps_one_don
 
 def test_fail_call_sends_tool_done_error_then_error(client):
     call(client, "c9", tool="nope", id="the-call")
-    assert client.s.fail_call("c9", errors.ToolNotFound("no tool 'nope'")) is True
+    assert client.s.work.fail_call("c9", errors.ToolNotFound("no tool 'nope'")) is True
     out = client.take()
     assert types(out) == ["TOOL_DONE", "ERROR"]
     done, err = out
@@ -529,8 +530,8 @@ def test_fail_call_sends_tool_done_error_then_error(client):
     assert done["payload"]["error"] == {"code": "TOOL_NOT_FOUND", "message": "no tool 'nope'"}
     assert err["payload"]["code"] == "TOOL_NOT_FOUND"
     assert err["payload"]["related_id"] == "the-call"
-    assert client.s.fail_call("c9", errors.ToolExecutionError()) is False
-    assert client.s.tool_done("c9", "OK") is False
+    assert client.s.work.fail_call("c9", errors.ToolExecutionError()) is False
+    assert client.s.work.tool_done("c9", "OK") is False
     assert client.take() == []
 
 
@@ -563,16 +564,16 @@ def test_tool_cancel_and_tool_list_events(client):
 
 def test_tool_update_progress_is_clamped_and_statuses_checked(client):
     call(client, "c1")
-    client.s.tool_update("c1", "QUEUED")
-    client.s.tool_update("c1", "RUNNING", 150)
-    client.s.tool_update("c1", "RUNNING", -5, partial={"k": 1})
+    client.s.work.tool_update("c1", "QUEUED")
+    client.s.work.tool_update("c1", "RUNNING", 150)
+    client.s.work.tool_update("c1", "RUNNING", -5, partial={"k": 1})
     out = client.take()
     assert [m["payload"].get("progress") for m in out] == [None, 100, 0]
     assert out[2]["payload"]["partial"] == {"k": 1}
     with pytest.raises(ValueError):
-        client.s.tool_update("c1", "DONE")
+        client.s.work.tool_update("c1", "DONE")
     with pytest.raises(ValueError):
-        client.s.tool_done("c1", "FINISHED")
+        client.s.work.tool_done("c1", "FINISHED")
 
 
 # -- runs ----------------------------------------------------------------------------------------
@@ -589,7 +590,7 @@ def test_run_start_and_finish(client):
     (started,) = client.take()
     assert (started["type"], started["channel"]) == ("RUN_STARTED", "AGENT")
     assert started["payload"] == {"run_id": "r1", "thread_id": "t1"}
-    assert client.s.snapshot()["activeRuns"] == {"r1"}
+    assert snapshot(client.s)["activeRuns"] == {"r1"}
 
     client.now = 250
     (ev,) = client.send("RUN_FINISHED", {"run_id": "r1", "summary": {"ok": True}})
@@ -598,7 +599,7 @@ def test_run_start_and_finish(client):
     (fin,) = client.take()
     assert (fin["type"], fin["channel"]) == ("RUN_FINISHED", "AGENT")
     assert fin["payload"] == {"run_id": "r1", "status": "finished", "summary": {"ok": True}}
-    assert client.s.snapshot()["activeRuns"] == set()
+    assert snapshot(client.s)["activeRuns"] == set()
 
 
 def test_run_started_without_run_id_gets_a_server_id(client):
@@ -628,7 +629,7 @@ def test_max_runs_exceeded():
     assert types(c.take()) == ["RUN_FINISHED", "RUN_STARTED"]
     assert set(s.runs) == {"b", "c"}
     with pytest.raises(errors.MaxRunsExceeded):
-        s.start_run(0)
+        s.work.start_run(0)
 
 
 @pytest.mark.parametrize("mtype", ["RUN_FINISHED", "RUN_CANCEL"])
@@ -684,8 +685,8 @@ def test_cancel_run_lists_its_calls(client):
 
 
 def test_finish_run_with_error_has_status_error(session):
-    session.start_run(5, run_id="r")
-    run = session.finish_run("r", 9, error={"code": "X"})
+    session.work.start_run(5, run_id="r")
+    run = session.work.finish_run("r", 9, error={"code": "X"})
     assert (run.status, run.error, run.end_time) == ("error", {"code": "X"}, 9)
     out = [json.loads(d) for _, d in session.take_writable(9)]
     assert out[-1]["payload"] == {"run_id": "r", "status": "error", "error": {"code": "X"}}
@@ -710,14 +711,14 @@ def produce(client, n):
 
 def test_ack_drops_the_replay_window_up_to_seq(client):
     produce(client, 4)  # seqs 2..5 (1 is the HELLO reply)
-    assert set(client.s.snapshot()["replayWindow"]) == {"1", "2", "3", "4", "5"}
+    assert set(snapshot(client.s)["replayWindow"]) == {"1", "2", "3", "4", "5"}
     client.send("ACK", {"seq": "3"})
-    snap = client.s.snapshot()
+    snap = snapshot(client.s)
     assert set(snap["replayWindow"]) == {"4", "5"}
     assert snap["lastAck"] == "3"
     client.send("ACK", {"seq": 4})  # integers are accepted too
-    assert set(client.s.snapshot()["replayWindow"]) == {"5"}
-    assert client.s.snapshot()["lastAck"] == "4"
+    assert set(snapshot(client.s)["replayWindow"]) == {"5"}
+    assert snapshot(client.s)["lastAck"] == "4"
     assert client.take() == []  # ACK is not answered
 
 
@@ -725,9 +726,9 @@ def test_ack_never_moves_backwards_or_beyond_what_was_sent(client):
     produce(client, 2)  # up to seq 3
     client.send("ACK", {"seq": "2"})
     client.send("ACK", {"seq": "1"})
-    assert client.s.snapshot()["lastAck"] == "2"
+    assert snapshot(client.s)["lastAck"] == "2"
     client.send("ACK", {"seq": "999"})
-    assert client.s.snapshot()["lastAck"] == "3"
+    assert snapshot(client.s)["lastAck"] == "3"
 
 
 def test_replay_request_resends_with_original_seq_and_bytes(client):
@@ -843,7 +844,7 @@ def test_replay_window_keeps_control_messages_too(client):
     client.send("PING", {"nonce": "p"})
     client.send("MESSAGE_END", {"message_id": "x"})
     client.take()
-    window = client.s.snapshot()["replayWindow"]
+    window = snapshot(client.s)["replayWindow"]
     assert [window[k]["type"] for k in ("1", "2", "3")] == ["HELLO", "PONG", "ERROR"]
 
 
@@ -946,7 +947,7 @@ def test_snapshot_has_the_spec_session_fields(client):
     client.send("PAUSE_CHANNEL", {"channel": "AGENT"})
     client.s.send(messages.text_part("m", "held"))
     assert client.take() == []
-    snap = client.s.snapshot()
+    snap = snapshot(client.s)
     spec_fields = {"id", "userId", "connected", "handshakeCompleted", "lastActivity", "credits",
                    "byteCredits", "pausedChannels", "lastAck", "lastDeliveredSeq",
                    "replayWindow", "activeRuns", "pendingMessages"}
@@ -969,7 +970,7 @@ def test_snapshot_has_the_spec_session_fields(client):
 def test_snapshot_credits_count_the_frame_bytes(client):
     client.send("MESSAGE_START", {"message_id": "m", "content_type": "text/plain"})
     frame = client.last_raw
-    snap = client.s.snapshot()
+    snap = snapshot(client.s)
     s = client.s.settings.credits
     assert snap["credits"] == {"USER": s.initial_credit_messages - 1}
     assert snap["byteCredits"] == {"USER": s.initial_credit_bytes - len(frame)}
@@ -977,7 +978,7 @@ def test_snapshot_credits_count_the_frame_bytes(client):
 
 def test_new_session_snapshot():
     s = ProtocolSession("abc", "u", make_session(attach=False).settings, 7)
-    snap = s.snapshot()
+    snap = snapshot(s)
     assert (snap["connected"], snap["handshakeCompleted"], snap["lastActivity"]) == (
         False, False, 7)
     assert (snap["lastAck"], snap["lastDeliveredSeq"]) == ("0", "0")

@@ -1,4 +1,4 @@
-"""The session's state beside its transition table (core/session.py's BESIDE and
+"""The session's state beside its transition table (core/state.py's BESIDE and
 RESETS): each transition puts back what the table says, and nothing it lists is missing
 from the session."""
 
@@ -24,9 +24,8 @@ def dirty(start: Any) -> Any:
 
 
 def _owner(session: Any, name: str) -> tuple[Any, str]:
-    if name.startswith("outbound."):
-        return session.outbound, name.partition(".")[2]
-    return session, name
+    part, _, flag = name.partition(".")  # "part.flag": a flag of a part the session has
+    return getattr(session, part), flag
 
 
 def test_every_flag_beside_the_table_is_the_sessions() -> None:
@@ -37,7 +36,7 @@ def test_every_flag_beside_the_table_is_the_sessions() -> None:
     for steps in RESETS.values():
         assert all(name in BESIDE for name, _ in steps)
     # the flags the lifecycle left out before they were listed here
-    assert {"_flooding", "_ping_nonce", "outbound._pause_armed",
+    assert {"rate.flooding", "heartbeat.nonce", "outbound._pause_armed",
             "outbound._overflowed"} <= set(BESIDE)
 
 

@@ -125,10 +125,10 @@ def test_a_writer_that_need_not_wait_gets_the_messages_once_shared() -> None:
     got: list[list[tuple[int, bytes]]] = []
     assert live.take_writable_then(0, got.append) is None  # handed to the link
     assert got == [] and link.seqs and not live.has_writable()
-    assert live.core.in_flight > 0  # held for the link: counted as being written
+    assert live.core.outbound.in_flight > 0  # held for the link: counted as being written
     link.waiting.pop()()
     assert [seq for seq, _ in got[0]] == link.seqs  # the same messages, once shared
-    assert live.core.in_flight == 0
+    assert live.core.outbound.in_flight == 0
     link.moved = True
     live.send(note())
     assert live.take_writable_then(0, got.append) is None
@@ -198,4 +198,4 @@ def test_pass_throughs_for_transports() -> None:
     live.send(note())
     assert live.has_writable()
     live.set_in_flight(10)
-    assert live.core.in_flight == 10
+    assert live.core.outbound.in_flight == 10

@@ -18,15 +18,15 @@ Step = Callable[[ProtocolSession, Client], Any]
 
 
 def _run(s: ProtocolSession, c: Client) -> None:
-    run = s.start_run(c.now)
-    s.open_call(f"call-{len(s.calls)}-{c.now}", run.run_id)
+    run = s.work.start_run(c.now)
+    s.work.open_call(f"call-{len(s.calls)}-{c.now}", run.run_id)
 
 
 def _finish_calls(s: ProtocolSession, c: Client) -> None:
     for call_id in list(s.calls):
-        s.tool_done(call_id, "OK", {})
+        s.work.tool_done(call_id, "OK", {})
     for run_id in list(s.runs):
-        s.finish_run(run_id, c.now)
+        s.work.finish_run(run_id, c.now)
 
 
 # what moves a session's state: the client's messages, the application's, the clock, and

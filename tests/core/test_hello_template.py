@@ -1,0 +1,38 @@
+"""The HELLO reply's parts made once (issue 29): the capabilities per settings and
+extensions, the sorted type list per set of types. Held equal to building them anew."""
+
+from __future__ import annotations
+
+import pytest
+
+from protoflask.config import ServerConfig
+from protoflask.core.envelope import SERVER_TYPES
+from protoflask.core.hello import capabilities, capabilities_plain
+from protoflask.core.messages import hello, sorted_types
+
+CONFIGS = [{}, {"rateLimit": 0}, {"heartbeatInterval": 1234, "replayWindowSize": 7},
+           {"flowControl": {"enabled": False}}, {"maxMessageSize": 4096}]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("extensions", [frozenset(), frozenset({"agui"})])
+def test_capabilities_are_made_once_and_equal_to_a_fresh_build(config, extensions) -> None:
+    settings = ServerConfig.load(config, environ={}).session_settings()
+    made = capabilities(settings, extensions)
+    assert made == capabilities_plain(settings, extensions)
+    assert capabilities(settings, extensions) is made  # the template, not a new one
+
+
+@pytest.mark.parametrize("types", [SERVER_TYPES, frozenset({"PONG", "HELLO", "ERROR"}),
+                                   frozenset(), ["b", "a"], ("z", "y")])
+def test_sorted_types_are_sorted(types) -> None:
+    assert sorted_types(types) == sorted(types)
+
+
+def test_the_hello_reply_is_the_same_as_built_anew() -> None:
+    settings = ServerConfig.load({}, environ={}).session_settings()
+    fresh = hello(session_id="s", accept_events=sorted(SERVER_TYPES),
+                  capabilities=capabilities_plain(settings, frozenset()), last_client_seq=3)
+    made = hello(session_id="s", accept_events=SERVER_TYPES,
+                 capabilities=capabilities(settings, frozenset()), last_client_seq=3)
+    assert made == fresh
