@@ -10,7 +10,6 @@ the hub below it a ``SessionHost``.
 
 from __future__ import annotations
 
-import gc
 import logging
 import uuid
 from typing import Any, Callable
@@ -448,12 +447,9 @@ class Engine:
     # -- timers ----------------------------------------------------------------------
 
     def ensure_running(self) -> None:
-        """Start the heartbeat / expiry ticker in the serving hub, once."""
+        """Start the heartbeat / expiry ticker in the serving hub, once. (The serving
+        process's GC policy is the serving glue's: ``serving.freeze_startup_heap``.)"""
         if self._ticker is None or self._ticker.dead:
-            # What exists now (modules, app, config) lives as long as the process: keep
-            # it out of every future full collection, whose pauses are the latency tail.
-            gc.collect()
-            gc.freeze()
             self._ticker = gevent.spawn(self._tick_forever)
             self.hub.start()
 

@@ -272,3 +272,15 @@ def test_a_body_means_what_its_messages_mean_one_by_one() -> None:
     assert [m["type"] for m in written].count("PONG") == 2 and \
         any(m["type"] == "ERROR" for m in written) and \
         any(m["type"] == "TOOL_DONE" for m in written)
+
+
+def test_the_engine_leaves_the_gc_policy_to_the_serving_glue(h: Harness) -> None:
+    """gc.freeze() is the serving process's (serving.freeze_startup_heap): starting the
+    engine's timers freezes nothing (it did, from ensure_running, before the policy moved)."""
+    import gc
+    gc.unfreeze()
+    try:
+        h.engine.ensure_running()
+        assert gc.get_freeze_count() == 0
+    finally:
+        h.engine.stop_timers()
