@@ -3,20 +3,23 @@ sessions' lifecycle, upstream messages), the heartbeat ticker, and the operation
 server's public API runs on sessions. What core events become is ``dispatch.py``'s.
 
 Transports only frame bytes, through a ``port.SessionPort`` each (``port.py``), which
-calls this. The engine knows the server above it only
-through the callables it is given (``emit``, ``emit_error``, ``invoke_tool``), and hands
-the hub below it a ``SessionHost``.
+calls this. The engine knows the server above it only through the callables it is given
+(``emit``, ``emit_error``) and the tools' context (the server, opaque: the fourth
+argument of a tool's ``execute``), and hands the hub below it a ``SessionHost``.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from contextlib import suppress
+from functools import partial
 from typing import Any, Callable
 
 import gevent
 
 from .auth import TokenAuthority
+from .bell import Bell
 from .budget import MemoryBudget
 from .tickets import MemoryTicketStore, TicketStore, issue_ticket
 from .config import ServerConfig
@@ -33,7 +36,7 @@ from .live import LiveSession, Operation, Transport
 from .kept import KeptSessions
 from .limits import user_caps
 from .stats import HELD, Stats, add_held
-from .tools import CallSink, SessionToolRunner, Tool, ToolExecution, ToolRegistry, check_call
+from .tools import CallSink, SessionToolRunner, ToolExecution, ToolRegistry, check_call
 from . import signals
 
 log = logging.getLogger("protoflask")
@@ -47,8 +50,6 @@ BODY_SLICE = 256
 Emit = Callable[..., None]
 #: ``emit_error(exception, **kwargs)``: send the ``error`` signal
 EmitError = Callable[..., None]
-#: ``invoke_tool(tool, params, session_id, call_id)``: call the tool's ``execute``
-InvokeTool = Callable[[Tool, Any, str, str], Any]
 
 
 class Engine:
@@ -57,9 +58,11 @@ class Engine:
 
     def __init__(self, config: ServerConfig, hub: Hub, tools: ToolRegistry,
                  authority: TokenAuthority, *, emit: Emit, emit_error: EmitError,
-                 invoke_tool: InvokeTool, tickets: TicketStore | None = None) -> None:
+                 tool_context: Any = None, tickets: TicketStore | None = None) -> None:
         self.config, self.hub, self.tools, self.authority = config, hub, tools, authority
-        self._emit, self._emit_error, self._invoke_tool = emit, emit_error, invoke_tool
+        self._emit, self._emit_error = emit, emit_error
+        #: what every tool's ``execute(params, session_id, call_id, server)`` is given last
+        self.tool_context = tool_context
         self.settings = config.session_settings()
         self.stats = Stats(now_ms())
         self.shutting_down = False
@@ -76,11 +79,13 @@ class Engine:
         self.dispatcher = Dispatcher(
             hub=hub, tools=tools, stats=self.stats, emit=emit, emit_error=emit_error,
             close_transport=self.close_transport, expire=self._expire,
-            tool_runner=self.tool_runner, heartbeat_timeout=config.heartbeat_timeout)
+            tool_runner=self.tool_runner, settle_calls=self.settle_calls,
+            heartbeat_timeout=config.heartbeat_timeout)
         self._dispatch = self.dispatcher.dispatch
         hub.bind(SessionHost(settings=self.settings, adopt=self.adopt,
                              close_transport=self.close_transport,
-                             local_stats=self.local_stats, receive_body=self.receive_body,
+                             local_stats=self.local_stats,
+                             receive_body=self.receive_forwarded,
                              settle=self.settle))
 
     def local_stats(self) -> dict[str, Any]:
@@ -104,10 +109,9 @@ class Engine:
 
     def open_connection(self, kind: str = "unknown", user_id: str | None = None,
                         replacing: bool = False) -> None:
-        """Count a live transport of ``kind`` (websocket, sse, stream), or refuse it
-        (503 MAX_CONNECTIONS / USER_CONNECTION_LIMIT / SHUTTING_DOWN). ``replacing``: it
-        takes over a transport of the same session, which is about to close, so the
-        user's cap does not count it twice."""
+        """Count a live transport of ``kind``, or refuse it (503 MAX_CONNECTIONS /
+        USER_CONNECTION_LIMIT / SHUTTING_DOWN). ``replacing``: it takes over a transport of
+        the same session, about to close: the user's cap does not count it twice."""
         if self.shutting_down:
             raise ShuttingDown()
         if self.stats.active_connections >= self.config.max_connections:
@@ -123,15 +127,14 @@ class Engine:
             self.user_caps.release_connection(user_id)
 
     def _release_slot(self, transport: Transport, user_id: str) -> None:
-        """Give a replaced transport's connection slot back at once; its own end
-        (``end_transport``) then gives back nothing."""
+        """A replaced transport's slot back at once (its ``end_transport`` gives none)."""
         if id(transport) not in self._released:
             self._released[id(transport)] = transport
             self.close_connection(transport.kind, user_id)
 
     def open_body(self, user_id: str) -> None:
-        """Count a POST body being read for the user (their own cap, maxConnectionsPerUser
-        of them at once), or raise USER_CONNECTION_LIMIT; the caller owes close_body."""
+        """Count a POST body being read for the user (maxConnectionsPerUser at once), or
+        raise USER_CONNECTION_LIMIT; the caller owes close_body."""
         try:
             self.user_caps.take_body(user_id)
         except UserConnectionLimit as exc:
@@ -142,7 +145,7 @@ class Engine:
         self.user_caps.release_body(user_id)
 
     def new_session(self, user_id: str, session_id: str | None = None) -> LiveSession:
-        """A new session of the user's, named ``session_id`` (an AG-UI thread's) or random."""
+        """A new session of the user's, named ``session_id`` (an AG-UI thread) or random."""
         live = self.adopt(ProtocolSession(session_id or uuid.uuid4().hex, user_id,
                                           self.settings, now_ms(), self.stats.traffic))
         self.hub.add(live)
@@ -155,29 +158,40 @@ class Engine:
         return LiveSession(core)
 
     def tool_runner(self, live: LiveSession) -> SessionToolRunner:
-        """The session's tool runner, built on its first tool call (idle sessions have
-        none)."""
+        """The session's tool runner, built on its first call (idle sessions have none)."""
         runner = live.runner
         if runner is None:
             runner = live.runner = self._new_runner(live)
         return runner
 
     def _new_runner(self, live: LiveSession) -> SessionToolRunner:
-        def settled(deliver: Callable[..., bool]) -> Callable[..., bool]:
-            def call(*args: Any) -> bool:  # the delivery, then the events it caused
-                result = deliver(*args)
-                self.drain(live)
-                return result
-            return call
-        sink = CallSink(live.id, update=settled(live.tool_update), done=settled(live.tool_done),
-                        fail=settled(live.fail_call), invoke=self._invoke_tool,
-                        tool_failed=self._tool_failed)
+        sink = CallSink(live.id, self.tool_context,
+                        Bell(partial(self.settle_calls, live), apart=True))
         return SessionToolRunner(sink, self.config.max_concurrent_runs,
                                  self.config.tool_queue_size, self.config.tool_timeout,
                                  on_finish=self.stats.tools.finished, tally=self.stats.tools)
 
-    def _tool_failed(self, exc: BaseException, session_id: str) -> None:
-        self._emit_error(exc, session_id=session_id)
+    def settle_calls(self, live: LiveSession) -> None:
+        """Apply what the session's tool runner reported (its bell rang: in a greenlet of
+        its own; or the session layer just called it), in order, one greenlet at a time:
+        each report to the session, its events acted on, the waiting ``on_done`` told,
+        the tool's exception signalled."""
+        runner = live.runner
+        if runner is None or runner.pulling:
+            return  # (the greenlet pulling takes what came meanwhile too)
+        runner.pulling = True
+        try:
+            while runner.reports:
+                for report in runner.take_reports():
+                    live.report(report)
+                    self.drain(live)
+                    execution = report.execution
+                    if execution is not None and execution.on_done is not None:
+                        execution.on_done(execution, report.error)
+                    if report.raised is not None:
+                        self._emit_error(report.raised, session_id=live.id)
+        finally:
+            runner.pulling = False
 
     def find_session(self, session_id: str | None, user_id: str, *,
                      claim: bool = True, last_seq: int | None = None) -> LiveSession:
@@ -193,8 +207,7 @@ class Engine:
         return live
 
     def held_session(self, session_id: str, user_id: str) -> LiveSession | None:
-        """The user's session if this process holds it, else None (SESSION_NOT_FOUND
-        for another user's)."""
+        """The user's session if held here, else None (SESSION_NOT_FOUND: another's)."""
         if self.hub.get(session_id) is None:
             return None
         return self.find_session(session_id, user_id, claim=False)
@@ -226,8 +239,7 @@ class Engine:
 
     def open_transport(self, live: LiveSession, transport: Transport,
                        last_seq: int | None) -> None:
-        """An admitted transport starts serving its session: attach it and log it open
-        (the same for every kind of transport)."""
+        """An admitted transport starts serving its session: attach it, log it open."""
         self.attach(live, transport, last_seq)
         if self.config.enable_logging:
             access_log.info("%s open session=%s user=%s%s", transport.kind, live.id,
@@ -236,9 +248,8 @@ class Engine:
 
     def end_transport(self, live: LiveSession, transport: Transport,
                       attached: bool = True) -> None:
-        """An admitted transport is done, however it ended: detach it (if it was
-        attached), give its connection slot back (``admit`` counted it) and log it
-        closed."""
+        """An admitted transport is done, however it ended: detach it (if attached), give
+        its connection slot back (``admit`` counted it) and log it closed."""
         try:
             if attached:
                 self.detach(live, transport)
@@ -300,16 +311,11 @@ class Engine:
         self.stats.record(finished, finished - started)
 
     def receive_body(self, live: LiveSession, body: bytes) -> int:
-        """Hand every message of a posted body to the session; returns how many.
-
-        Each message meets the session's rules (its errors go downstream as ERROR
-        messages). A body of which no line is JSON at all is reported in-protocol like a
-        non-JSON WebSocket frame and then raised as InvalidMessage (the HTTP 400).
-
-        The body is decoded and handled ``BODY_SLICE`` messages at a time, with a turn
-        for every other greenlet between slices: a body of maxMessageSize of tiny
-        messages is hundreds of thousands of them, which handled in one go held the
-        worker for over a second (docs/RELIABILITY.md, "one body of tiny messages")."""
+        """Hand every message of a posted body to the session (its rules; errors go
+        downstream); returns how many. A body of which no line is JSON at all is reported
+        like a non-JSON WebSocket frame, then raised as InvalidMessage (the HTTP 400).
+        ``BODY_SLICE`` messages at a time, a turn for the other greenlets between slices
+        (docs/RELIABILITY.md, "one body of tiny messages")."""
         # a decoded part: ``receive``'s steps for a message already parsed, with what
         # they look up bound once per body
         core, notify, record, dispatch = live.core, live.notify, self.stats.record, \
@@ -338,6 +344,11 @@ class Engine:
             self.receive(live, body)
             raise
         return count
+
+    def receive_forwarded(self, live: LiveSession, body: bytes) -> None:
+        """A body another node took for a session here (its errors went downstream)."""
+        with suppress(ProtoError):
+            self.receive_body(live, body)
 
     def count_body(self, body: bytes) -> int:
         """How many messages a body carries, counted in slices as ``receive_body`` reads
@@ -374,6 +385,7 @@ class Engine:
         self.hub.remove(live.id)
         if live.runner is not None:
             live.runner.cancel_all()
+            self.settle_calls(live)
 
     # -- the application's operations (ProtoServer's public API) ---------------------
 
@@ -391,6 +403,7 @@ class Engine:
         live.core.work.open_call(call_id, run_id, args)
         self.tool_runner(live).submit(ToolExecution(call_id, tool.name, args, run_id=run_id,
                                          on_done=on_done), tool)
+        self.settle_calls(live)
         self.settle(live)
 
     def settle(self, live: LiveSession) -> None:
@@ -420,7 +433,7 @@ class Engine:
         return reached
 
     def tools_busy(self) -> bool:
-        """Whether a tool call runs or waits in any session of this process (counted)."""
+        """Whether a tool call runs or waits in any session here (counted)."""
         return bool(self.stats.tools.running or self.stats.tools.queued)
 
     def close_transports(self, code: int, reason: str) -> None:
@@ -437,6 +450,7 @@ class Engine:
         for live in self.hub.sessions():
             if live.runner is not None:
                 live.runner.cancel_all()
+                self.settle_calls(live)
             transport = live.transport
             if transport is not None:
                 transport.close(CloseCode.GOING_AWAY, "server stopping")

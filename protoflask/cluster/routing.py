@@ -20,8 +20,10 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any, Iterable
 
+import gevent
 import orjson
 
+from ..bell import apart
 from ..core import handoff, messages
 from ..clock import now_ms
 from ..core.errors import ClusterUnavailable, CloseCode, ProtoError, SessionNotFound
@@ -296,7 +298,7 @@ class RoutingHub(LocalHub):
                 self.upstream(live, data)
             else:
                 live.run(decode_operation(data))
-                self.host.settle(live)
+                apart(self.host.settle, live)  # the session layer acts on the events
 
     # -- messages from other nodes (the listener calls these) --------------------------
 
@@ -306,7 +308,7 @@ class RoutingHub(LocalHub):
         live = self.get(sid)
         if live is not None:
             result = live.apply(op)
-            self.host.settle(live)
+            apart(self.host.settle, live)  # the session layer acts on the events
             if live.link is not None:  # confirmed once Redis has it: this node may die next
                 live.link.persist(live)
             if op.name in ("tool_done", "fail_call") and sid in self.calls.remote:
@@ -329,10 +331,9 @@ class RoutingHub(LocalHub):
         """A body posted for a session held here, through another node (or its inbox)."""
         if live.user_id != data["user"]:
             return  # the posting node checked the user against the same record
-        try:
-            self.host.receive_body(live, base64.b64decode(data["body"]))
-        except ProtoError:
-            pass  # already reported downstream; the posting node answered the HTTP 400
+        # in a greenlet of the session layer's (its errors go downstream; the posting node
+        # answered the HTTP 400): waited for, never run on this listener's stack
+        gevent.spawn(self.host.receive_body, live, base64.b64decode(data["body"])).join()
         if live.link is not None:
             live.link.persist(live)
 
@@ -340,7 +341,7 @@ class RoutingHub(LocalHub):
         if data["from"] != self.node_id:
             self.send_here(messages.from_dict(data["out"]))
             for live in self.sessions():
-                self.host.settle(live)
+                apart(self.host.settle, live)
 
     # -- moving sessions between nodes -------------------------------------------------
 

@@ -17,7 +17,6 @@ import socket
 from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
-from gevent import getcurrent
 from websockets.exceptions import PayloadTooBig
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.frames import Frame, Opcode
@@ -101,7 +100,8 @@ class WebSocketConnection:
         self._fragments: list[bytes] = []
         self._fragment_opcode: Opcode | None = None
         self._writing = self._flush_scheduled = self._closing = False
-        self._reader: gevent.Greenlet | None = None
+        #: the greenlet that reads, and pulls what is ready after each read (Writer.reader)
+        self.reader: gevent.Greenlet | None = None
         self._owed = 0  # bytes of a frame the protocol is reading still to come
         self.opened = False  # attached to its session: ``serve`` leaves its end to the port
 
@@ -124,7 +124,7 @@ class WebSocketConnection:
         """Attach to the session and pump until the connection ends, in the greenlet
         ``web._serve_apart`` spawns for it, apart from the upgrade request (the request's
         frames are not held for the connection's life: docs/PERFORMANCE.md)."""
-        self._reader = gevent.getcurrent()
+        self.reader = gevent.getcurrent()
         self.port = port
         port.attach(self)
         self.opened = True
@@ -291,9 +291,9 @@ class WebSocketConnection:
     # -- sending (Transport) ---------------------------------------------------------
 
     def wake(self) -> None:
-        """Called by whoever queued a message. The reader flushes after each read
-        anyway; from any other greenlet a flush is scheduled, so no sender blocks."""
-        if getcurrent() is self._reader or self._flush_scheduled:
+        """The port's bell rang (the event loop runs this; a ring from the reader is
+        dropped, as it flushes after each read anyway): a flush is scheduled, once."""
+        if self._flush_scheduled:
             return
         self._flush_scheduled = True
         gevent.spawn(self._scheduled_flush)

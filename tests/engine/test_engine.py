@@ -17,6 +17,7 @@ from protoflask.config import ServerConfig
 from protoflask.engine import Engine
 from protoflask.clock import now_ms
 from protoflask.hub import LocalHub, SessionHost
+from protoflask.bell import Bell
 from protoflask.live import LiveSession
 from protoflask.tools import Tool, ToolExecution, ToolRegistry, builtin_tools
 
@@ -28,6 +29,7 @@ class FakeTransport:
 
     def __init__(self) -> None:
         self.wakes = 0
+        self.bell = Bell(self.wake)  # the loop runs wake: count after a turn (gevent.sleep(0))
         self.closed: list[tuple[int, str]] = []
 
     def wake(self) -> None:
@@ -58,7 +60,7 @@ class Harness:
         self.invoked: list[tuple[str, str, str]] = []
         self.engine = Engine(self.config, self.hub, self.tools,
                              authority_from_config(self.config), emit=self.emit,
-                             emit_error=self.emit_error, invoke_tool=self.invoke)
+                             emit_error=self.emit_error, tool_context="the-server")
         self.seq = 0
 
     def emit(self, signal: Any, **kwargs: Any) -> None:
@@ -67,10 +69,10 @@ class Harness:
     def emit_error(self, exc: BaseException, **kwargs: Any) -> None:
         self.errors.append((exc, kwargs))
 
-    def invoke(self, tool: Tool, params: Any, session_id: str, call_id: str) -> Any:
-        self.invoked.append((tool.name, session_id, call_id))
-        assert tool.execute is not None
-        return tool.execute(params, session_id, call_id, "the-server")
+    def invoke(self, params: Any, session_id: str, call_id: str, server: Any) -> Any:
+        """A tool's execute that records what it was called with."""
+        self.invoked.append(("echo", session_id, call_id, server))
+        return {"echoed": params["message"]}
 
     def connect(self, user: str = "u1") -> tuple[LiveSession, FakeTransport]:
         live = self.engine.new_session(user)
@@ -118,10 +120,13 @@ def test_hello_is_answered_and_signalled(h: Harness) -> None:
     (handshake,) = h.fired(signals.handshake)
     assert handshake["session_id"] == live.id
     assert handshake["payload"]["proto_version"] == "1.1.2"
+    gevent.sleep(0)  # the rung bells answered
     assert transport.wakes >= 1 and h.engine.stats.total_messages == 1
 
 
-def test_a_tool_call_runs_the_tool_through_the_servers_invoke(h: Harness) -> None:
+def test_a_tool_call_runs_the_tool_with_the_servers_context(h: Harness) -> None:
+    h.tools.register(Tool("echo", "records", {"type": "object"}, execute=h.invoke,
+                          inline=True))
     live, _ = h.connect()
     h.hello(live)
     h.written(live)
@@ -129,7 +134,7 @@ def test_a_tool_call_runs_the_tool_through_the_servers_invoke(h: Harness) -> Non
            "USER")
     (call,) = h.fired(signals.tool_call)
     assert call["session_id"] == live.id and call["execution"].call_id == "k1"
-    assert h.invoked == [("echo", live.id, "k1")]
+    assert h.invoked == [("echo", live.id, "k1", "the-server")]
     done = [m for m in h.written(live) if m["type"] == "TOOL_DONE"]
     assert [m["payload"] for m in done] == [
         {"call_id": "k1", "status": "OK", "result": {"echoed": "hi"}}]
@@ -245,6 +250,7 @@ def _seen(h: Harness, live: LiveSession, transport: FakeTransport) -> Any:
         return json.loads(text)
     written = [{k: v for k, v in m.items() if k not in ("id", "ts")} for m in h.written(live)]
     stats = h.engine.stats
+    gevent.sleep(0)  # the rung bells answered
     return (plain(written), plain([(s.name, kw) for s, kw in h.signals]), transport.wakes,
             stats.total_messages, stats.errors_sent, dict(stats.errors_by_code))
 
