@@ -290,3 +290,46 @@ def test_the_engine_leaves_the_gc_policy_to_the_serving_glue(h: Harness) -> None
         assert gc.get_freeze_count() == 0
     finally:
         h.engine.stop_timers()
+
+
+class _Clock:
+    """A wall clock that moves 3.5 ms a reading (ns)."""
+
+    def __init__(self) -> None:
+        self.ns = 1_700_000_000_000_000_000
+
+    def __call__(self) -> int:
+        self.ns += 3_500_000
+        return self.ns
+
+
+@pytest.mark.parametrize("receive", ["receive_plain", "receive_fast"])
+class TestReceive:
+    """``Engine.receive``'s swap point: the clock read through ``clock.now_ms`` (plain) or
+    inline (fast) means the same replies, signals, wakes, counts and recorded times."""
+
+    def run(self, receive: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+        import time
+
+        import protoflask.engine
+
+        h = Harness()
+        live, transport = h.connect()
+        h.hello(live)
+        h.written(live)
+        h.signals.clear()
+        clock = _Clock()
+        monkeypatch.setattr(time, "time_ns", clock)  # clock.now_ms reads it
+        monkeypatch.setattr(protoflask.engine, "now_ns", clock)
+        for line in _lines(live):
+            getattr(h.engine, receive)(live, line)
+        monkeypatch.undo()
+        stats = h.engine.stats
+        return _seen(h, live, transport), list(stats._buckets), clock.ns
+
+    def test_means_what_the_plain_path_means(self, receive: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+        assert self.run(receive, monkeypatch) == self.run("receive_plain", monkeypatch)
+
+    def test_the_fast_one_is_in_use(self, receive: str) -> None:
+        assert Engine.receive is Engine.receive_fast
