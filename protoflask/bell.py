@@ -35,18 +35,23 @@ class Bell:
     from the ``puller`` greenlet is dropped: that greenlet pulls after each call it makes
     (a WebSocket's reader writes what is ready after each read)."""
 
-    __slots__ = ("answer", "puller", "apart")
+    __slots__ = ("answer", "puller", "apart", "wanted")
 
     def __init__(self, answer: Callable[[], None], puller: Any = None, *,
-                 apart: bool = False) -> None:
+                 apart: bool = False, wanted: Callable[[], bool] | None = None) -> None:
         #: what the upper layer does when rung (without ``apart`` it must not block)
         self.answer = answer
         #: the greenlet that pulls after each of its calls, or None
         self.puller = puller
         self.apart = apart
+        #: whether there is anything for the answer to pull (None: always), asked after
+        #: the puller test, which is the cheaper one
+        self.wanted = wanted
 
     def ring(self) -> None:
         if self.puller is not None and getcurrent() is self.puller:
+            return
+        if self.wanted is not None and not self.wanted():
             return
         if self.apart:
             spawn_raw(self.answer)

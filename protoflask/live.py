@@ -317,15 +317,15 @@ class LiveSession:
             outbound.written()
 
     def notify(self) -> None:
-        """Move queued messages toward the client: ring the transport's bell, or while
-        disconnected stamp them into the replay window for a later resume. (The events
-        the core buffered are the caller's to drain: nothing here calls up.)"""
-        if self.has_writable():
-            transport = self.transport
-            if transport is not None:
-                transport.bell.ring()
-            else:
-                self.take_writable(now_ms())
+        """Move queued messages toward the client: ring the transport's bell (which asks
+        whether the core has any), or while disconnected stamp them into the replay
+        window for a later resume. (The events the core buffered are the caller's to
+        drain: nothing here calls up.)"""
+        transport = self.transport
+        if transport is not None:
+            transport.bell.ring()
+        elif self.has_writable():
+            self.take_writable(now_ms())
 
     def apply(self, op: Operation) -> bool:
         """Deliver ``op`` to this session (or, once it moved, where it lives now)."""

@@ -109,8 +109,8 @@ class PostAnswer(NamedTuple):
 class SessionPort:
     """One transport's hold on one session (see the module doc)."""
 
-    __slots__ = ("engine", "live", "kind", "last_seq", "limits", "receive", "bell",
-                 "translate", "_writer", "stage")
+    __slots__ = ("engine", "live", "kind", "last_seq", "limits", "receive", "written",
+                 "bell", "translate", "_writer", "stage")
 
     def __init__(self, engine: "Engine", live: LiveSession, last_seq: int | None,
                  kind: str, limits: Limits | None = None) -> None:
@@ -121,12 +121,16 @@ class SessionPort:
         self.limits = limits if limits is not None else Limits.of(engine.config)
         #: ``receive(data)``: one upstream message (bound once: every message calls it)
         self.receive: Callable[[bytes | str], None] = partial(engine.receive, live)
+        #: ``written()``: the transport wrote what it took without waiting (never in
+        #: flight): the live session's own method (every write calls it)
+        self.written: Callable[[], None] = live.written
         #: rung when the session has messages to write (Transport): the writer's once
         #: attached (every message the session sends rings it)
         self.bell: Bell = SILENT
-        #: rewrites what the session sends before the transport frames it (the AG-UI
-        #: WebSocket extension's translator, agui/socket.py), or None
-        self.translate: Callable[[Ready], Ready] | None = None
+        #: rewrites every batch the session sends before the transport frames it (the
+        #: AG-UI WebSocket extension's translator, agui/socket.py); by default ``list``,
+        #: the batch as it is (a C call: a Python function would cost every write more)
+        self.translate: Callable[[Ready], Ready] = list
         self._writer: Writer | None = None
         #: the write-behind stage (on Redis, the journal), which rings ``bell`` itself
         self.stage = Stage()
@@ -144,7 +148,9 @@ class SessionPort:
     def attach(self, writer: Writer) -> None:
         """The transport serves the session from now on (an older one is closed, 4002)."""
         self._writer = writer
-        self.bell = self.stage.bell = Bell(writer.wake, writer.reader)
+        # the session rings when its core has messages; the stage, when it has a batch
+        self.bell = Bell(writer.wake, writer.reader, wanted=self.live.has_writable)
+        self.stage.bell = Bell(writer.wake, writer.reader)
         self.engine.open_transport(self.live, self, self.last_seq)
 
     def end(self) -> None:
@@ -201,30 +207,25 @@ class SessionPort:
         shared = stage.released
         if shared is not None:
             stage.released = None
-            return self._translated(shared)
+            return self.translate(shared)
         live = self.live
         if stage.state or not fresh or live.transport is not self or not live.has_writable():
             return []
         now = now_ns() // 1_000_000  # now_ms(), inline: once per write
         if live.link is None:  # one process: no stage
-            ready = live.core.take_writable(now)
-            return self._translated(ready)
+            return self.translate(live.core.take_writable(now))
         stage.state = HANDING
         taken = live.take_writable_then(now, stage)
         if taken is not None:  # not journaled: written now
             stage.state = IDLE
-            return self._translated(taken)
+            return self.translate(taken)
         if stage.state == HANDING:  # the stage has it; it rings the writer's bell
             stage.state = HELD
             return []
         shared, stage.released = stage.released, None  # released at once (a paused journal)
         if not shared:
             return []
-        return self._translated(shared)
-
-    def _translated(self, ready: Ready) -> Ready:
-        """``ready`` as the transport is to frame it (``translate``, when set, on a batch)."""
-        return ready if self.translate is None or not ready else self.translate(ready)
+        return self.translate(shared)
 
     def take_final(self) -> Ready:
         """Everything left for this transport, waiting for the stage if it must: what a
@@ -240,17 +241,13 @@ class SessionPort:
         out = self.take(fresh=False)
         live = self.live
         if live.transport is self:
-            more = self._translated(live.take_writable(now_ms()))
+            more = self.translate(live.take_writable(now_ms()))
             out = out + more if out else more
         return out
 
     def in_flight(self, nbytes: int) -> None:
         """The transport is writing ``nbytes`` (0 once written): back-pressure reads it."""
         self.live.core.set_in_flight(nbytes)
-
-    def written(self) -> None:
-        """The transport wrote what it took without waiting (never in flight)."""
-        self.live.written()
 
 
 class Ports:

@@ -60,7 +60,7 @@ class McpLink:
         self._waiting: dict[str, gevent.queue.Queue[Item]] = {}
         self._wake = gevent.event.Event()
         #: rung when the session has messages for the link (the event loop sets _wake)
-        self.bell = Bell(self._wake.set)
+        self.bell = Bell(self._wake.set, wanted=live.has_writable)
         #: taking what the session wrote can wait on Redis in a cluster: the pump and a
         #: request's own drain take turns, so messages are routed in the order written
         self._draining = gevent.lock.Semaphore()

@@ -351,10 +351,8 @@ class WebSocketConnection:
                     frames = self._frames(ready) if protocol.extensions else text_frames(ready)
                     if protocol.writes:
                         frames += protocol.data_to_send()
-                elif port.holding:  # in the journal: its release wakes the next flush
-                    return
-                elif protocol.writes:
-                    frames = protocol.data_to_send()
+                elif protocol.writes and not port.holding:  # (held: in the journal, and
+                    frames = protocol.data_to_send()  # its release rings for the next flush)
                 else:
                     return
                 if not frames:
