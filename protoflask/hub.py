@@ -41,7 +41,7 @@ class SessionHost:
     #: none is raised); a cluster runs it in a greenlet of its own and waits for it
     receive_body: Callable[["LiveSession", bytes], None]
     #: act on the events an operation another node sent caused (the listen side of a
-    #: cluster): a cluster has the event loop call it (``bell.soon``), never calls it
+    #: cluster): a cluster runs it in a greenlet of its own (``bell.apart``), never calls it
     settle: Callable[["LiveSession"], None] = lambda live: None
 
 
