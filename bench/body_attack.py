@@ -1,37 +1,47 @@
-"""Reproduce issue 24's body and resume attacks (docs/RELIABILITY.md, "issue 24") against
-``gunicorn -k gevent wsgi:app`` and print what they cost the bystander.
+"""Reproduce issue 24's attacks (docs/RELIABILITY.md, "Issue 24") against
+``gunicorn -k gevent`` (one worker, one attack per fresh server) and print what each
+cost the worker and a bystander.
 
-    python bench/body_attack.py                 # this checkout
-    python bench/body_attack.py --root /tmp/old # another checkout (e.g. `git archive`)
+    python bench/body_attack.py                       # every attack, this checkout
+    python bench/body_attack.py tiny-call user-texts  # some, by name
+    python bench/body_attack.py --root /tmp/old       # another checkout (`git archive`)
 
-* tiny-body: a session's owner POSTs one body of maxMessageSize holding 330,000 ``{}``
-  (each answered with an ERROR) while a bystander probes ``/health`` and a PING on a new
-  WebSocket, again and again until the POST is answered: the POST's duration and the
-  bystander's slowest probe (and how many probes were answered during the POST).
-* user-texts (with ``MAX_USER_BYTES=67108864``, 64 MiB): one user opens 4 sessions, each
-  with 2 open texts of 4 parts of an emoji and 1,000,000 ASCII characters (1 MB of
-  UTF-8, 4 MB as the str the server keeps), left open; worker RSS before and after, and
-  how many of the user's sessions are still open.
-* user-calls (tests/fixtures/hardening_app.py's ``sleep`` tool, ``MAX_USER_BYTES`` 64
-  MiB): one user opens 4 sessions, each sending 12 calls of ``sleep`` 20 s whose params
-  carry 100,000 ``{}`` (300 kB of JSON, about 7 MB of objects), 2 running and 10 queued
-  a session; a run with the same metadata; worker RSS before and after, how many calls
-  were refused (MAX_RUNS_EXCEEDED) and the bystander's probe.
-* tiny-call (the ``sleep`` app, ``MAX_USER_BYTES`` 64 MiB): one session sends 8 calls of
-  ``sleep`` whose params hold 300,000 ``{}`` (900 kB) back to back while a bystander
-  probes; how long until the session's PING after them is answered, worker CPU and RSS,
-  how many calls were refused, and the bystander's slowest probe.
+Every attack runs in a process of its own (a thread of the bystander's would share its
+interpreter lock, and the attacks compress and encode megabytes), while the bystander,
+another user, probes ``/health``, a PING on a new WebSocket (connect, HELLO, PING) and a
+PING on a session it already holds, again and again: first for 3 s with no attack (the
+baseline, same server), then until the attack is over. Printed: the attack's own
+figures, then each probe's p50 / p99 / max in ms, baseline and during.
+
+* tiny-body: a session's owner POSTs 3 bodies of maxMessageSize holding 330,000 ``{}``
+  each (every element answered with an ERROR), back to back.
+* user-texts (``MAX_USER_BYTES`` 64 MiB): one user opens 4 sessions, each with 2 open
+  texts of 4 parts of an emoji and 1,000,000 ASCII characters (1 MB of UTF-8, 4 MB as
+  the str the server keeps), left open; then how many of the sessions are still open.
+* user-calls (the ``sleep`` app of tests/fixtures/hardening_app.py, ``MAX_USER_BYTES``
+  64 MiB): one user opens 4 sessions, each sending 12 calls of ``sleep`` 20 s whose
+  params carry 100,000 ``{}`` (300 kB of JSON, about 7 MB of objects) and a run with
+  the same metadata; how many were refused (MAX_RUNS_EXCEEDED).
+* tiny-call (the ``sleep`` app, ``MAX_USER_BYTES`` 64 MiB): a flood: for 10 s
+  (``--seconds``) one session sends calls whose params hold 300,000 ``{}`` (900 kB,
+  deflated to about a kilobyte) back to back, each followed by a PING, at most 16 not
+  yet answered (so the worker's backlog ends with the flood).
+* tiny-call-many: the same flood from 8 connections of the same user at once.
 * resume-churn: one user opens a session and resumes it 50 times over WebSockets that
   never answer the server's close frame; then how many connections the worker counts.
+
+Worker CPU and RSS are read from /proc before and after each attack.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import socket
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import orjson
 import requests
@@ -40,6 +50,7 @@ from websockets.sync.client import connect as ws_connect
 from budget_attacks import HELLO, Server, env  # type: ignore[import-not-found]
 
 HERE = Path(__file__).resolve().parent
+SECONDS = 10.0  # tiny-call's flood (--seconds)
 
 
 def session_of(server: Server) -> tuple[object, str]:
@@ -52,35 +63,20 @@ def session_of(server: Server) -> tuple[object, str]:
             return ws, msg["payload"]["session"]
 
 
-def tiny_body(server: Server) -> None:
+def tiny_body(server: Server) -> str:
     ws, session = session_of(server)
     body = b"[" + b",".join([b"{}"] * 330_000) + b"]"
-    done = threading.Event()
-    took: list[float] = []
-
-    def post() -> None:
+    took = []
+    for _ in range(3):
         t0 = time.monotonic()
         requests.post(f"{server.url}/proto/sse?session={session}", data=body, timeout=120,
                       headers={"Authorization": f"Bearer {server.token}"})
         took.append(time.monotonic() - t0)
-        done.set()
-
-    cpu0, rss0 = server.cpu(), server.rss_mib()
-    threading.Thread(target=post, daemon=True).start()
-    time.sleep(0.05)
-    probes = []
-    while not done.is_set():
-        health, ping = server.probe()
-        if not done.is_set():
-            probes.append(max(health, ping))
-    print(f"tiny-body: POST {took[0]:.2f} s, worker CPU {server.cpu() - cpu0:.2f} s, "
-          f"RSS {rss0:.0f} -> {server.rss_mib():.0f} MiB; bystander probes answered during "
-          f"it: {len(probes)}, slowest {max(probes, default=float('nan')) * 1000:.0f} ms")
     ws.close()
+    return "3 POSTs of " + ", ".join(f"{t:.2f}" for t in took) + " s"
 
 
-def user_texts(server: Server) -> None:
-    rss0 = server.rss_mib()
+def user_texts(server: Server) -> str:
     clients = []
     for _ in range(4):
         ws, _session = session_of(server)
@@ -102,15 +98,12 @@ def user_texts(server: Server) -> None:
             alive += 1
         except Exception:  # noqa: BLE001 - closed by the budget
             pass
-    health, ping = server.probe()
-    print(f"user-texts: RSS {rss0:.0f} -> {server.rss_mib():.0f} MiB; {alive} of 4 sessions "
-          f"still open; bystander /health {health * 1000:.0f} ms, PING {ping * 1000:.0f} ms")
     for ws in clients:
         ws.close()
+    return f"{alive} of 4 sessions still open"
 
 
-def user_calls(server: Server) -> None:
-    rss0 = server.rss_mib()
+def user_calls(server: Server) -> str:
     pad = [{}] * 100_000
     clients, refused = [], 0
     for _ in range(4):
@@ -130,50 +123,52 @@ def user_calls(server: Server) -> None:
             if msg["type"] == "PONG":
                 break
     time.sleep(2)
-    health, ping = server.probe()
-    print(f"user-calls: RSS {rss0:.0f} -> {server.rss_mib():.0f} MiB; {refused} of 52 calls "
-          f"and runs refused (MAX_RUNS_EXCEEDED); bystander /health {health * 1000:.0f} ms, "
-          f"PING {ping * 1000:.0f} ms")
     for ws in clients:
         ws.close()
+    return f"{refused} of 52 calls and runs refused (MAX_RUNS_EXCEEDED)"
 
 
-def tiny_call(server: Server) -> None:
+def call_flood(server: Server, seconds: float, out: list[tuple[int, int]]) -> None:
+    """One connection's flood of costly calls (tiny-call)."""
     ws, _session = session_of(server)
     pad = orjson.dumps([{}] * 300_000).decode()
-    done = threading.Event()
-    result: list[object] = []
-
-    def calls() -> None:
-        t0, refused = time.monotonic(), 0
-        for i in range(8):
-            ws.send(f'{{"id":"c{i}","session":"","seq":"{10 + i}","ts":"1","type":"TOOL_CALL",'
-                    f'"channel":"AGENT","payload":{{"call_id":"c{i}","tool":"sleep",'
-                    f'"params":{{"seconds":20,"pad":{pad}}}}}}}')
-        ws.send(orjson.dumps(env(30, "PING", payload={"nonce": "n"})).decode())
-        while True:
-            msg = orjson.loads(ws.recv(timeout=120))
-            if msg["type"] == "ERROR" and msg["payload"]["code"] == "MAX_RUNS_EXCEEDED":
-                refused += 1
-            if msg["type"] == "PONG":
-                break
-        result.extend((time.monotonic() - t0, refused))
-        done.set()
-
-    cpu0, rss0 = server.cpu(), server.rss_mib()
-    threading.Thread(target=calls, daemon=True).start()
-    probes = []
-    while not done.is_set():
-        health, ping = server.probe()
-        probes.append(max(health, ping))
-    print(f"tiny-call: 8 calls answered in {result[0]:.2f} s, worker CPU "
-          f"{server.cpu() - cpu0:.2f} s, RSS {rss0:.0f} -> {server.rss_mib():.0f} MiB, "
-          f"{result[1]} of 8 refused; {len(probes)} probes, the slowest "
-          f"{max(probes) * 1000:.0f} ms")
+    t0, refused, sent, answered = time.monotonic(), 0, 0, 0
+    while time.monotonic() - t0 < seconds or answered < sent:
+        if sent - answered < 16 and time.monotonic() - t0 < seconds:
+            ws.send(f'{{"id":"c{sent}","session":"","seq":"{10 + 2 * sent}","ts":"1",'
+                    f'"type":"TOOL_CALL","channel":"AGENT","payload":{{"call_id":'
+                    f'"c{sent}","tool":"sleep","params":{{"seconds":20,"pad":{pad}}}}}}}')
+            ws.send(orjson.dumps(env(11 + 2 * sent, "PING", payload={"nonce": "n"})).decode())
+            sent += 1
+            continue
+        msg = orjson.loads(ws.recv(timeout=300))
+        if msg["type"] == "ERROR":
+            refused += 1
+        elif msg["type"] == "PONG":
+            answered += 1
+    out.append((sent, refused))
     ws.close()
 
 
-def resume_churn(server: Server) -> None:
+def tiny_call(server: Server, connections: int = 1) -> str:
+    out: list[tuple[int, int]] = []
+    t0 = time.monotonic()
+    floods = [threading.Thread(target=call_flood, args=(server, SECONDS, out))
+              for _ in range(connections)]
+    for flood in floods:
+        flood.start()
+    for flood in floods:
+        flood.join()
+    sent, refused = sum(s for s, _ in out), sum(r for _, r in out)
+    return (f"{sent} calls on {connections} connection(s), all answered after "
+            f"{time.monotonic() - t0:.1f} s ({refused} refused)")
+
+
+def tiny_call_many(server: Server) -> str:
+    return tiny_call(server, 8)
+
+
+def resume_churn(server: Server) -> str:
     ws, session = session_of(server)
     socks = []
     for _ in range(50):
@@ -188,30 +183,100 @@ def resume_churn(server: Server) -> None:
         socks.append((sock, head.split(b" ", 2)[1]))
     vitals = requests.get(server.url + "/debug/vitals", timeout=30).json()
     statuses = sorted({s.decode() for _, s in socks})
-    print(f"resume-churn: 50 resumes answered {statuses}; the worker counts "
-          f"{vitals['activeConnections']} live connections (maxConnectionsPerUser: 100)")
     for sock, _ in socks:
         sock.close()
     ws.close()
+    return (f"50 resumes answered {statuses}; the worker counted "
+            f"{vitals['activeConnections'] - 1} live connections of the attacker's "
+            "(maxConnectionsPerUser: 100)")
+
+
+class Bystander:
+    """A user not in the attack: ``/health``, a PING on a new WebSocket (connect, HELLO,
+    PING) and a PING on a session it already holds, probed again and again."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.ws = ws_connect(f"ws://127.0.0.1:{server.port}/proto/websocket?token="
+                             f"{server.other}", open_timeout=30, max_size=None).__enter__()
+        self.seq = 1
+        self.ws.send(orjson.dumps(env(1, "HELLO", payload=HELLO)).decode())
+        while orjson.loads(self.ws.recv(timeout=30))["type"] != "HELLO":
+            pass
+
+    def session_ping(self) -> float:
+        self.seq += 1
+        t0 = time.monotonic()
+        self.ws.send(orjson.dumps(env(self.seq, "PING", payload={"nonce": "b"})).decode())
+        while orjson.loads(self.ws.recv(timeout=60))["type"] != "PONG":
+            pass
+        return time.monotonic() - t0
+
+    def probe_while(self, busy: Callable[[], bool]) -> dict[str, list[float]]:
+        times: dict[str, list[float]] = {"health": [], "new ws PING": [], "PING": []}
+        while busy():
+            health, ping = self.server.probe()
+            times["health"].append(health)
+            times["new ws PING"].append(ping)
+            times["PING"].append(self.session_ping())
+        return times
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+def spread(times: dict[str, list[float]]) -> str:
+    """p50 / p99 / max in ms of each kind of probe."""
+    out = []
+    for kind, values in times.items():
+        values = sorted(values)
+        if not values:
+            continue
+        p50 = values[len(values) // 2]
+        p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
+        out.append(f"{kind} {p50 * 1000:.0f}/{p99 * 1000:.0f}/{values[-1] * 1000:.0f}")
+    return f"{len(next(iter(times.values())))} probes, p50/p99/max ms: " + ", ".join(out)
+
+
+def _run(attack: Callable[[Server], str], server: Server, out: "multiprocessing.Queue") -> None:
+    out.put(attack(server))
+
+
+def probed(name: str, attack: Callable[[Server], str], server: Server) -> None:
+    bystander = Bystander(server)
+    until = time.monotonic() + 3
+    baseline = bystander.probe_while(lambda: time.monotonic() < until)
+    results: multiprocessing.Queue = multiprocessing.Queue()
+    cpu0, rss0 = server.cpu(), server.rss_mib()
+    child = multiprocessing.Process(target=_run, args=(attack, server, results))
+    child.start()
+    during = bystander.probe_while(child.is_alive)
+    print(f"{name}: {results.get(timeout=10)}; worker CPU {server.cpu() - cpu0:.1f} s, "
+          f"RSS {rss0:.0f} -> {server.rss_mib():.0f} MiB\n"
+          f"  baseline: {spread(baseline)}\n  attack:   {spread(during)}", flush=True)
+    bystander.close()
 
 
 def main() -> None:
+    global SECONDS
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", type=Path, default=HERE.parent)
+    parser.add_argument("--seconds", type=float, default=SECONDS, help="tiny-call's flood")
     parser.add_argument("attacks", nargs="*", help="tiny-body user-texts user-calls "
-                        "resume-churn (default: all)")
+                        "tiny-call tiny-call-many resume-churn (default: all)")
     args = parser.parse_args()
+    SECONDS = args.seconds
     attacks = {"tiny-body": tiny_body, "user-texts": user_texts, "user-calls": user_calls,
-               "tiny-call": tiny_call, "resume-churn": resume_churn}
+               "tiny-call": tiny_call, "tiny-call-many": tiny_call_many,
+               "resume-churn": resume_churn}
     for name in args.attacks or attacks:
-        attack = attacks[name]
         extra = {"MAX_USER_BYTES": str(64 << 20)} \
-            if name.startswith("user") or attack is tiny_call else None
-        app = ("hardening_app:app", "tests/fixtures") if attack in (user_calls, tiny_call) \
-            else ("wsgi:app", ".")
+            if name.startswith(("user", "tiny-call")) else None
+        app = ("hardening_app:app", "tests/fixtures") \
+            if name.startswith(("user-calls", "tiny-call")) else ("wsgi:app", ".")
         server = Server(args.root.resolve(), extra, *app)
         try:
-            attack(server)
+            probed(name, attacks[name], server)
         finally:
             server.proc.terminate()
             server.proc.wait(30)

@@ -15,8 +15,12 @@ Two checks:
   over (MESSAGE_TOO_LARGE for a text part, the text discarded; MAX_RUNS_EXCEEDED for a
   call, which gets its TOOL_DONE ERROR, or a run); a new session is refused while over
   (503 USER_CONNECTION_LIMIT / MAX_CONNECTIONS). What the sessions queue downstream
-  (echoes, TOOL_DONEs, the application's messages: never refused, they are the server's
-  own) is added to the user's count as it is queued, so the next admission sees it;
+  (echoes, TOOL_DONEs, the application's messages: the server's own output) is checked
+  and counted as each data message is queued, with what the session's window evicted
+  and its control messages added since (``Meter.queue``): a data message that would
+  take the user or the worker over is dropped and reported to the application as
+  OUTBOUND_QUEUE_FULL, as when the pending queue is full; control messages (ERROR,
+  PONG...) are always queued;
 * at the heartbeat's tick (it walks the sessions anyway): the accounts are counted
   again from the sessions (windows as they are, evictions included; what a session that
   vanished without giving back held is forgotten), and a user over ``maxUserBytes``
@@ -59,8 +63,8 @@ class Account:
         self.budget = budget
         self.worker = budget
         self.held = 0  # charged by the user's meters since the last tick, and before it
-        self.window = 0  # the user's windows and unsent bytes at the last tick, plus
-        # what their sessions queued since
+        self.window = 0  # the user's windows and unsent bytes: counted at the last tick,
+        # and moved by each message their sessions queued since (evictions taken off)
 
     def over(self, more: int = 0) -> str | None:
         """Why ``more`` bytes would take the user or the worker over, or None."""
@@ -84,9 +88,24 @@ class Account:
         self.held -= nbytes
         self.worker.held -= nbytes
 
+    def queued(self, change: int, nbytes: int, refusable: bool) -> str | None:
+        """``core.meter.Account.queued``: ``over`` and two ``grow``s, written out (it
+        runs for every message a session queues)."""
+        budget = self.budget
+        window = self.window + change
+        budget.window += change
+        if refusable and (
+                budget.user_budget and self.held + window + nbytes > budget.user_budget
+                or budget.ceiling and budget.held + budget.window + nbytes > budget.ceiling):
+            self.window = window
+            return self.over(nbytes)
+        self.window = window + nbytes
+        budget.window += nbytes
+        return None
+
     def grow(self, nbytes: int) -> None:
-        """What the user's sessions queued downstream since the tick: counted until the
-        tick counts the windows again (an overestimate: nothing evicted is taken off)."""
+        """The user's windows and unsent bytes changed by ``nbytes`` (less when a window
+        evicted more than was queued): as each session queues, until the next tick."""
         self.window += nbytes
         self.worker.window += nbytes
 
@@ -120,6 +139,7 @@ class MemoryBudget:
             account = self.account(core.user_id)
             account.held += meter.held
             self.held += meter.held
+            account.grow(meter.window)
             meter.account = account
 
     def forget(self, live: LiveSession) -> None:
@@ -127,6 +147,7 @@ class MemoryBudget:
         meter = live.core.meter
         if meter.account is not None:
             meter.account.give(meter.held)
+            meter.account.queued(-meter.window, 0, False)  # its window, given back
             meter.account = None
 
     def admit(self, user_id: str) -> None:
@@ -185,6 +206,7 @@ class MemoryBudget:
                 accounts[live.user_id] = account
             meter = live.core.meter
             meter.account = account
+            meter.window = weight - meter.held  # what its next message is counted from
             account.held += meter.held
             account.window += weight - meter.held
             held += meter.held

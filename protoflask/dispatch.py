@@ -121,6 +121,12 @@ class Dispatcher:
 
     def _on_send_refused(self, live: LiveSession, event: SendRefused) -> None:
         self.stats.outbound_dropped += 1
+        if event.why is not None:  # the memory budget (budget.py)
+            log.warning("session %s: %s on %s dropped: %s", live.id, event.type,
+                        event.channel, event.why)
+            self._emit_error(OutboundQueueFull(
+                f"{event.type} on {event.channel} dropped: {event.why}"), session_id=live.id)
+            return
         log.warning("session %s: pending queue full; %s on %s dropped", live.id, event.type,
                     event.channel)
         self._emit_error(OutboundQueueFull(

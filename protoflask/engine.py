@@ -16,8 +16,6 @@ from contextlib import suppress
 from functools import partial
 from typing import Any, Callable, TypeAlias
 
-import gevent
-
 from .auth import TokenAuthority
 from .bell import Bell
 from .budget import MemoryBudget
@@ -38,6 +36,7 @@ from .kept import KeptSessions
 from .limits import user_caps
 from .stats import HELD, Stats, add_held
 from .tools import CallSink, SessionToolRunner, ToolExecution, ToolRegistry, check_call
+from .turns import SLICE_MS, Pacer, give_turn
 from . import signals
 
 log = logging.getLogger("protoflask")
@@ -53,8 +52,8 @@ Emit: TypeAlias = Callable[..., None]
 
 
 class Engine:
-    """The session layer of one process: admits transports, feeds the sessions' cores and
-    hands their events to its ``Dispatcher``."""
+    """The session layer of one process: admits transports, feeds the cores, hands their
+    events to its ``Dispatcher``."""
 
     def __init__(self, config: ServerConfig, hub: Hub, tools: ToolRegistry,
                  authority: TokenAuthority, *, emit: Emit, emit_error: Emit,
@@ -71,6 +70,7 @@ class Engine:
         #: transports replaced by a resume whose slot was given back before they ended
         #: (by id; the transport is held so its id is not reused meanwhile)
         self._released: dict[int, Transport] = {}
+        self.pacer = Pacer()  # costly turns pause their user (turns.py)
         self.kept = KeptSessions(hub, config.max_kept_sessions_per_user, self._expire)
         self.budget = MemoryBudget(config.max_user_bytes, config.memory_ceiling, self.kept,
                                    self._drop_for_memory)
@@ -86,7 +86,7 @@ class Engine:
                              close_transport=self.close_transport,
                              local_stats=self.local_stats,
                              receive_body=self.receive_forwarded,
-                             settle=self.settle))
+                             settle=self.settle, released=self.budget.forget))
 
     def local_stats(self) -> dict[str, Any]:
         """This node's statistics (docs/PROTOCOL.md §10) now, and ``errorsSent``."""
@@ -133,8 +133,8 @@ class Engine:
             self.close_connection(transport.kind, user_id)
 
     def open_body(self, user_id: str) -> None:
-        """Count a POST body being read for the user (maxConnectionsPerUser at once), or
-        raise USER_CONNECTION_LIMIT; the caller owes close_body."""
+        """Count a POST body being read (maxConnectionsPerUser a user), or raise
+        USER_CONNECTION_LIMIT; the caller owes close_body."""
         try:
             self.user_caps.take_body(user_id)
         except UserConnectionLimit as exc:
@@ -194,10 +194,9 @@ class Engine:
 
     def find_session(self, session_id: str | None, user_id: str, *,
                      claim: bool = True, last_seq: int | None = None) -> LiveSession:
-        """The user's own session, or SESSION_NOT_FOUND (also for another user's id).
-
-        In a cluster, ``claim`` moves a session another process holds into this one
-        (a resume from ``last_seq``); without it only this process's sessions are found."""
+        """The user's own session, or SESSION_NOT_FOUND (also for another user's id). In a
+        cluster, ``claim`` moves one another process holds here (a resume from
+        ``last_seq``); without it only this process's sessions are found."""
         live = self.hub.get(session_id) if session_id else None
         if live is None and session_id and claim:
             live = self.hub.claim(session_id, user_id, last_seq)
@@ -213,19 +212,17 @@ class Engine:
 
     def session_for_body(self, session_id: str, user_id: str,
                          body: bytes) -> LiveSession | None:
-        """For a posted body whose session this process does not hold: None once the
-        node that holds it took the body (its errors go downstream there), else the
-        session, taken over here, or SESSION_NOT_FOUND."""
+        """For a body whose session is not held here: None once its holder took the body
+        (errors go downstream there), else the session, taken over, or SESSION_NOT_FOUND."""
         if self.hub.route(session_id, Upstream(user_id, body)):
             return None
         return self.find_session(session_id, user_id)
 
     def post_body(self, session_id: str, user_id: str, body: bytes,
                   held: LiveSession | None) -> int:
-        """A body posted for a session (``held``: the session if this process held it
-        before the body was read), to that session wherever it lives; how many messages
-        it carried. Raises InvalidMessage for a body that is not JSON at all (reported
-        downstream too), SESSION_NOT_FOUND when no node holds the session."""
+        """A body posted for a session (``held``: the session if held here before the body
+        was read), to it wherever it lives; how many messages it carried. InvalidMessage
+        for a body not JSON at all (reported downstream too), SESSION_NOT_FOUND."""
         if held is not None and self.hub.get(session_id) is not held:
             held = None  # it moved to another node while the body was read: follow it
         live = held if held is not None else self.session_for_body(session_id, user_id, body)
@@ -319,8 +316,7 @@ class Engine:
         self._emit(signals.binary, session_id=live.id, data=data)
 
     def reject(self, live: LiveSession, exc: ProtoError) -> None:
-        """A transport-level problem with one upstream message, reported in-protocol
-        (an ERROR message) and counted like any received message."""
+        """A transport's problem with one message: an ERROR, counted as one received."""
         started = now_ms()
         live.core.reject(exc)
         self.settle(live)
@@ -331,18 +327,23 @@ class Engine:
         """Hand every message of a posted body to the session (its rules; errors go
         downstream); returns how many. A body of which no line is JSON at all is reported
         like a non-JSON WebSocket frame, then raised as InvalidMessage (the HTTP 400).
-        ``BODY_SLICE`` messages at a time, a turn for the other greenlets between slices
-        (docs/RELIABILITY.md, "one body of tiny messages")."""
+        ``BODY_SLICE`` messages (or ``turns.SLICE`` of time) at a time, a turn for the
+        other greenlets between slices (docs/RELIABILITY.md, "one body of tiny messages")."""
         # a decoded part: ``receive``'s steps for a message already parsed, with what
         # they look up bound once per body
         core, notify, record, dispatch = live.core, live.notify, self.stats.record, \
             self._dispatch
         count = handled = 0
+        pacer, user = self.pacer, live.user_id
+        pacer.pause(user)
+        sliced = finished = now_ms()  # finished: the last message's end (no clock read
+        # of its own: a slice's time is told from the messages' own timing)
         try:
             for part in iter_body(body):
-                if part is TURN or handled >= BODY_SLICE:
-                    gevent.sleep(0)
-                    handled = 0
+                if part is TURN or handled >= BODY_SLICE or finished - sliced >= SLICE_MS:
+                    pacer.took(user, (now_ms() - sliced) / 1000)  # a turn, or a pause
+                    handled, sliced = 0, now_ms()
+                    finished = sliced
                     if part is TURN:
                         continue
                 count += 1
@@ -368,12 +369,11 @@ class Engine:
             self.receive_body(live, body)
 
     def count_body(self, body: bytes) -> int:
-        """How many messages a body carries, counted in slices as ``receive_body`` reads
-        them (InvalidMessage for one that is not JSON at all)."""
+        """How many messages a body carries, in ``receive_body``'s slices (or InvalidMessage)."""
         count = 0
         for part in iter_body(body):
             if part is TURN or count % BODY_SLICE == BODY_SLICE - 1:
-                gevent.sleep(0)
+                give_turn()
             if part is not TURN:
                 count += 1
         return count
@@ -434,8 +434,8 @@ class Engine:
             self._dispatch(live, live.core.take_events())
 
     def deliver(self, session_id: str, op: Operation) -> bool:
-        """Apply ``op`` to a session wherever it lives (SessionNotFound if none), then act
-        on the events it caused here."""
+        """Apply ``op`` to a session wherever it lives (SessionNotFound if none), then
+        act on its events here."""
         result = self.hub.deliver(session_id, op)
         live = self.hub.get(session_id)
         if live is not None:
@@ -460,8 +460,7 @@ class Engine:
                 self.close_transport(live, code, reason)
 
     def shutdown_sessions(self) -> list[LiveSession]:
-        """The process is stopping: cancel tools and close every transport (1001); returns
-        the sessions whose transports are closing."""
+        """Stopping: cancel tools, close every transport (1001); the sessions closing."""
         self.shutting_down = True
         closing = []
         for live in self.hub.sessions():
@@ -478,8 +477,7 @@ class Engine:
     # -- timers ----------------------------------------------------------------------
 
     def ensure_running(self) -> None:
-        """Start the ticker (``ticker.py``) and the hub in the serving hub, once. (The
-        serving process's GC policy is the serving glue's: ``serving``.)"""
+        """Start the ticker (``ticker.py``) and the hub in the serving hub, once."""
         if self._ticker.start():
             self.hub.start()
 

@@ -43,6 +43,9 @@ class SessionHost:
     #: act on the events an operation another node sent caused (the listen side of a
     #: cluster): a cluster runs it in a greenlet of its own (``bell.apart``), never calls it
     settle: Callable[["LiveSession"], None] = lambda live: None
+    #: a session this node stopped holding (it moved to another node): what the session
+    #: layer counted for it here (its memory budget) is given back now, not at a tick
+    released: Callable[["LiveSession"], None] = lambda live: None
 
 
 # -- what only a cluster answers ----------------------------------------------------------

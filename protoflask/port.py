@@ -44,6 +44,7 @@ from .live import HANDING, HELD, IDLE, LiveSession, Stage
 if TYPE_CHECKING:
     from .config import ServerConfig
     from .engine import Engine
+    from .turns import Pacer
 
 Ready = list[tuple[int, bytes]]
 
@@ -142,6 +143,12 @@ class SessionPort:
     @property
     def user_id(self) -> str:
         return self.live.core.user_id
+
+    @property
+    def pacer(self) -> "Pacer":
+        """The worker's pacing of costly turns (turns.Pacer): a reader waits out what its
+        user owes before a read and reports each costly turn."""
+        return self.engine.pacer
 
     # -- its life --------------------------------------------------------------------------
 

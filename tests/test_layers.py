@@ -27,7 +27,7 @@ MAX_LINES = 500
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("core",),
     ("config", "options", "auth", "jwks", "signals", "tools", "logs", "origins", "tickets",
-     "clock", "fastschema", "streaming", "stats", "limits", "pins", "bell"),
+     "clock", "fastschema", "streaming", "stats", "limits", "pins", "turns", "bell"),
     ("hub", "live", "cluster"),
     ("engine", "port", "dispatch", "kept", "budget", "ticker"),
     ("transports",),

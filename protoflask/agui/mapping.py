@@ -26,11 +26,38 @@ AGUI_EVENT = "AGUI_EVENT"
 #: The CUSTOM event a server tool call's TOOL_UPDATE becomes.
 PROGRESS_EVENT = "protoflask.tool_progress"
 
-#: A text part as the session stamps it (core/outbound.py: the envelope's keys in order,
-#: payload {message_id, content}), and the event it becomes
-_PART_HEAD = b'"type":"MESSAGE_PART","channel":"AGENT","payload":{"message_id":"'
-_PART_HEAD_LEN = len(_PART_HEAD)
+#: A text part as the session stamps it (core/outbound.py: orjson, the envelope's keys in a
+#: fixed order, the payload last) is ``head, PART_HEAD, id, CONTENT_KEY, tail``, the tail
+#: being the content and the two braces that close the payload and the envelope. The
+#: content is already a JSON string, which is what the delta is: the fast paths
+#: (``RunTranslator.translate_fast``, ``socket.SocketTranslator.translate_fast``) split
+#: the envelope there (``partition``) and write the event around its bytes, without
+#: decoding it, when the id's JSON text is an open text's (``RunTranslator.texts``) and the
+#: tail is one string and its braces (``is_part_tail``); anything else goes through the
+#: mapping (docs/PERFORMANCE.md, AG-UI). The first PART_HEAD may be in the payload of
+#: another message, but never with such a tail (a part nested in a payload is followed by
+#: more than two braces), so the head is the envelope's up to its "type" key; the id's
+#: JSON text ends at the first CONTENT_KEY (an escaped string never holds ``","``).
+PART_HEAD = b'"type":"MESSAGE_PART","channel":"AGENT","payload":{"message_id":"'
+CONTENT_KEY = b'","content":'
+#: the SSE event of a text part: (seq, the id's JSON text, the content's)
 _CONTENT = b'id: %d\ndata: {"type":"TEXT_MESSAGE_CONTENT","messageId":"%s","delta":%s}\n\n'
+
+
+def is_part_tail(tail: bytes) -> bool:
+    """Whether a part's ``tail`` (what follows its ``"content":``) is one JSON string and
+    the two braces that close the payload and the envelope: it starts and ends with a
+    quote and holds no other quote that is not escaped. (The fast paths test the common
+    case first: a quote before the braces and none but the two. A quote after an escaped
+    backslash counts as escaped here, which only sends such a part the slow way.)"""
+    return tail[:1] == b'"' and tail.endswith(b'"}}') and \
+        tail.count(b'"') - tail.count(b'\\"') == 2
+
+
+def text_key(key: str) -> bytes:
+    """An open text's id as a stamped envelope carries it: its JSON text, unquoted."""
+    return orjson.dumps(key)[1:-1]
+
 
 _OPENS = {"TEXT_MESSAGE_START": "text", "TOOL_CALL_START": "tool"}
 _CLOSES = {"TEXT_MESSAGE_END": "text", "TOOL_CALL_END": "tool"}
@@ -56,18 +83,14 @@ class SseFraming:
     def event(event: dict[str, Any], seq: int | None, data: bytes) -> bytes:
         return sse_event(event, seq)
 
-    @staticmethod
-    def content(seq: int, data: bytes, at: int, mid: bytes, delta: bytes) -> bytes:
-        """A text part's event; ``at``: where the envelope's "type" key starts."""
-        return _CONTENT % (seq, mid, delta)
-
 
 #: The native envelope an AG-UI event travels in on the WebSocket (docs/AGUI.md, "AG-UI
 #: events on the WebSocket"): the head of the message it was made from (id, session, seq,
 #: ts), then these keys, then the event.
 _AGUI_ENVELOPE = b'"type":"AGUI_EVENT","channel":"AGENT","payload":'
-_SOCKET_CONTENT = _AGUI_ENVELOPE + \
-    b'{"type":"TEXT_MESSAGE_CONTENT","messageId":"%s","delta":%s}}'
+#: a text part's envelope: (its head, the id's JSON text, the content's and the braces)
+SOCKET_CONTENT = b'%s' + _AGUI_ENVELOPE + \
+    b'{"type":"TEXT_MESSAGE_CONTENT","messageId":"%s","delta":%s'
 
 
 def _head(data: bytes) -> bytes:
@@ -87,10 +110,6 @@ class SocketFraming:
     def event(event: dict[str, Any], seq: int | None, data: bytes) -> bytes:
         body = _AGUI_ENVELOPE + orjson.dumps(event) + b"}"
         return _head(data) + body if seq is not None else b"{" + body
-
-    @staticmethod
-    def content(seq: int, data: bytes, at: int, mid: bytes, delta: bytes) -> bytes:
-        return data[:at] + _SOCKET_CONTENT % (mid, delta)
 
 
 SSE = SseFraming()
@@ -112,6 +131,9 @@ class RunTranslator:
         self.resume_after = resume_after
         #: open constructs, in the order they opened: (kind, id) -> the START event
         self.open: dict[tuple[str, str], dict[str, Any]] = {}
+        #: the open texts' ids as their parts' envelopes carry them (``text_key``): what
+        #: the fast paths look a part's id up in
+        self.texts: set[bytes] = set()
         #: tool calls announced in this run whose result has not come (a server tool's
         #: TOOL_DONE becomes TOOL_CALL_RESULT; a frontend tool's result comes next run)
         self.calls: set[str] = set()
@@ -120,41 +142,43 @@ class RunTranslator:
         #: the envelope being translated (SocketFraming keeps its head)
         self._data = b""
 
-    def translate(self, ready: list[tuple[int, bytes]]) -> bytes:
-        """The SSE stream's bytes for ``ready`` (``feed``, with its common case inline:
-        a call less per text part on the stream's hot path)."""
+    def translate_plain(self, ready: list[tuple[int, bytes]]) -> bytes:
+        """The SSE stream's bytes for ``ready``: each message through ``feed`` (the
+        definition ``translate_fast`` is held equal to, tests/agui/test_fastpath.py)."""
         out: list[bytes] = []
-        open_, content = self.open, self.framing.content
         for seq, data in ready:
             if self.ended:
                 break
-            if self.resume_after is None and self.started:
-                at = data.find(_PART_HEAD)
-                if at >= 0 and data.endswith(b"}}"):
-                    start = at + _PART_HEAD_LEN
-                    end = data.find(b'","content":', start)
-                    mid = data[start:end]
-                    if end > 0 and b"\\" not in mid and ("text", mid.decode()) in open_:
-                        out.append(content(seq, data, at, mid, data[end + 12:-2]))
+            self.feed(seq, data, out)
+        return b"".join(out)
+
+    def translate_fast(self, ready: list[tuple[int, bytes]]) -> bytes:
+        """``translate_plain``, with a text part of an open text written around its
+        envelope's bytes (the module doc): the SSE stream's hot path, no call per part."""
+        out: list[bytes] = []
+        texts = self.texts
+        for seq, data in ready:
+            if self.ended:
+                break
+            if texts and self.resume_after is None:
+                _, found, rest = data.partition(PART_HEAD)
+                if found:
+                    mid, _, tail = rest.partition(CONTENT_KEY)
+                    # is_part_tail's common case (no quote in the content) first
+                    if mid in texts and tail and (tail[-3] == 34 and tail.count(b'"') == 2
+                                                  or is_part_tail(tail)):
+                        out.append(_CONTENT % (seq, mid, tail[:-2]))
                         continue
             self.feed(seq, data, out)
         return b"".join(out)
+
+    #: The swap point: what the SSE stream calls.
+    translate = translate_fast
 
     def feed(self, seq: int, data: bytes, out: list[bytes], write: bool = True) -> bool:
         """Translate one stamped message into ``out``; False if it is none of the run's
         (nothing written: the WebSocket sends it as it is)."""
         resume = self.resume_after
-        if resume is None and self.started and write:
-            # the common message, a text's part, without decoding it: its content is
-            # already a JSON string, which is what the delta is (docs/PERFORMANCE.md, AG-UI)
-            at = data.find(_PART_HEAD)
-            if at >= 0 and data.endswith(b"}}"):
-                start = at + _PART_HEAD_LEN
-                end = data.find(b'","content":', start)
-                mid = data[start:end]
-                if end > 0 and b"\\" not in mid and ("text", mid.decode()) in self.open:
-                    out.append(self.framing.content(seq, data, at, mid, data[end + 12:-2]))
-                    return True
         if resume is not None and seq > resume:
             self._prelude(out)
             resume = None
@@ -227,10 +251,15 @@ class RunTranslator:
             self.open[(kind, key)] = event
             if kind == "tool":  # a native TOOL_DONE of this id is its result
                 self.calls.add(key)
+            else:
+                self.texts.add(text_key(key))
         else:
             kind = _CLOSES.get(etype)  # type: ignore[arg-type]
             if kind is not None:
-                self.open.pop((kind, str(event.get(_KEY[kind]))), None)
+                key = str(event.get(_KEY[kind]))
+                self.open.pop((kind, key), None)
+                if kind == "text":
+                    self.texts.discard(text_key(key))
         if write:
             out.append(self.framing.event(event, seq, self._data))
 

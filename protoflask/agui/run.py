@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterable, Mapping
 
 import gevent
@@ -37,6 +38,9 @@ class AguiServices:
     send_message: Callable[[str, Mapping[str, Any]], None]
     finish_run: Callable[..., Any]  # (session_id, run_id, summary=, error=)
     run_status: Callable[[str, str], str | None]  # (session_id, run_id) -> status or None
+    #: (session_id, run_id) -> a stream's stop_reason: None while the run is active, else
+    #: why not (``run_<status>``; ``run_finished`` once it is gone)
+    watch_run: Callable[[str, str], Callable[[], str | None]]
     report_error: Callable[[BaseException, str], None]  # (error, session_id)
     #: the application's handler, or None: the built-in echo (echoMessages) answers
     handler: Callable[["AguiRun"], Any] | None
@@ -80,17 +84,13 @@ class AguiRun:
         does, in this run: it stops within one chunk when the run is stopped. Unlike it,
         it goes on when the thread's session moves to another node of a cluster (a
         re-attach there), delivering through the cluster."""
-        services, session_id, run_id = self._services, self.session_id, self.run_id
+        services = self._services
         # no PART may exceed maxMessageSize: a character is at most 6 bytes of JSON
         max_chars = min(max_chars, max(1, (services.max_message_size - 1024) // 6))
-
-        def stop_reason() -> str | None:
-            status = services.run_status(session_id, run_id)
-            return None if status == "active" else f"run_{status or 'finished'}"
-
         return stream_chunks(chunks, uuid.uuid4().hex, content_type,
-                             send=lambda out: services.deliver(session_id, out),
-                             stop_reason=stop_reason, max_chars=max_chars,
+                             send=partial(services.deliver, self.session_id),
+                             stop_reason=services.watch_run(self.session_id, self.run_id),
+                             max_chars=max_chars,
                              max_delay_ms=max_delay_ms)
 
     def call_tool(self, name: str, params: Mapping[str, Any] | None = None, *,

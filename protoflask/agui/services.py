@@ -49,6 +49,25 @@ def agui_services(engine: "Engine", *, call: Callable[..., Any],
             return run.status if run is not None else None
         return call(read)
 
+    def watch_run(session_id: str, run_id: str) -> Callable[[], str | None]:
+        """A stream's ``stop_reason`` for a run: None while it is active, else
+        ``run_<status>``. While the session is held here it reads the status of the run
+        it found (as ProtoServer.stream_text's does: no hop to the hub per chunk, and a
+        stopped run's reason is ``run_cancelled``); once the session moved, it asks
+        ``run_status`` (through the cluster; ``run_finished`` for a run gone)."""
+        def held() -> tuple[Any, Any]:
+            live = hub.get(session_id)
+            return live, (live.core.runs.get(run_id) if live is not None else None)
+        live, run = call(held)
+
+        def stop_reason() -> str | None:
+            if run is not None and hub.get(session_id) is live:
+                status = run.status
+            else:
+                status = run_status(session_id, run_id) or "finished"
+            return None if status == "active" else f"run_{status}"
+        return stop_reason
+
     def deliver(session_id: str, out: messages.Outbound) -> bool:
         try:
             return bool(call(engine.deliver, session_id, Send(out)))
@@ -62,7 +81,8 @@ def agui_services(engine: "Engine", *, call: Callable[..., Any],
             call(finish_elsewhere, engine, session_id, run_id, summary, error)
 
     return AguiServices(deliver=deliver, call_tool=tool_call, send_message=send_message,
-                        finish_run=finish, run_status=run_status, report_error=report_error,
+                        finish_run=finish, run_status=run_status, watch_run=watch_run,
+                        report_error=report_error,
                         handler=handler, echo=engine.config.echo_messages,
                         max_message_size=engine.config.max_message_size)
 

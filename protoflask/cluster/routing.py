@@ -165,6 +165,7 @@ class RoutingHub(LocalHub):
         """Stop holding the session here (its Redis record stays) and journaling it."""
         live = super().remove(session_id)
         if live is not None:
+            self.host.released(live)
             self.journal.forget(session_id)
             if isinstance(live.link, Follow):
                 live.link.journaling = False

@@ -97,10 +97,12 @@ class SlowConsumer:
 @dataclass(frozen=True, slots=True)
 class SendRefused:
     """A server message was dropped: the pending queue was full (the client withholds
-    credit or paused the channel for too long)."""
+    credit or paused the channel for too long), or, with ``why``, it would have taken
+    the session's user or the worker over their memory budget."""
 
     type: str
     channel: str
+    why: str | None = None
 
 
 Event = (Handshake | TextReceived | ToolCallReceived | ToolCancelRequested | ToolListRequested

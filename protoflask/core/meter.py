@@ -29,16 +29,20 @@ class Account(Protocol):
     def give(self, nbytes: int) -> None:
         """Count ``nbytes`` less."""
 
-    def grow(self, nbytes: int) -> None:
-        """The session queued ``nbytes`` more downstream (never refused: the server's
-        own output; what admission checks next sees it)."""
+    def queued(self, change: int, nbytes: int, refusable: bool) -> str | None:
+        """A session's window and unsent bytes changed by ``change`` since it last told,
+        and a message of ``nbytes`` is to be queued: count both, or, for a
+        ``refusable`` message that would take the user or the worker over budget, only
+        ``change`` and return why."""
 
 
 class Meter:
-    __slots__ = ("held", "account")
+    __slots__ = ("held", "window", "account")
 
     def __init__(self) -> None:
         self.held = 0
+        #: the session's replay window and unsent bytes as last told to its account
+        self.window = 0
         self.account: Account | None = None
 
     def charge(self, nbytes: int) -> None:
@@ -48,12 +52,20 @@ class Meter:
             account.take(nbytes)
         self.held += nbytes
 
-    def grew(self, nbytes: int) -> None:
-        """A message of ``nbytes`` was queued downstream: it joins the unsent bytes, then
-        the replay window (the user's count of them grows until the tick counts again)."""
+    def queue(self, window: int, nbytes: int, refusable: bool) -> str | None:
+        """A message of ``nbytes`` is to be queued downstream by a session whose window
+        and unsent bytes are ``window`` now: the account learns what changed since
+        (evictions, writes), then, unless a ``refusable`` (data) message would take the
+        user or the worker over budget (returned: why), counts the message. (The queue
+        asks only for data messages: control messages are never refused, and what they
+        add is in ``window`` the next time.)"""
         account = self.account
-        if account is not None:
-            account.grow(nbytes)
+        if account is None:
+            self.window = window + nbytes
+            return None
+        why = account.queued(window - self.window, nbytes, refusable)
+        self.window = window + nbytes if why is None else window
+        return why
 
     def release(self, nbytes: int) -> None:
         if nbytes:

@@ -69,8 +69,8 @@ class OutboundQueue:
         self._overflowed = False  # SlowConsumer reported for this connection
         self._resend = ResendQueue()  # window ranges to write again (resume, REPLAY_REQUEST)
         self._resend_bytes = 0  # what they hold; counts toward the outbound buffer
-        #: the session's meter: what is queued grows its user's count of windows and
-        #: unsent bytes at once (the tick counts them exactly again)
+        #: the session's meter: what is queued is checked against its user's budget and
+        #: counted at once, with what the window evicted since (``_metered``)
         self.meter: Meter | None = None
 
     # -- a transport comes and goes -------------------------------------------------------
@@ -88,16 +88,36 @@ class OutboundQueue:
         The definition. ``push_fast`` does the same with ``_enqueue`` and
         ``check_pressure``'s first test written out (about 1% of a PING's whole cost:
         bench/instructions.py); ``push`` below is the one the session uses.
-        tests/core/test_outbound.py's TestPush runs over both."""
+        tests/core/test_outbound.py's TestPush runs over both.
+
+        A data message that would take the session's user over their memory budget is
+        refused as a full queue's is (``Meter.queue``: the reason in SendRefused)."""
         if len(self.pending) >= self.settings.max_pending_messages or \
                 self._pending_bytes >= self._full_bytes:
             if not self._queued_when_full(out):
                 return False
+        size = len(dumps(out.payload, option=ENCODING)) + ENVELOPE_OVERHEAD
+        if out.type not in CONTROL_TYPES and self.meter is not None \
+                and not self._metered(out, size):
+            return False
         self._enqueue(out)
         if out.type not in CONTROL_TYPES:
             self._pause_armed = True
         self.check_pressure()
         return True
+
+    def _metered(self, out: Outbound, size: int) -> bool:
+        """A data message: the user's count of windows and unsent bytes brought up to
+        date with this session's (evictions taken off, control messages queued since
+        added) and grown by ``size``; False, and SendRefused, if that would take the
+        user or the worker over budget. (Control messages are never refused, and the
+        next data message or the tick counts them: no call for every PONG.)"""
+        assert self.meter is not None
+        why = self.meter.queue(self.replay.nbytes + self.unsent_bytes, size, True)
+        if why is None:
+            return True
+        self._events.append(SendRefused(out.type, out.channel, why))
+        return False
 
     def _queued_when_full(self, out: Outbound) -> bool:
         """The queue is full: whether ``out`` is queued anyway (a control message)."""
@@ -120,18 +140,24 @@ class OutboundQueue:
                 self._pending_bytes >= self._full_bytes:
             if not self._queued_when_full(out):
                 return False
-        # _enqueue, inline
         size = len(dumps(out.payload, option=ENCODING)) + ENVELOPE_OVERHEAD
+        data = out.type not in CONTROL_TYPES
+        pending_bytes = self._pending_bytes
+        meter = self.meter
+        if data and meter is not None:  # _metered, inline
+            why = meter.queue(self.replay.nbytes + pending_bytes + self._resend_bytes
+                              + self.in_flight, size, data)
+            if why is not None:
+                self._events.append(SendRefused(out.type, out.channel, why))
+                return False
+        # _enqueue, inline
         pending.append(out)
         self._pending_sizes.append(size)
         by_channel = self._pending_channel_bytes
         channel = out.channel
         by_channel[channel] = by_channel.get(channel, 0) + size
-        pending_bytes = self._pending_bytes = self._pending_bytes + size
-        meter = self.meter
-        if meter is not None:
-            meter.grew(size)
-        if out.type not in CONTROL_TYPES:
+        pending_bytes = self._pending_bytes = pending_bytes + size
+        if data:
             self._pause_armed = True
         if pending_bytes + self._resend_bytes + self.in_flight >= self._low_water \
                 or self.paused_by_server:  # check_pressure's own first test, saving a call

@@ -6,11 +6,13 @@ gevent.pywsgi or gunicorn. Bytes only: what the bytes mean is the core's
 from __future__ import annotations
 
 import io
-from typing import Any, Iterable, Iterator
+from time import monotonic
+from typing import Any, Callable, Iterable, Iterator
 
 import gevent
 
 from ..core.errors import MessageTooLarge, RequestTimeout
+from ..turns import give_turn
 
 #: Largest piece read from a request body at once.
 PIECE_SIZE = 65536
@@ -93,17 +95,26 @@ def body_pieces(environ: dict[str, Any]) -> Iterator[bytes]:
         yield piece
 
 
-def taking_turns(pieces: Iterable[bytes]) -> Iterator[bytes]:
+def taking_turns(pieces: Iterable[bytes],
+                 took: Callable[[float], None] | None = None) -> Iterator[bytes]:
     """The pieces, with a turn for every other greenlet before each is handed on.
 
     gevent switches greenlets only when a read has to wait. A client that streams its
     body without a pause leaves bytes for every read, so without this the worker would
     serve that one stream alone: not its own downstream, not a new connection, not
     ``/health`` (tests/integration/test_reader_fairness.py). One hub turn per piece (a
-    chunk, or up to PIECE_SIZE bytes) is a few microseconds per many lines."""
+    chunk, or up to PIECE_SIZE bytes) is a few microseconds per many lines. With
+    ``took`` (the user's ``turns.Pacer.took``), the time the caller spent on the last
+    piece's lines is told to it, and it gives the turn (or the user's pause)."""
+    spent = 0.0
     for piece in pieces:
-        gevent.sleep(0)
+        if took is None:
+            give_turn()
+        else:
+            took(spent)
+        started = monotonic()
         yield piece
+        spent = monotonic() - started
 
 
 def _is_pywsgi_input(inp: Any) -> bool:

@@ -7,8 +7,9 @@ import socket
 import sys
 from typing import Any, Callable
 
-import gevent
 import gevent.socket
+
+from ..turns import give_turn
 
 
 def raw_socket(environ: dict[str, Any]) -> socket.socket | None:
@@ -58,7 +59,7 @@ def read_wait(sock: Any) -> tuple[Callable[[Any], None], Any] | None:
     that never pauses cannot keep the worker to itself
     (tests/integration/test_reader_fairness.py). A TLS socket cannot wait on its
     descriptor (bytes its TLS layer already read and decrypted never make it readable
-    again): it gets the turn alone (``gevent.sleep(0)``).
+    again): it gets the turn alone (``turns.give_turn``).
 
     A pair rather than one callable: the reader calls the bound method itself, a
     Python-to-Python call that adds no C frame to the stack an idle greenlet keeps
@@ -74,7 +75,7 @@ def read_wait(sock: Any) -> tuple[Callable[[Any], None], Any] | None:
 
 
 def _take_a_turn(_watcher: Any) -> None:
-    gevent.sleep(0)
+    give_turn()
 
 
 def is_tls(sock: Any) -> bool:

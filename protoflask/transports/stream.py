@@ -60,7 +60,9 @@ class NDJSONStream(HTTPDownstream):
         """Upstream: each line of the request body, as it arrives, to the session. Once the
         response has ended, the rest of the body is read and dropped."""
         port = self.port
-        pieces = taking_turns(body_pieces(self.environ))
+        pacer, user = port.pacer, port.user_id
+        pieces = taking_turns(body_pieces(self.environ),
+                              lambda spent: pacer.took(user, spent))
         lines = iter_lines(pieces, port.limits.max_message_size, port.limits.body_timeout)
         try:
             while self._closing is None and not self._finished:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from time import monotonic
 from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
@@ -31,6 +32,7 @@ except ImportError:  # pragma: no cover - websockets built without its C extensi
     from websockets.utils import apply_mask
 
 from ..core.errors import MessageTooLarge
+from ..turns import SLICE
 from .sockets import immediate_send, read_wait, shutdown
 
 if TYPE_CHECKING:
@@ -47,6 +49,8 @@ _TEXT, _BINARY = Opcode.TEXT, Opcode.BINARY
 _state_of: Callable[[ServerProtocol], State] = \
     ServerProtocol.state.fget  # type: ignore[attr-defined]
 RECV_SIZE = 65536
+#: deflated bytes handed to the protocol at a time (inflated: up to a few messages)
+FEED_SIZE = 8192
 
 
 def handshake_request(environ: dict[str, Any]) -> Request:
@@ -168,9 +172,14 @@ class WebSocketConnection:
         if protocol.state is _CLOSED:
             return
         wait, readable = read_wait(sock) or (None, None)
+        assert self.port is not None
+        pacer, user = self.port.pacer, self.port.user_id
+        owed = pacer.owed
         while True:  # until the connection is closed (checked after each read)
             if wait is not None:
                 wait(readable)
+            if owed:  # some user's costly turns: this one's may have to wait
+                pacer.pause(user)
             data = sock.recv(RECV_SIZE)
             if not data:
                 if pending:  # an incomplete frame: the protocol reports the EOF in it
@@ -179,9 +188,12 @@ class WebSocketConnection:
                 self._protocol_events()
             elif own_frames:
                 pending = self._read_frames(pending + data if pending else data)
-            else:
-                protocol.receive_data(data)
-                self._protocol_events()
+            else:  # deflated: fed a piece at a time, so that one read of 64 KiB (a
+                # thousand times that inflated) is never all held, nor handled, at once
+                turn = monotonic()
+                for i in range(0, len(data), FEED_SIZE):
+                    protocol.receive_data(data[i:i + FEED_SIZE])
+                    turn = self._protocol_events(turn)
             # almost always None: that cheap test first, the isinstance call only then
             if protocol.parser_exc is not None and isinstance(protocol.parser_exc, PayloadTooBig):
                 self._report_too_large()
@@ -252,16 +264,26 @@ class WebSocketConnection:
             i = end
         return data[i:] if i else data
 
-    def _protocol_events(self) -> None:
-        # One read of deflated frames can carry many large messages: a turn past RECV_SIZE.
-        handled = 0
-        for frame in self.protocol.events_received():
+    def _protocol_events(self, turn: float = 0.0) -> float:
+        """Handle the frames the protocol parsed. A message that is not the reader's
+        common small frame (deflated, large, fragmented) may be costly to handle: once
+        the frames of this turn (begun at ``turn``, else now) took a SLICE, the others
+        get a turn, or, if it was costly, the user pauses (turns.Pacer). Returns when
+        the turn now going on began."""
+        events = self.protocol.events_received()
+        if not events:
+            return turn
+        if not turn:
+            turn = monotonic()
+        for frame in events:
             assert isinstance(frame, Frame)  # the handshake is done: only frames now
-            if handled > RECV_SIZE:
-                gevent.sleep(0)
-                handled = 0
-            handled += len(frame.data)
             self._on_frame(frame)
+            spent = monotonic() - turn
+            if spent > SLICE:
+                assert self.port is not None
+                self.port.pacer.took(self.port.user_id, spent)
+                turn = monotonic()
+        return turn
 
     # -- receiving -------------------------------------------------------------------
 

@@ -185,6 +185,40 @@ def test_stop_errors(agui_server):
     assert r.status_code == 401
 
 
+def test_a_stop_ends_the_handlers_stream_text_at_its_next_chunk(make_server):
+    """POST /proto/agui/stop while the handler streams: its ``stream_text`` stops within
+    one chunk (``StreamedText.stopped`` says why: the run was cancelled), it does not
+    go on streaming into a run that has ended."""
+    from .conftest import slow_chunks
+
+    server = make_server()
+    streamed: list[Any] = []
+
+    @server.agui_handler
+    def handle(run: Any) -> None:
+        streamed.append(run.stream_text(slow_chunks(60, 0.05), max_delay_ms=0))
+
+    token = server.issue_token("u")
+    auth = {"Authorization": f"Bearer {token}"}
+    with requests.post(f"{server.base_url}/proto/agui", json=body("stopped", "r1", "go"),
+                       stream=True, timeout=20, headers=auth) as r:
+        buffer = b""
+        chunks = r.iter_content(None)
+        while buffer.count(b'"TEXT_MESSAGE_CONTENT"') < 2:
+            buffer += next(chunks)
+        stop = requests.post(f"{server.base_url}/proto/agui/stop", headers=auth, timeout=10,
+                             json={"threadId": "stopped", "runId": "r1"})
+        assert stop.status_code == 200
+        buffer += b"".join(chunks)
+    got = blocks(buffer)
+    assert got[-1][1]["type"] == "RUN_FINISHED"
+    assert got[-1][1]["outcome"] == {"type": "cancelled"}
+    sent = wait_for(lambda: streamed, within=10, what="the handler's end")[0]
+    assert sent.stopped == "run_cancelled"
+    contents = [e for _, e in got if e["type"] == "TEXT_MESSAGE_CONTENT"]
+    assert len(contents) <= sent.parts <= len(contents) + 1
+
+
 def test_the_stream_answers_the_heartbeat_for_its_client(make_server):
     """A run longer than several heartbeats: the stream answers each PING (AG-UI clients
     know nothing of them), so the heartbeat never closes it, and no PING reaches the

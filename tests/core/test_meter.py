@@ -18,7 +18,7 @@ class Limit:
     """An account that holds at most ``budget`` bytes (the user's, in budget.py)."""
 
     def __init__(self, budget: int) -> None:
-        self.budget, self.held, self.queued = budget, 0, 0
+        self.budget, self.held, self.window = budget, 0, 0
 
     def take(self, nbytes: int) -> None:
         if self.held + nbytes > self.budget:
@@ -28,8 +28,12 @@ class Limit:
     def give(self, nbytes: int) -> None:
         self.held -= nbytes
 
-    def grow(self, nbytes: int) -> None:
-        self.queued += nbytes
+    def queued(self, change: int, nbytes: int, refusable: bool) -> str | None:
+        self.window += change
+        if refusable and self.held + self.window + nbytes > self.budget:
+            return f"over {self.budget}"
+        self.window += nbytes
+        return None
 
 
 def metered(budget: int, **settings):

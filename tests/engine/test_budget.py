@@ -13,7 +13,9 @@ import gevent.event
 import pytest
 
 from protoflask.budget import held_bytes
+from protoflask.core import messages
 from protoflask.core.errors import MaxRunsExceeded, UserConnectionLimit
+from protoflask.live import Send
 from protoflask.tools import Tool
 
 from .test_engine import Harness
@@ -136,9 +138,11 @@ def test_run_metadata_counts() -> None:
 
 
 def test_the_tick_drops_the_oldest_kept_session_first_then_closes_the_heaviest() -> None:
-    """What the tick sheds is what admission does not see: the windows, filled here by
-    the application's own texts (downstream, not charged)."""
+    """What the tick sheds is what admission does not see: windows that came past it
+    (a session moved here brings its window; control messages are never refused),
+    filled here by the application's own texts with the budget off meanwhile."""
     h = Harness(maxUserBytes=1000 * KB, replayWindowTime=60000)
+    h.engine.budget.user_budget = 0  # off while the windows fill
     old, old_t = h.connect("u1")
     h.hello(old)
     old.core.send_text("o" * 400 * KB)
@@ -152,10 +156,13 @@ def test_the_tick_drops_the_oldest_kept_session_first_then_closes_the_heaviest()
     bystander = greeted(h, "u2")
     bystander.core.send_text("b" * 900 * KB)
     live.core.send_text("l" * 300 * KB)
+    h.engine.budget.user_budget = 1000 * KB
     h.engine.tick()  # 1.1 MB: the oldest kept session goes, the other stays
     assert h.hub.get(old.id) is None and h.hub.get(kept.id) is kept
     assert h.hub.get(live.id) is live and not transport.closed
+    h.engine.budget.user_budget = 0
     live.core.send_text("l" * 800 * KB)
+    h.engine.budget.user_budget = 1000 * KB
     h.engine.tick()  # 1.5 MB: the kept one goes, then the heaviest (the live one) closes
     assert h.hub.get(kept.id) is None
     assert h.hub.get(live.id) is None and transport.closed[-1][0] == 1009
@@ -169,8 +176,8 @@ def test_the_tick_drops_the_oldest_kept_session_first_then_closes_the_heaviest()
 
 
 def test_what_a_session_queues_downstream_counts_before_the_tick() -> None:
-    """Echoes, TOOL_DONEs and the application's messages are never refused, but the
-    user's count grows as they are queued: the next admission sees them, not the tick."""
+    """Echoes, TOOL_DONEs and the application's messages count as they are queued: the
+    next admission sees them, not the tick."""
     h = Harness(maxUserBytes=1000 * KB)
     live = greeted(h, "u1")
     budget = h.engine.budget
@@ -183,3 +190,36 @@ def test_what_a_session_queues_downstream_counts_before_the_tick() -> None:
     h.engine.tick()  # counted exactly again: the window and what is still unsent
     account = budget.accounts["u1"]
     assert account.held + account.window == held_bytes(live)
+
+
+def test_the_servers_own_output_is_refused_past_the_users_budget() -> None:
+    """A data message the application sends (here 700 kB ones) that would take its user
+    past maxUserBytes is dropped and reported as OUTBOUND_QUEUE_FULL, as with a full
+    pending queue: the budget holds between ticks too, control messages still go, and
+    what the window evicted is taken off as it goes (so the session is not refused for
+    what it no longer holds). Before, such output was counted and never refused: the
+    user went past the budget until the tick closed their heaviest session."""
+    h = Harness(maxUserBytes=1000 * KB, replayWindowBytes=600 * KB)
+    live = greeted(h, "u1")
+    budget = h.engine.budget
+    big = {"type": "NOTICE", "channel": "AGENT", "payload": {"text": "o" * 700 * KB}}
+    h.engine.deliver(live.id, Send(messages.from_dict(big)))
+    assert [m["type"] for m in h.written(live)] == ["NOTICE"]
+    assert not h.errors
+    # the window (600 kB) evicts all but the newest: 700 kB held; the next one would
+    # take the user to 1.4 MB
+    h.engine.deliver(live.id, Send(messages.from_dict(big)))
+    assert h.written(live) == []
+    assert [exc.code for exc, _ in h.errors] == ["OUTBOUND_QUEUE_FULL"]
+    assert "maxUserBytes" in str(h.errors[0][0])
+    account = budget.accounts["u1"]
+    assert account.held + account.window <= 1000 * KB
+    h.send(live, "PING", {"nonce": "still"}, "SYSTEM")  # control: answered
+    assert [m["type"] for m in h.written(live)] == ["PONG"]
+    # once the client ACKs the window, the same message fits again
+    h.send(live, "ACK", {"seq": live.core.outbound.downstream_seq}, "SYSTEM")
+    h.engine.deliver(live.id, Send(messages.from_dict(big)))
+    assert [m["type"] for m in h.written(live)] == ["NOTICE"]
+    assert len(h.errors) == 1
+    h.engine.tick()
+    assert account.held + account.window == held_bytes(live) <= 1000 * KB

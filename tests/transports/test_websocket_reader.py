@@ -13,6 +13,7 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+from protoflask.turns import Pacer
 from protoflask.transports.websocket import WebSocketConnection
 
 MAX_SIZE = 100_000
@@ -44,6 +45,8 @@ class Recording(WebSocketConnection):
         self.seen: list[Any] = []
         # the reader hands a common ASCII text message to its port's receive itself
         self.port = self  # type: ignore[assignment]
+        self.pacer = Pacer()  # the port's (turns.Pacer), and the user it paces
+        self.user_id = "recorded"
 
     def receive(self, data: bytes) -> None:
         self.seen.append(("message", Opcode.TEXT, data))
