@@ -68,7 +68,7 @@ def rounds(redis: str | None, connections: int, n: int) -> None:
         port = SessionPort(engine, live, None, WebSocketConnection.kind)
         conn = WebSocketConnection(port.limits, sock, compression=False)  # type: ignore[arg-type]
         conn.port = port
-        conn._reader = gevent.getcurrent()
+        conn.reader = gevent.getcurrent()
         port.attach(conn)
         conn.flush()
         conn._read_frames(frame({"id": "c-1", "session": live.id, "seq": "1", "ts": "1",

@@ -119,7 +119,7 @@ def time_read_loop(engine: Any, live: Any, sock: FakeSocket) -> float:
 
     port = SessionPort(engine, live, None, WebSocketConnection.kind)
     conn = WebSocketConnection(port.limits, sock, compression=False)  # type: ignore[arg-type]
-    conn._reader = gevent.getcurrent()
+    conn.reader = gevent.getcurrent()
     conn.port = port
     port.attach(conn)
     conn.flush()

@@ -49,7 +49,7 @@ def run_once(server: Any, connections: int, n: int) -> float:
         port = SessionPort(engine, live, None, WebSocketConnection.kind)
         conn = WebSocketConnection(port.limits, sock, compression=False)  # type: ignore[arg-type]
         conn.port = port
-        conn._reader = gevent.getcurrent()
+        conn.reader = gevent.getcurrent()
         port.attach(conn)
         conn.flush()
         conn._read_frames(hello)  # the HELLO, outside the timing
@@ -58,7 +58,7 @@ def run_once(server: Any, connections: int, n: int) -> float:
         conns.append((live, conn, sock))
 
     def read(conn: Any) -> None:
-        conn._reader = gevent.getcurrent()
+        conn.reader = gevent.getcurrent()
         conn._read_loop()
 
     journal = getattr(engine.hub, "journal", None)

@@ -33,6 +33,7 @@ class Dispatcher:
                  close_transport: Callable[[LiveSession, int, str], None],
                  expire: Callable[[LiveSession], None],
                  tool_runner: Callable[[LiveSession], SessionToolRunner],
+                 settle_calls: Callable[[LiveSession], None],
                  heartbeat_timeout: int) -> None:
         self.hub = hub
         self.tools = tools
@@ -42,6 +43,9 @@ class Dispatcher:
         self._close_transport = close_transport
         self._expire = expire
         self._tool_runner = tool_runner  # the session's, built on its first call
+        #: apply what the runner reported (a refusal, QUEUED, an inline tool's TOOL_DONE,
+        #: a cancel), pulled at once after each call made on the runner
+        self._settle_calls = settle_calls
         self._heartbeat_timeout = heartbeat_timeout  # ms, for the log line
         #: one per event type: what the event becomes
         self._handlers: dict[type, Callable[[LiveSession, Any], None]] = {
@@ -86,6 +90,7 @@ class Dispatcher:
     def _cancel_call(self, live: LiveSession, call_id: str) -> None:
         if not self._tool_runner(live).cancel(call_id):
             self.hub.cancel_elsewhere(live.id, call_id)  # started on another node
+        self._settle_calls(live)
 
     def _on_tool_list(self, live: LiveSession, event: ToolListRequested) -> None:
         live.core.send(messages.tool_list(t.to_dict() for t in self.tools))
@@ -145,3 +150,4 @@ class Dispatcher:
         self._emit(signals.tool_call, session_id=live.id, execution=execution)
         if tool.execute is not None:
             self._tool_runner(live).submit(execution, tool)
+            self._settle_calls(live)

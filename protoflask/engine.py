@@ -3,22 +3,23 @@ sessions' lifecycle, upstream messages), the heartbeat ticker, and the operation
 server's public API runs on sessions. What core events become is ``dispatch.py``'s.
 
 Transports only frame bytes, through a ``port.SessionPort`` each (``port.py``), which
-calls this. The engine knows the server above it only
-through the callables it is given (``emit``, ``emit_error``, ``invoke_tool``), and hands
-the hub below it a ``SessionHost``.
+calls this. The engine knows the server above it only through the callables it is given
+(``emit``, ``emit_error``) and the tools' context (the server, opaque: the fourth
+argument of a tool's ``execute``), and hands the hub below it a ``SessionHost``.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import uuid
-from typing import Any, Callable
-
-import gevent
+from contextlib import suppress
+from functools import partial
+from typing import Any, Callable, TypeAlias
 
 from .auth import TokenAuthority
+from .bell import Bell
 from .budget import MemoryBudget
+from .ticker import Ticker, tick_period
 from .tickets import MemoryTicketStore, TicketStore, issue_ticket
 from .config import ServerConfig
 from .clock import now_ms, now_ns
@@ -34,44 +35,37 @@ from .live import LiveSession, Operation, Transport
 from .kept import KeptSessions
 from .limits import user_caps
 from .stats import HELD, Stats, add_held
-from .tools import CallSink, SessionToolRunner, Tool, ToolExecution, ToolRegistry, check_call
+from .tools import CallSink, SessionToolRunner, ToolExecution, ToolRegistry, check_call
 from .turns import SLICE_MS, Pacer, give_turn
 from . import signals
 
 log = logging.getLogger("protoflask")
 access_log = logging.getLogger("protoflask.access")
 
-#: A serving worker's collection thresholds (Python's: 700, 10, 10), unless the process
-#: set its own: a full collection per 100 gen-1 ones. A storm of 10,000 sessions made
-#: nine full collections of all of them, half the worker's CPU (PERFORMANCE.md p7-storm).
-SERVING_GC_THRESHOLDS = (700, 10, 100)
-
-
 #: Messages of a posted body handled between two turns for the other greenlets: a slice
 #: of the smallest messages costs about a millisecond of the worker.
 BODY_SLICE = 256
 
-#: ``emit(signal, **kwargs)``: send a signal (the server's, whose listeners get it)
-Emit = Callable[..., None]
-#: ``emit_error(exception, **kwargs)``: send the ``error`` signal
-EmitError = Callable[..., None]
-#: ``invoke_tool(tool, params, session_id, call_id)``: call the tool's ``execute``
-InvokeTool = Callable[[Tool, Any, str, str], Any]
+#: ``emit(signal, **kwargs)`` and ``emit_error(exception, **kwargs)``: ``signals.emit`` and
+#: ``signals.emit_error`` bound to the server (the signals' sender)
+Emit: TypeAlias = Callable[..., None]
 
 
 class Engine:
-    """The session layer of one process: admits transports, feeds the sessions' cores and
-    hands their events to its ``Dispatcher``."""
+    """The session layer of one process: admits transports, feeds the cores, hands their
+    events to its ``Dispatcher``."""
 
     def __init__(self, config: ServerConfig, hub: Hub, tools: ToolRegistry,
-                 authority: TokenAuthority, *, emit: Emit, emit_error: EmitError,
-                 invoke_tool: InvokeTool, tickets: TicketStore | None = None) -> None:
+                 authority: TokenAuthority, *, emit: Emit, emit_error: Emit,
+                 tool_context: Any = None, tickets: TicketStore | None = None) -> None:
         self.config, self.hub, self.tools, self.authority = config, hub, tools, authority
-        self._emit, self._emit_error, self._invoke_tool = emit, emit_error, invoke_tool
+        self._emit, self._emit_error = emit, emit_error
+        #: what every tool's ``execute(params, session_id, call_id, server)`` is given last
+        self.tool_context = tool_context
         self.settings = config.session_settings()
         self.stats = Stats(now_ms())
         self.shutting_down = False
-        self._ticker: gevent.Greenlet | None = None
+        self._ticker = Ticker(self.tick, tick_period(config), self._emit_error)
         self.user_caps = user_caps(config)  # the per-user cap, and the light users' reserve
         #: transports replaced by a resume whose slot was given back before they ended
         #: (by id; the transport is held so its id is not reused meanwhile)
@@ -85,11 +79,13 @@ class Engine:
         self.dispatcher = Dispatcher(
             hub=hub, tools=tools, stats=self.stats, emit=emit, emit_error=emit_error,
             close_transport=self.close_transport, expire=self._expire,
-            tool_runner=self.tool_runner, heartbeat_timeout=config.heartbeat_timeout)
+            tool_runner=self.tool_runner, settle_calls=self.settle_calls,
+            heartbeat_timeout=config.heartbeat_timeout)
         self._dispatch = self.dispatcher.dispatch
         hub.bind(SessionHost(settings=self.settings, adopt=self.adopt,
                              close_transport=self.close_transport,
-                             local_stats=self.local_stats, receive_body=self.receive_body,
+                             local_stats=self.local_stats,
+                             receive_body=self.receive_forwarded,
                              settle=self.settle, released=self.budget.forget))
 
     def local_stats(self) -> dict[str, Any]:
@@ -113,10 +109,9 @@ class Engine:
 
     def open_connection(self, kind: str = "unknown", user_id: str | None = None,
                         replacing: bool = False) -> None:
-        """Count a live transport of ``kind`` (websocket, sse, stream), or refuse it
-        (503 MAX_CONNECTIONS / USER_CONNECTION_LIMIT / SHUTTING_DOWN). ``replacing``: it
-        takes over a transport of the same session, which is about to close, so the
-        user's cap does not count it twice."""
+        """Count a live transport of ``kind``, or refuse it (503 MAX_CONNECTIONS /
+        USER_CONNECTION_LIMIT / SHUTTING_DOWN). ``replacing``: it takes over a transport of
+        the same session, about to close: the user's cap does not count it twice."""
         if self.shutting_down:
             raise ShuttingDown()
         if self.stats.active_connections >= self.config.max_connections:
@@ -132,15 +127,14 @@ class Engine:
             self.user_caps.release_connection(user_id)
 
     def _release_slot(self, transport: Transport, user_id: str) -> None:
-        """Give a replaced transport's connection slot back at once; its own end
-        (``end_transport``) then gives back nothing."""
+        """A replaced transport's slot back at once (its ``end_transport`` gives none)."""
         if id(transport) not in self._released:
             self._released[id(transport)] = transport
             self.close_connection(transport.kind, user_id)
 
     def open_body(self, user_id: str) -> None:
-        """Count a POST body being read for the user (their own cap, maxConnectionsPerUser
-        of them at once), or raise USER_CONNECTION_LIMIT; the caller owes close_body."""
+        """Count a POST body being read (maxConnectionsPerUser a user), or raise
+        USER_CONNECTION_LIMIT; the caller owes close_body."""
         try:
             self.user_caps.take_body(user_id)
         except UserConnectionLimit as exc:
@@ -151,7 +145,7 @@ class Engine:
         self.user_caps.release_body(user_id)
 
     def new_session(self, user_id: str, session_id: str | None = None) -> LiveSession:
-        """A new session of the user's, named ``session_id`` (an AG-UI thread's) or random."""
+        """A new session of the user's, named ``session_id`` (an AG-UI thread) or random."""
         live = self.adopt(ProtocolSession(session_id or uuid.uuid4().hex, user_id,
                                           self.settings, now_ms(), self.stats.traffic))
         self.hub.add(live)
@@ -164,36 +158,45 @@ class Engine:
         return LiveSession(core)
 
     def tool_runner(self, live: LiveSession) -> SessionToolRunner:
-        """The session's tool runner, built on its first tool call (idle sessions have
-        none)."""
-        runner = live.runner
-        if runner is None:
-            runner = live.runner = self._new_runner(live)
-        return runner
+        """The session's tool runner, built on its first call (idle sessions have none)."""
+        if live.runner is None:
+            live.runner = self._new_runner(live)
+        return live.runner
 
     def _new_runner(self, live: LiveSession) -> SessionToolRunner:
-        def settled(deliver: Callable[..., bool]) -> Callable[..., bool]:
-            def call(*args: Any) -> bool:  # the delivery, then the events it caused
-                result = deliver(*args)
-                self.drain(live)
-                return result
-            return call
-        sink = CallSink(live.id, update=settled(live.tool_update), done=settled(live.tool_done),
-                        fail=settled(live.fail_call), invoke=self._invoke_tool,
-                        tool_failed=self._tool_failed)
+        sink = CallSink(live.id, self.tool_context,
+                        Bell(partial(self.settle_calls, live), apart=True))
         return SessionToolRunner(sink, self.config.max_concurrent_runs,
                                  self.config.tool_queue_size, self.config.tool_timeout,
                                  on_finish=self.stats.tools.finished, tally=self.stats.tools)
 
-    def _tool_failed(self, exc: BaseException, session_id: str) -> None:
-        self._emit_error(exc, session_id=session_id)
+    def settle_calls(self, live: LiveSession) -> None:
+        """Apply what the session's tool runner reported (its bell rang: in a greenlet of
+        its own; or the session layer just called it), in order, one greenlet at a time:
+        each report to the session, its events acted on, the waiting ``on_done`` told,
+        the tool's exception signalled."""
+        runner = live.runner
+        if runner is None or runner.pulling:
+            return  # (the greenlet pulling takes what came meanwhile too)
+        runner.pulling = True
+        try:
+            while runner.reports:
+                for report in runner.take_reports():
+                    live.report(report)
+                    self.drain(live)
+                    execution = report.execution
+                    if execution is not None and execution.on_done is not None:
+                        execution.on_done(execution, report.error)
+                    if report.raised is not None:
+                        self._emit_error(report.raised, session_id=live.id)
+        finally:
+            runner.pulling = False
 
     def find_session(self, session_id: str | None, user_id: str, *,
                      claim: bool = True, last_seq: int | None = None) -> LiveSession:
-        """The user's own session, or SESSION_NOT_FOUND (also for another user's id).
-
-        In a cluster, ``claim`` moves a session another process holds into this one
-        (a resume from ``last_seq``); without it only this process's sessions are found."""
+        """The user's own session, or SESSION_NOT_FOUND (also for another user's id). In a
+        cluster, ``claim`` moves one another process holds here (a resume from
+        ``last_seq``); without it only this process's sessions are found."""
         live = self.hub.get(session_id) if session_id else None
         if live is None and session_id and claim:
             live = self.hub.claim(session_id, user_id, last_seq)
@@ -202,27 +205,24 @@ class Engine:
         return live
 
     def held_session(self, session_id: str, user_id: str) -> LiveSession | None:
-        """The user's session if this process holds it, else None (SESSION_NOT_FOUND
-        for another user's)."""
+        """The user's session if held here, else None (SESSION_NOT_FOUND: another's)."""
         if self.hub.get(session_id) is None:
             return None
         return self.find_session(session_id, user_id, claim=False)
 
     def session_for_body(self, session_id: str, user_id: str,
                          body: bytes) -> LiveSession | None:
-        """For a posted body whose session this process does not hold: None once the
-        node that holds it took the body (its errors go downstream there), else the
-        session, taken over here, or SESSION_NOT_FOUND."""
+        """For a body whose session is not held here: None once its holder took the body
+        (errors go downstream there), else the session, taken over, or SESSION_NOT_FOUND."""
         if self.hub.route(session_id, Upstream(user_id, body)):
             return None
         return self.find_session(session_id, user_id)
 
     def post_body(self, session_id: str, user_id: str, body: bytes,
                   held: LiveSession | None) -> int:
-        """A body posted for a session (``held``: the session if this process held it
-        before the body was read), to that session wherever it lives; how many messages
-        it carried. Raises InvalidMessage for a body that is not JSON at all (reported
-        downstream too), SESSION_NOT_FOUND when no node holds the session."""
+        """A body posted for a session (``held``: the session if held here before the body
+        was read), to it wherever it lives; how many messages it carried. InvalidMessage
+        for a body not JSON at all (reported downstream too), SESSION_NOT_FOUND."""
         if held is not None and self.hub.get(session_id) is not held:
             held = None  # it moved to another node while the body was read: follow it
         live = held if held is not None else self.session_for_body(session_id, user_id, body)
@@ -235,8 +235,7 @@ class Engine:
 
     def open_transport(self, live: LiveSession, transport: Transport,
                        last_seq: int | None) -> None:
-        """An admitted transport starts serving its session: attach it and log it open
-        (the same for every kind of transport)."""
+        """An admitted transport starts serving its session: attach it, log it open."""
         self.attach(live, transport, last_seq)
         if self.config.enable_logging:
             access_log.info("%s open session=%s user=%s%s", transport.kind, live.id,
@@ -245,9 +244,8 @@ class Engine:
 
     def end_transport(self, live: LiveSession, transport: Transport,
                       attached: bool = True) -> None:
-        """An admitted transport is done, however it ended: detach it (if it was
-        attached), give its connection slot back (``admit`` counted it) and log it
-        closed."""
+        """An admitted transport is done, however it ended: detach it (if attached), give
+        its connection slot back (``admit`` counted it) and log it closed."""
         try:
             if attached:
                 self.detach(live, transport)
@@ -286,22 +284,39 @@ class Engine:
 
     # -- upstream --------------------------------------------------------------------
 
-    def receive(self, live: LiveSession, raw: bytes | str) -> None:
-        started = now_ns() // 1_000_000  # now_ms(), inline: twice for every message
+    def receive_plain(self, live: LiveSession, raw: bytes | str) -> None:
+        """One upstream message: the core takes it, the writer's bell rings, its events
+        go to the dispatcher, the time it took is recorded. ``receive``'s definition."""
+        started = now_ms()
         core = live.core
         core.receive(raw, started)
-        live.notify()  # wakes the writer
-        if core.has_events():  # the events the message caused, to the dispatcher
+        live.notify()
+        if core.has_events():
+            self._dispatch(live, core.take_events())
+        finished = now_ms()
+        self.stats.record(finished, finished - started)
+
+    def receive_fast(self, live: LiveSession, raw: bytes | str) -> None:
+        """``receive_plain`` with the clock read inline (``clock.now_ms`` is
+        ``now_ns() // 1_000_000``) and the events' list read: calls cost more."""
+        started = now_ns() // 1_000_000
+        core = live.core
+        core.receive(raw, started)
+        live.notify()
+        if core.events:  # has_events(), read directly
             self._dispatch(live, core.take_events())
         finished = now_ns() // 1_000_000
         self.stats.record(finished, finished - started)
+
+    #: the swap point: every message takes it (tests/engine/test_engine.py TestReceive
+    #: runs the same cases over both)
+    receive = receive_fast
 
     def receive_binary(self, live: LiveSession, data: bytes) -> None:
         self._emit(signals.binary, session_id=live.id, data=data)
 
     def reject(self, live: LiveSession, exc: ProtoError) -> None:
-        """A transport-level problem with one upstream message, reported in-protocol
-        (an ERROR message) and counted like any received message."""
+        """A transport's problem with one message: an ERROR, counted as one received."""
         started = now_ms()
         live.core.reject(exc)
         self.settle(live)
@@ -309,17 +324,11 @@ class Engine:
         self.stats.record(finished, finished - started)
 
     def receive_body(self, live: LiveSession, body: bytes) -> int:
-        """Hand every message of a posted body to the session; returns how many.
-
-        Each message meets the session's rules (its errors go downstream as ERROR
-        messages). A body of which no line is JSON at all is reported in-protocol like a
-        non-JSON WebSocket frame and then raised as InvalidMessage (the HTTP 400).
-
-        The body is decoded and handled ``BODY_SLICE`` messages (or ``turns.SLICE`` of
-        time) at a time, with a turn for every other greenlet between slices: a body of
-        maxMessageSize of tiny messages is hundreds of thousands of them, which handled
-        in one go held the worker for over a second (docs/RELIABILITY.md, "one body of
-        tiny messages")."""
+        """Hand every message of a posted body to the session (its rules; errors go
+        downstream); returns how many. A body of which no line is JSON at all is reported
+        like a non-JSON WebSocket frame, then raised as InvalidMessage (the HTTP 400).
+        ``BODY_SLICE`` messages (or ``turns.SLICE`` of time) at a time, a turn for the
+        other greenlets between slices (docs/RELIABILITY.md, "one body of tiny messages")."""
         # a decoded part: ``receive``'s steps for a message already parsed, with what
         # they look up bound once per body
         core, notify, record, dispatch = live.core, live.notify, self.stats.record, \
@@ -354,9 +363,13 @@ class Engine:
             raise
         return count
 
+    def receive_forwarded(self, live: LiveSession, body: bytes) -> None:
+        """A body another node took for a session here (its errors went downstream)."""
+        with suppress(ProtoError):
+            self.receive_body(live, body)
+
     def count_body(self, body: bytes) -> int:
-        """How many messages a body carries, counted in slices as ``receive_body`` reads
-        them (InvalidMessage for one that is not JSON at all)."""
+        """How many messages a body carries, in ``receive_body``'s slices (or InvalidMessage)."""
         count = 0
         for part in iter_body(body):
             if part is TURN or count % BODY_SLICE == BODY_SLICE - 1:
@@ -389,6 +402,7 @@ class Engine:
         self.hub.remove(live.id)
         if live.runner is not None:
             live.runner.cancel_all()
+            self.settle_calls(live)
 
     # -- the application's operations (ProtoServer's public API) ---------------------
 
@@ -406,6 +420,7 @@ class Engine:
         live.core.work.open_call(call_id, run_id, args)
         self.tool_runner(live).submit(ToolExecution(call_id, tool.name, args, run_id=run_id,
                                          on_done=on_done), tool)
+        self.settle_calls(live)
         self.settle(live)
 
     def settle(self, live: LiveSession) -> None:
@@ -419,8 +434,8 @@ class Engine:
             self._dispatch(live, live.core.take_events())
 
     def deliver(self, session_id: str, op: Operation) -> bool:
-        """Apply ``op`` to a session wherever it lives (SessionNotFound if none), then act
-        on the events it caused here."""
+        """Apply ``op`` to a session wherever it lives (SessionNotFound if none), then
+        act on its events here."""
         result = self.hub.deliver(session_id, op)
         live = self.hub.get(session_id)
         if live is not None:
@@ -435,7 +450,7 @@ class Engine:
         return reached
 
     def tools_busy(self) -> bool:
-        """Whether a tool call runs or waits in any session of this process (counted)."""
+        """Whether a tool call runs or waits in any session here (counted)."""
         return bool(self.stats.tools.running or self.stats.tools.queued)
 
     def close_transports(self, code: int, reason: str) -> None:
@@ -445,13 +460,13 @@ class Engine:
                 self.close_transport(live, code, reason)
 
     def shutdown_sessions(self) -> list[LiveSession]:
-        """The process is stopping: cancel tools and close every transport (1001); returns
-        the sessions whose transports are closing."""
+        """Stopping: cancel tools, close every transport (1001); the sessions closing."""
         self.shutting_down = True
         closing = []
         for live in self.hub.sessions():
             if live.runner is not None:
                 live.runner.cancel_all()
+                self.settle_calls(live)
             transport = live.transport
             if transport is not None:
                 transport.close(CloseCode.GOING_AWAY, "server stopping")
@@ -462,30 +477,9 @@ class Engine:
     # -- timers ----------------------------------------------------------------------
 
     def ensure_running(self) -> None:
-        """Start the heartbeat / expiry ticker in the serving hub, once."""
-        if self._ticker is None or self._ticker.dead:
-            # What exists now (modules, app, config) lives as long as the process: keep
-            # it out of every future full collection, whose pauses are the latency tail.
-            gc.collect()
-            gc.freeze()
-            if gc.get_threshold() == (700, 10, 10):
-                gc.set_threshold(*SERVING_GC_THRESHOLDS)
-            self._ticker = gevent.spawn(self._tick_forever)
+        """Start the ticker (``ticker.py``) and the hub in the serving hub, once."""
+        if self._ticker.start():
             self.hub.start()
-
-    def tick_period(self) -> float:
-        c = self.config
-        return max(0.02, min(1.0, min(c.heartbeat_interval, c.heartbeat_timeout) / 4000.0))
-
-    def _tick_forever(self) -> None:
-        period = self.tick_period()
-        while True:
-            gevent.sleep(period)
-            try:
-                self.tick()
-            except Exception as exc:  # never let one bad session stop the heartbeat
-                log.exception("heartbeat tick failed")
-                self._emit_error(exc)
 
     def tick(self) -> None:
         now = now_ms()
@@ -500,7 +494,5 @@ class Engine:
         self.stats.held = held  # what /metrics and the dashboard read: they walk no one
 
     def stop_timers(self) -> None:
-        if self._ticker is not None:
-            self._ticker.kill(block=False)
-            self._ticker = None
+        self._ticker.stop()
         self.hub.stop()

@@ -10,7 +10,9 @@
 - in the master (``check_config``): the open-files limit raised to hold
   ``worker_connections`` sockets, and several workers refused without Redis (each would
   hold its own sessions in memory);
-- in the worker, once the app is loaded: protoflask's timers started (``serving_started``);
+- in the worker, once the app is loaded: protoflask's timers started (``serving_started``)
+  and the GC policy applied (``serving.freeze_startup_heap``: what exists then is frozen
+  out of later full collections);
 - every request starts with a turn for every other greenlet (``handle_request``);
 - on SIGTERM, the drain (``run``): new connections refused (503 SHUTTING_DOWN, /health 503
   draining), running tools given the graceful timeout less ``CLOSE_MARGIN``, then every
@@ -94,6 +96,9 @@ class GeventWorker(ggevent.GeventWorker):
             self.log.critical("protoflask: several workers need redisUrl; this app has none")
             raise SystemExit(WORKER_BOOT_ERROR)
         server.serving_started()
+        # imported here, in the worker with its app loaded: the master never imports it
+        from .serving import freeze_startup_heap
+        freeze_startup_heap()
 
     def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
         """Every request starts with a turn for every other greenlet. gevent switches

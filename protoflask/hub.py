@@ -37,10 +37,11 @@ class SessionHost:
     #: this node's /stats figures (docs/PROTOCOL.md §10) plus ``errorsSent``, the number of
     #: ERROR messages sent (a cluster weighs every node's error rate with it)
     local_stats: Callable[[], dict[str, Any]]
-    #: a body POSTed to another node for a session held here; the envelopes accepted
-    receive_body: Callable[["LiveSession", bytes], int]
+    #: a body POSTed to another node for a session held here (its errors go downstream,
+    #: none is raised); a cluster runs it in a greenlet of its own and waits for it
+    receive_body: Callable[["LiveSession", bytes], None]
     #: act on the events an operation another node sent caused (the listen side of a
-    #: cluster: what it heard is handed to the session layer here, and nowhere else)
+    #: cluster): a cluster runs it in a greenlet of its own (``bell.apart``), never calls it
     settle: Callable[["LiveSession"], None] = lambda live: None
     #: a session this node stopped holding (it moved to another node): what the session
     #: layer counted for it here (its memory budget) is given back now, not at a tick

@@ -3,8 +3,10 @@
 A ``LiveSession`` is a protocol session plus what only a running server has: its
 attached transport (through its port), the cluster's link while a cluster hub follows
 it, and its tool runner. It calls nothing above it: applying an operation changes its
-core and wakes its transport; the events the core buffered are drained by whoever made
-the call (the session layer: ``port.py`` and ``engine.py``).
+core and rings its writer's ``Bell`` (the event loop runs the writer, on a stack of its
+own); the events the core buffered are drained by whoever made the call (the session
+layer: ``port.py`` and ``engine.py``). A port's write-behind stage (``Stage``: on Redis,
+the journal) is here too, so that the journal hands a batch back without calling up.
 
 What can be delivered to a session wherever it lives is one of the typed operations
 below (``Send``, ``ToolUpdate``, ``ToolDone``, ``FailCall``): each applies itself to a
@@ -16,25 +18,56 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
+from .bell import SILENT, Bell
 from .clock import now_ms
 from .core import messages
 from .core.errors import ERRORS_BY_CODE, ProtoError
 from .core.session import ProtocolSession
 
 if TYPE_CHECKING:
-    from .tools import SessionToolRunner
+    from .tools import Report, SessionToolRunner
 
 
 class Transport(Protocol):
-    """What a transport offers the session layer. Implementations only frame bytes."""
+    """What the registry and the session layer know of a transport (its port)."""
 
     kind: str  # "websocket" | "sse" | "stream"
-
-    def wake(self) -> None:
-        """The session has messages to write: write them soon, never blocking the caller."""
+    #: rung when the session has messages for it
+    bell: Bell
 
     def close(self, code: int, reason: str) -> None:
         """Write what is pending, then close with ``code`` (WebSocket) or end the stream."""
+
+
+# where a port's batch is in its write-behind stage
+IDLE, HANDING, HELD = 0, 1, 2
+
+
+class Stage:
+    """A port's write-behind stage: on Redis a batch is handed to the journal before the
+    writer frames it. ``state`` says where the port's batch is; the journal's
+    continuation ``release``s it here (``released``, for the writer's next take) and
+    rings the writer's bell: it calls nothing above it. ``settled`` is set for a closing
+    writer waiting for the batch."""
+
+    __slots__ = ("state", "released", "settled", "bell")
+
+    def __init__(self) -> None:
+        self.state = IDLE
+        self.released: list[tuple[int, bytes]] | None = None
+        self.settled: Any = None  # a gevent Event while a closing writer waits
+        self.bell = SILENT
+
+    def release(self, ready: list[tuple[int, bytes]]) -> None:
+        """The stage has the batch (``ready``; [] when the session moved meanwhile). Runs
+        in the journal's greenlet or the loop's: never blocks."""
+        held = self.state == HELD
+        self.state = IDLE
+        self.released = ready or None
+        if held:
+            if self.settled is not None:
+                self.settled.set()
+            self.bell.ring()
 
 
 # -- what can be delivered to a session wherever it lives ------------------------------
@@ -247,12 +280,11 @@ class LiveSession:
             return []
         return ready
 
-    def take_writable_then(self, now: int, then: Callable[[list[tuple[int, bytes]]], None]
-                           ) -> list[tuple[int, bytes]] | None:
+    def take_writable_then(self, now: int, stage: Stage) -> list[tuple[int, bytes]] | None:
         """``take_writable`` for a writer that need not wait while a cluster shares the
-        messages first: None when they went to be shared, and ``then(ready)`` runs once
-        they are (with [] if the session moved meanwhile), in another greenlet or the
-        loop's own: it must not block."""
+        messages first: None when they went to be shared, and ``stage.release(ready)``
+        runs once they are (with [] if the session moved meanwhile), in another greenlet
+        or the loop's own."""
         ready = self.core.take_writable(now)
         link = self.link
         if not ready or link is None:
@@ -267,7 +299,7 @@ class LiveSession:
 
         def shared() -> None:
             outbound.set_in_flight(0)
-            then(ready if not link.moved else [])
+            stage.release(ready if not link.moved else [])
 
         if link.written_then(self, ready, now, shared):
             return None
@@ -285,15 +317,15 @@ class LiveSession:
             outbound.written()
 
     def notify(self) -> None:
-        """Move queued messages toward the client: wake the transport, or while
-        disconnected stamp them into the replay window for a later resume. (The events
-        the core buffered are the caller's to drain: nothing here calls up.)"""
-        if self.has_writable():
-            transport = self.transport
-            if transport is not None:
-                transport.wake()
-            else:
-                self.take_writable(now_ms())
+        """Move queued messages toward the client: ring the transport's bell (which asks
+        whether the core has any), or while disconnected stamp them into the replay
+        window for a later resume. (The events the core buffered are the caller's to
+        drain: nothing here calls up.)"""
+        transport = self.transport
+        if transport is not None:
+            transport.bell.ring()
+        elif self.has_writable():
+            self.take_writable(now_ms())
 
     def apply(self, op: Operation) -> bool:
         """Deliver ``op`` to this session (or, once it moved, where it lives now)."""
@@ -324,5 +356,15 @@ class LiveSession:
 
     def fail_call(self, call_id: str, exc: ProtoError) -> bool:
         return self.apply(FailCall(call_id, exc))
+
+    def report(self, report: "Report") -> bool:
+        """Apply what a tool runner reported of a call (``tools.Report``)."""
+        kind = report.kind
+        if kind == "done":
+            return self.tool_done(report.call_id, report.status, report.result)
+        if kind == "fail":
+            assert report.error is not None
+            return self.fail_call(report.call_id, report.error)
+        return self.tool_update(report.call_id, report.status)
 
 

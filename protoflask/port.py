@@ -11,15 +11,18 @@ it asks of the session layer goes through a handful of verbs on its ``SessionPor
 - its life: ``attach`` (it serves the session from now on) and ``end``.
 
 After each upstream call the session layer drains the events the call caused
-(``Engine.receive``: the core's events, to the dispatcher) and wakes the writer: no
-lower layer calls up into it. The port is the session's ``Transport`` as the registry
-sees it (``wake``, ``close``), and forwards both to its writer.
+(``Engine.receive``: the core's events, to the dispatcher): no lower layer calls up into
+it. The port is the session's ``Transport`` as the registry sees it: its ``bell``
+(``live.Bell``) is the writer's, which the session rings when it has messages (the event
+loop runs the writer's answer; a WebSocket's reader pulls after each read anyway), and
+``close`` is forwarded to the writer.
 
 Every transport writes the same way, on one node and on Redis: ``take`` hands what the
 core stamped to the cluster's write-behind stage first (``LiveSession.take_writable_then``:
-the journal), returns nothing meanwhile, and wakes the writer once the stage has it; the
-next ``take`` returns that batch. While a batch is in the stage the transport writes
-nothing else (``holding``), so a close frame or a later batch never overtakes it.
+the journal), returns nothing meanwhile, and the stage (``live.Stage``) rings the writer's
+bell once it has it; the next ``take`` returns that batch. While a batch is in the stage
+the transport writes nothing else (``holding``), so a close frame or a later batch never
+overtakes it.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from .clock import now_ms, now_ns
 from .core.errors import (
     CloseCode, InvalidMessage, MessageTooLarge, ProtoError, RequestTimeout,
 )
-from .live import LiveSession
+from .bell import SILENT, Bell
+from .live import HANDING, HELD, IDLE, LiveSession, Stage
 
 if TYPE_CHECKING:
     from .config import ServerConfig
@@ -44,24 +48,22 @@ if TYPE_CHECKING:
 
 Ready = list[tuple[int, bytes]]
 
-# where a port's batch is in the write-behind stage
-_IDLE, _HANDING, _HELD = 0, 1, 2
 #: s a closing transport waits for a batch in the stage (the journal gives up on Redis
 #: after its WAIT_LIMIT, 2 s, and releases it either way)
 SETTLE_WAIT = 5.0
-
-
-def _nothing() -> None:
-    return None
 
 
 class Writer(Protocol):
     """What a transport offers its port."""
 
     kind: str  # "websocket" | "sse" | "stream"
+    #: the greenlet that pulls what is ready after each of its calls (a WebSocket's
+    #: reader), or None: a ring from it is dropped
+    reader: Any
 
     def wake(self) -> None:
-        """The session has messages to write: write them soon, never blocking the caller."""
+        """The session has messages to write: write them soon. Run by the event loop
+        (the port's ``Bell``), never on a sender's stack: it must not block."""
 
     def close(self, code: int, reason: str) -> None:
         """Write what is pending, then close with ``code`` (WebSocket) or end the stream."""
@@ -108,8 +110,8 @@ class PostAnswer(NamedTuple):
 class SessionPort:
     """One transport's hold on one session (see the module doc)."""
 
-    __slots__ = ("engine", "live", "kind", "last_seq", "limits", "receive", "wake",
-                 "translate", "_writer", "_stage", "_shared", "_settled")
+    __slots__ = ("engine", "live", "kind", "last_seq", "limits", "receive", "written",
+                 "bell", "translate", "_writer", "stage")
 
     def __init__(self, engine: "Engine", live: LiveSession, last_seq: int | None,
                  kind: str, limits: Limits | None = None) -> None:
@@ -120,16 +122,19 @@ class SessionPort:
         self.limits = limits if limits is not None else Limits.of(engine.config)
         #: ``receive(data)``: one upstream message (bound once: every message calls it)
         self.receive: Callable[[bytes | str], None] = partial(engine.receive, live)
-        #: ``wake()``: the session has messages to write (Transport): the writer's own
-        #: wake once attached, called as it is (every message the session sends calls it)
-        self.wake: Callable[[], None] = _nothing
-        #: rewrites what the session sends before the transport frames it (the AG-UI
-        #: WebSocket extension's translator, agui/socket.py), or None
-        self.translate: Callable[[Ready], Ready] | None = None
+        #: ``written()``: the transport wrote what it took without waiting (never in
+        #: flight): the live session's own method (every write calls it)
+        self.written: Callable[[], None] = live.written
+        #: rung when the session has messages to write (Transport): the writer's once
+        #: attached (every message the session sends rings it)
+        self.bell: Bell = SILENT
+        #: rewrites every batch the session sends before the transport frames it (the
+        #: AG-UI WebSocket extension's translator, agui/socket.py); by default ``list``,
+        #: the batch as it is (a C call: a Python function would cost every write more)
+        self.translate: Callable[[Ready], Ready] = list
         self._writer: Writer | None = None
-        self._stage = _IDLE
-        self._shared: Ready | None = None  # a batch the stage released, for the next take
-        self._settled: gevent.event.Event | None = None  # a closing writer waits on it
+        #: the write-behind stage (on Redis, the journal), which rings ``bell`` itself
+        self.stage = Stage()
 
     @property
     def id(self) -> str:
@@ -150,7 +155,9 @@ class SessionPort:
     def attach(self, writer: Writer) -> None:
         """The transport serves the session from now on (an older one is closed, 4002)."""
         self._writer = writer
-        self.wake = writer.wake
+        # the session rings when its core has messages; the stage, when it has a batch
+        self.bell = Bell(writer.wake, writer.reader, wanted=self.live.has_writable)
+        self.stage.bell = Bell(writer.wake, writer.reader)
         self.engine.open_transport(self.live, self, self.last_seq)
 
     def end(self) -> None:
@@ -192,81 +199,62 @@ class SessionPort:
     # -- downstream ------------------------------------------------------------------------
 
     def has_writable(self) -> bool:
-        return self._shared is not None or self.live.has_writable()
+        return self.stage.released is not None or self.live.has_writable()
 
     @property
     def holding(self) -> bool:
         """A batch is in the write-behind stage: write nothing until it comes back."""
-        return self._stage == _HELD
+        return self.stage.state == HELD
 
     def take(self, fresh: bool = True) -> Ready:
         """What is ready to write now: a batch the stage released, else (with ``fresh``,
         while attached) what the core has, handed to the stage first when clustered.
         Empty while the stage holds a batch: the writer is woken once it is released."""
-        shared = self._shared
+        stage = self.stage
+        shared = stage.released
         if shared is not None:
-            self._shared = None
-            return self._translated(shared)
+            stage.released = None
+            return self.translate(shared)
         live = self.live
-        if self._stage or not fresh or live.transport is not self or not live.has_writable():
+        if stage.state or not fresh or live.transport is not self or not live.has_writable():
             return []
         now = now_ns() // 1_000_000  # now_ms(), inline: once per write
         if live.link is None:  # one process: no stage
-            ready = live.core.take_writable(now)
-            return self._translated(ready)
-        self._stage = _HANDING
-        taken = live.take_writable_then(now, self._released)
+            return self.translate(live.core.take_writable(now))
+        stage.state = HANDING
+        taken = live.take_writable_then(now, stage)
         if taken is not None:  # not journaled: written now
-            self._stage = _IDLE
-            return self._translated(taken)
-        if self._stage == _HANDING:  # the stage has it; _released wakes the writer
-            self._stage = _HELD
+            stage.state = IDLE
+            return self.translate(taken)
+        if stage.state == HANDING:  # the stage has it; it rings the writer's bell
+            stage.state = HELD
             return []
-        shared, self._shared = self._shared, None  # released at once (a paused journal)
+        shared, stage.released = stage.released, None  # released at once (a paused journal)
         if not shared:
             return []
-        return self._translated(shared)
-
-    def _translated(self, ready: Ready) -> Ready:
-        """``ready`` as the transport is to frame it (``translate``, when set, on a batch)."""
-        return ready if self.translate is None or not ready else self.translate(ready)
-
-    def _released(self, ready: Ready) -> None:
-        """The stage has the batch (``ready``; [] when the session moved meanwhile): the
-        next ``take`` returns it. Runs in the journal's greenlet or the loop's: never
-        blocks."""
-        held = self._stage == _HELD
-        self._stage = _IDLE
-        self._shared = ready or None
-        if held:
-            if self._settled is not None:
-                self._settled.set()
-            self.wake()
+        return self.translate(shared)
 
     def take_final(self) -> Ready:
         """Everything left for this transport, waiting for the stage if it must: what a
         closing transport writes before its close frame or last line."""
         link = self.live.link
-        if self._stage == _HELD and link is not None and not link.moved:
+        stage = self.stage
+        if stage.state == HELD and link is not None and not link.moved:
             # (a session that moved: its batch is not this node's to write, and the
             # journal may be the caller, dropping it: no wait)
-            settled = self._settled = gevent.event.Event()
+            settled = stage.settled = gevent.event.Event()
             settled.wait(SETTLE_WAIT)
-            self._settled = None
+            stage.settled = None
         out = self.take(fresh=False)
         live = self.live
         if live.transport is self:
-            more = self._translated(live.take_writable(now_ms()))
+            more = self.translate(live.take_writable(now_ms()))
             out = out + more if out else more
         return out
 
     def in_flight(self, nbytes: int) -> None:
         """The transport is writing ``nbytes`` (0 once written): back-pressure reads it."""
         self.live.core.set_in_flight(nbytes)
-
-    def written(self) -> None:
-        """The transport wrote what it took without waiting (never in flight)."""
-        self.live.written()
 
 
 class Ports:
@@ -310,18 +298,13 @@ class Ports:
         """An admitted transport that never got as far as its port: its slot back."""
         self._engine.close_connection(kind, admission.user_id)
 
-    def answer_post(self, args: Mapping[str, str], token: str | None,
-                    read: Callable[[int, int | None], bytes]) -> PostAnswer:
-        """POST /proto/sse?session=<id> and the stream's follow-up POST: 202
-        {"accepted": n}, the one place a session POST is answered.
-
-        ``args`` is the query (``get`` is all it needs), ``token`` the request's, ``read``
-        reads the body (``read(max_size, timeout)``). The body's messages are handed to
-        the session one by one; their protocol errors go downstream. A body over
-        maxMessageSize is 413 and one that is not JSON at all is 400; both are also
-        reported downstream as the ERROR a WebSocket frame would get."""
+    def open_post(self, args: Mapping[str, str], token: str | None) -> "PostAdmission | PostAnswer":
+        """POST /proto/sse?session=<id> and the stream's follow-up POST, before its body is
+        read: the request's admission (auth, the session, the user's count of bodies being
+        read), or the contract's answer refusing it. The transport then reads the body
+        (at most ``limits.max_message_size``, within ``limits.body_timeout``) and hands it,
+        or the error reading it raised, to ``answer_post``; ``abandon_post`` if neither."""
         engine = self._engine
-        live: LiveSession | None = None
         try:
             user_id = engine.authenticate(token, args.get("ticket"))
             session_id = args.get("session")
@@ -329,18 +312,49 @@ class Ports:
                 raise InvalidMessage("the session query parameter is required")
             live = engine.held_session(session_id, user_id)
             engine.open_body(user_id)  # bodies being read count per user
-            try:
-                body = read(self.limits.max_message_size, self.limits.body_timeout)
-            finally:
-                engine.close_body(user_id)
-            accepted = engine.post_body(session_id, user_id, body, live)
+        except ProtoError as exc:
+            return self._refused(exc)
+        return PostAdmission(user_id, session_id, live)
+
+    def answer_post(self, admission: "PostAdmission", body: bytes | ProtoError) -> PostAnswer:
+        """The one place a session POST is answered: 202 {"accepted": n}, or the
+        contract's error. ``body`` is what the transport read (or the error it raised).
+        The body's messages are handed to the session one by one; their protocol errors
+        go downstream. A body over maxMessageSize is 413 and one that is not JSON at all
+        is 400; both are also reported downstream as the ERROR a WebSocket frame would
+        get."""
+        engine = self._engine
+        engine.close_body(admission.user_id)
+        live = admission.live
+        try:
+            if isinstance(body, ProtoError):
+                raise body
+            accepted = engine.post_body(admission.session_id, admission.user_id, body, live)
         except MessageTooLarge as exc:
             if live is not None:
                 engine.reject(live, exc)
             return PostAnswer(exc.http_status, exc.to_http_body())
-        except RequestTimeout as exc:  # the rest of the body is not worth waiting for
-            return PostAnswer(exc.http_status, exc.to_http_body(), close=True)
         except ProtoError as exc:
-            return PostAnswer(exc.http_status, exc.to_http_body(),
-                              retry_after=getattr(exc, "retry_after", None))
+            return self._refused(exc)
         return PostAnswer(202, {"accepted": accepted})
+
+    def abandon_post(self, admission: "PostAdmission") -> None:
+        """An admitted POST whose body was never read: its count back."""
+        self._engine.close_body(admission.user_id)
+
+    @staticmethod
+    def _refused(exc: ProtoError) -> PostAnswer:
+        if isinstance(exc, RequestTimeout):  # the rest of the body is not worth waiting for
+            return PostAnswer(exc.http_status, exc.to_http_body(), close=True)
+        return PostAnswer(exc.http_status, exc.to_http_body(),
+                          retry_after=getattr(exc, "retry_after", None))
+
+
+@dataclass(frozen=True)
+class PostAdmission:
+    """A session POST let in (``Ports.open_post``): whose, for which session, and the
+    session if this process held it before the body was read."""
+
+    user_id: str
+    session_id: str
+    live: LiveSession | None

@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 import uuid
+from functools import partial
 from typing import Any, Callable, Iterable, Mapping
 
 import gevent
@@ -93,16 +94,14 @@ class ProtoServer:
         self.hub = self._hub_arg or make_hub(self.config)
         if self.config.metrics and self.hub.view is not None:
             self.hub.view.set_metrics_source(self._metrics_text)
+        # the signals' own functions bound to this server: the engine calls down to
+        # signals.py, never into the server
         self.engine = Engine(self.config, self.hub, self.tools, self.authority,
-                             emit=self._emit, emit_error=self._emit_error,
-                             invoke_tool=self._invoke_tool,
+                             emit=partial(signals.emit, self),
+                             emit_error=partial(signals.emit_error, self),
+                             tool_context=self,
                              # clustered: a ticket store every worker redeems from
                              tickets=self.hub.tickets)
-
-    def _invoke_tool(self, tool: Tool, params: Any, session_id: str, call_id: str) -> Any:
-        """The contract's call: ``execute(params, session_id, call_id, server)``."""
-        assert tool.execute is not None
-        return tool.execute(params, session_id, call_id, self)
 
     def _metrics_text(self) -> bytes:
         from prometheus_client import generate_latest
@@ -280,7 +279,7 @@ class ProtoServer:
 
     def _agui_services(self) -> AguiServices:
         return agui_services(
-            self.engine, call=self._call, call_tool=self.call_tool, invoke=self._invoke_tool,
+            self.engine, call=self._call, call_tool=self.call_tool,
             send_message=self.send_message, finish_run=self.finish_run, handler=self._agui_handler,
             report_error=lambda exc, session_id: self._emit_error(exc, session_id=session_id))
 
@@ -468,20 +467,11 @@ class ProtoServer:
         return fn
 
     def _emit(self, signal: NamedSignal, **kwargs: Any) -> None:
-        """Send a signal; a listener that raises goes to ``error`` and the log."""
-        if not signal.receivers:
-            return
-        for receiver in signal.receivers_for(self):
-            try:
-                receiver(self, **kwargs)
-            except Exception as exc:
-                log.exception("a %r listener raised", signal.name)
-                if signal is not signals.error:
-                    self._emit_error(exc)
+        """Send a signal from this server (``signals.emit``)."""
+        signals.emit(self, signal, **kwargs)
 
     def _emit_error(self, exc: BaseException, **kwargs: Any) -> None:
-        kwargs.setdefault("session_id", None)
-        self._emit(signals.error, error=exc, **kwargs)
+        signals.emit_error(self, exc, **kwargs)
 
 
 def create_app(config: ServerConfig | Mapping[str, Any] | None = None) -> Flask:

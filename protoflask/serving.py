@@ -7,6 +7,7 @@ there and waits for its result, so plain threads may use the server).
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import logging
 import socket
 import threading
@@ -22,6 +23,25 @@ from .web import ConnectionTakenOver
 
 #: seconds ``stop`` gives open connections to finish, and the WSGI server to stop
 STOP_TIMEOUT = 3.0
+
+
+#: A serving worker's collection thresholds (Python's: 700, 10, 10), unless the process
+#: set its own: a full collection per 100 gen-1 ones. A storm of 10,000 sessions made
+#: nine full collections of all of them, half the worker's CPU (PERFORMANCE.md p7-storm).
+SERVING_GC_THRESHOLDS = (700, 10, 100)
+
+
+def freeze_startup_heap() -> None:
+    """The GC policy of a serving process, applied once it serves (the embedded server
+    here, gunicorn's worker in ``gunicorn_worker.GeventWorker.load_wsgi``): what exists
+    now (modules, the app, its config) lives as long as the process, so it is collected
+    once and frozen out of every later full collection, whose pauses are the latency tail
+    (docs/PERFORMANCE.md). Python's default thresholds become ``SERVING_GC_THRESHOLDS``
+    unless the process set its own."""
+    gc.collect()
+    gc.freeze()
+    if gc.get_threshold() == (700, 10, 10):
+        gc.set_threshold(*SERVING_GC_THRESHOLDS)
 
 
 def error_body(code: int) -> tuple[str, bytes]:
@@ -162,6 +182,7 @@ class EmbeddedServer:
         self.wsgi.start()
         self.port = self.wsgi.server_port
         listening()
+        freeze_startup_heap()
 
     def _serve_in_thread(self, app: Flask, host: str, port: int, listening: Callable[[], None],
                          ready: threading.Event, failure: list[BaseException]) -> None:

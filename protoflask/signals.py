@@ -7,7 +7,12 @@ spec's argument names in snake_case. ``ProtoServer.on("textMessage", fn)`` conne
 
 from __future__ import annotations
 
-from blinker import Namespace
+import logging
+from typing import Any
+
+from blinker import Namespace, NamedSignal
+
+log = logging.getLogger("protoflask")
 
 _signals = Namespace()
 
@@ -41,3 +46,24 @@ BY_EVENT_NAME = {
     "toolCall": (tool_call, ("session_id", "execution")),
     "error": (error, ("error",)),
 }
+
+
+def emit(sender: Any, signal: NamedSignal, **kwargs: Any) -> None:
+    """Send ``signal`` from ``sender`` (the ProtoServer, opaque here); a receiver that
+    raises goes to ``error`` and the log. The session layer is handed this bound to its
+    server (``functools.partial``): it calls down to here, never into the server."""
+    if not signal.receivers:
+        return
+    for receiver in signal.receivers_for(sender):
+        try:
+            receiver(sender, **kwargs)
+        except Exception as exc:
+            log.exception("a %r listener raised", signal.name)
+            if signal is not error:
+                emit_error(sender, exc)
+
+
+def emit_error(sender: Any, exc: BaseException, **kwargs: Any) -> None:
+    """The ``error`` signal for ``exc`` (``session_id`` None unless given)."""
+    kwargs.setdefault("session_id", None)
+    emit(sender, error, error=exc, **kwargs)

@@ -1,5 +1,10 @@
 """Tools: definitions with compiled JSON Schema validators, the registry, the built-ins,
 and the per-session executor (a gevent pool bounded by maxConcurrentRuns plus a queue).
+
+The executor calls nothing above it: it calls a tool's ``execute`` with the context it
+was given (the server, opaque here), records what each call came to as ``Report``s, and
+rings its sink's bell (``bell.py``); the session layer pulls them (``take_reports``) and
+applies them to the session.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from gevent import Greenlet
 from jsonschema import validators
 from jsonschema.exceptions import SchemaError
 
+from .bell import Bell
 from .clock import now_ms
 from .fastschema import compile_simple
 from .core.errors import (
@@ -244,21 +250,32 @@ def awaited_call(call_id: str) -> tuple["gevent.event.AsyncResult",
 
 @dataclass(frozen=True, slots=True)
 class CallSink:
-    """What a session's tool runner may ask of the layers above it, as callables the
-    engine builds: the runner holds neither the session nor the server."""
+    """What a session's tool runner is handed by the layer above it: values and a bell,
+    no callable of that layer's (the runner holds neither the session nor the server)."""
 
     session_id: str
-    #: (call_id, status): a TOOL_UPDATE without progress (QUEUED)
-    update: Callable[[str, str], Any]
-    #: (call_id, status, result): the call's TOOL_DONE (OK, CANCELLED)
-    done: Callable[..., Any]
-    #: (call_id, error): the call's TOOL_DONE ERROR
-    fail: Callable[[str, ProtoError], Any]
-    #: (tool, params, session_id, call_id) -> the result: the server calls the contract's
-    #: ``execute(params, session_id, call_id, server)``
-    invoke: Callable[[Tool, Any, str, str], Any]
-    #: (exception, session_id): a tool raised (the ``error`` signal)
-    tool_failed: Callable[[BaseException, str], None]
+    #: the fourth argument of every ``execute(params, session_id, call_id, server)``:
+    #: the server, opaque to the runner
+    context: Any
+    #: rung when reports wait (``SessionToolRunner.take_reports``)
+    bell: Bell
+
+
+@dataclass(slots=True)
+class Report:
+    """What one call came to, for the session layer to apply: ``kind`` "update" (a
+    TOOL_UPDATE with ``status``: QUEUED), "done" (its TOOL_DONE with ``status`` and
+    ``result``: OK, CANCELLED) or "fail" (its TOOL_DONE ERROR with ``error``); then the
+    tool's own exception (``raised``: the ``error`` signal) and the execution whose
+    ``on_done`` hears the end (None for an update)."""
+
+    kind: str
+    call_id: str
+    status: str = ""
+    result: Any = None
+    error: ProtoError | None = None
+    raised: BaseException | None = None
+    execution: "ToolExecution | None" = None
 
 
 class ToolTally(Protocol):
@@ -277,11 +294,11 @@ class _OwnTally:
 class SessionToolRunner:
     """Runs one session's tool calls: at most ``limit`` at once, ``queue_size`` waiting.
 
-    Every call it accepts ends in exactly one TOOL_DONE, sent through the sink.
+    Every call it accepts ends in exactly one TOOL_DONE: a report (see the module doc).
     """
 
     __slots__ = ("sink", "on_finish", "limit", "queue_size", "default_timeout_ms", "running",
-                 "waiting", "executions", "tally")
+                 "waiting", "executions", "tally", "reports", "pulling")
 
     def __init__(self, sink: CallSink, limit: int, queue_size: int, default_timeout_ms: int,
                  on_finish: Callable[[ToolExecution], None] | None = None,
@@ -297,6 +314,22 @@ class SessionToolRunner:
         self.running: dict[str, Greenlet] = {}
         self.waiting: list[tuple[ToolExecution, Tool]] = []  # short; a deque costs 760 B idle
         self.executions: dict[str, ToolExecution] = {}
+        self.reports: list[Report] = []
+        #: the layer above is taking and applying reports (one greenlet at a time, so
+        #: that a call's reports reach the session in the order they were made)
+        self.pulling = False
+
+    def take_reports(self) -> list[Report]:
+        """What the calls came to since the last take, oldest first."""
+        reports = self.reports
+        if not reports:
+            return []
+        self.reports = []
+        return reports
+
+    def _report(self, report: Report) -> None:
+        self.reports.append(report)
+        self.sink.bell.ring()
 
     def submit(self, execution: ToolExecution, tool: Tool) -> None:
         self.executions[execution.call_id] = execution
@@ -307,7 +340,7 @@ class SessionToolRunner:
         elif len(self.waiting) < self.queue_size:
             self.waiting.append((execution, tool))
             self.tally.queued += 1
-            self.sink.update(execution.call_id, "QUEUED")
+            self._report(Report("update", execution.call_id, "QUEUED"))
         else:
             self.finish(execution, "error", MaxRunsExceeded(
                 f"{len(self.running)} tool calls running and {len(self.waiting)} queued"))
@@ -319,7 +352,8 @@ class SessionToolRunner:
         if execution is not None:
             execution.status = "cancelled"
             execution.end_time = now_ms()
-        self.sink.done(call_id, "CANCELLED")
+        # (its on_done is the reader's to call, with the report: after the TOOL_DONE)
+        self._report(Report("done", call_id, "CANCELLED", execution=execution))
         self.executions.pop(call_id, None)
         waiting = len(self.waiting)
         self.waiting = [w for w in self.waiting if w[0].call_id != call_id]
@@ -329,11 +363,8 @@ class SessionToolRunner:
             self.tally.running -= 1
             greenlet.kill(block=False)
             self._start_waiting()
-        if execution is not None:
-            if self.on_finish is not None:
-                self.on_finish(execution)
-            if execution.on_done is not None:
-                execution.on_done(execution, None)
+        if execution is not None and self.on_finish is not None:
+            self.on_finish(execution)
         return execution is not None
 
     def cancel_all(self) -> None:
@@ -341,19 +372,18 @@ class SessionToolRunner:
             self.cancel(call_id)
 
     def finish(self, execution: ToolExecution, status: str, error: ProtoError | None = None,
-               result: Any = None) -> None:
+               result: Any = None, raised: BaseException | None = None) -> None:
         execution.status = status
         execution.end_time = now_ms()
         execution.result = result
         self.executions.pop(execution.call_id, None)
-        if error is not None:
-            self.sink.fail(execution.call_id, error)
-        else:
-            self.sink.done(execution.call_id, "OK", result)
         if self.on_finish is not None:
             self.on_finish(execution)
-        if execution.on_done is not None:
-            execution.on_done(execution, error)
+        if error is not None:
+            self._report(Report("fail", execution.call_id, error=error, raised=raised,
+                                execution=execution))
+        else:
+            self._report(Report("done", execution.call_id, "OK", result, execution=execution))
 
     def _spawn(self, execution: ToolExecution, tool: Tool) -> None:
         if execution.call_id not in self.running:
@@ -393,13 +423,12 @@ class SessionToolRunner:
         execution.run_started = time.perf_counter()
         try:
             assert tool.execute is not None
-            result = self.sink.invoke(tool, execution.arguments, self.sink.session_id,
-                                      execution.call_id)
+            result = tool.execute(execution.arguments, self.sink.session_id,
+                                  execution.call_id, self.sink.context)
         except Exception as exc:  # a tool's own failure, reported to the client
             log.warning("tool %r failed: %s", tool.name, exc, exc_info=True)
             self.finish(execution, "error", ToolExecutionError(
-                f"tool {tool.name!r} failed: {exc}"))
-            self.sink.tool_failed(exc, self.sink.session_id)
+                f"tool {tool.name!r} failed: {exc}"), raised=exc)
             return
         accepts = tool._output_ok  # the fast yes without a list (result_errors' first step)
         if accepts is not None and accepts(result):

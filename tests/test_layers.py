@@ -27,9 +27,9 @@ MAX_LINES = 500
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("core",),
     ("config", "options", "auth", "jwks", "signals", "tools", "logs", "origins", "tickets",
-     "clock", "fastschema", "streaming", "stats", "limits", "pins", "turns"),
+     "clock", "fastschema", "streaming", "stats", "limits", "pins", "turns", "bell"),
     ("hub", "live", "cluster"),
-    ("engine", "port", "dispatch", "kept", "budget"),
+    ("engine", "port", "dispatch", "kept", "budget", "ticker"),
     ("transports",),
     ("web", "post_lane", "dashboard", "operator_actions", "metrics", "vitals", "blueprints",
      "mcp", "agui"),

@@ -13,9 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 
+from ..bell import Bell
 from ..core.errors import ProtoError
 from ..live import FailCall, OpenCall, Operation, ToolDone, ToolUpdate
-from ..tools import CallSink, SessionToolRunner, Tool, ToolExecution, awaited_call, check_call
+from ..tools import (
+    CallSink, Report, SessionToolRunner, ToolExecution, awaited_call, check_call,
+)
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -23,7 +26,6 @@ if TYPE_CHECKING:
 
 def call_tool_elsewhere(engine: "Engine", session_id: str, name: str, params: dict[str, Any],
                         run_id: str | None, call_id: str, *,
-                        invoke: Callable[[Tool, Any, str, str], Any],
                         report_error: Callable[[BaseException, str], None]) -> Any:
     """Run the tool here for a session another node holds; its result, or raise like
     ``ProtoServer.call_tool``. Runs in the server's hub (the handler's greenlet)."""
@@ -40,19 +42,36 @@ def call_tool_elsewhere(engine: "Engine", session_id: str, name: str, params: di
         except ProtoError:  # the session expired meanwhile
             return False
 
-    def update(cid: str, status: str, progress: float | None = None,
-               partial: Any = None) -> bool:
-        return send(ToolUpdate(cid, status, progress, partial))
+    def reported() -> None:  # the runner's bell: its reports, to the session's node
+        if runner.pulling:
+            return  # the greenlet delivering takes what came meanwhile too
+        runner.pulling = True
+        try:
+            while runner.reports:
+                deliver(runner.take_reports())
+        finally:
+            runner.pulling = False
 
-    def done_(cid: str, status: str, result: Any = None,
-              error: ProtoError | None = None) -> bool:
-        return send(ToolDone(cid, status, result, error))
+    def deliver(reports: list[Report]) -> None:
+        for report in reports:
+            if report.kind == "update":
+                send(ToolUpdate(report.call_id, report.status))
+            elif report.kind == "done":
+                send(ToolDone(report.call_id, report.status, report.result))
+            else:
+                assert report.error is not None
+                send(FailCall(report.call_id, report.error))
+            execution = report.execution
+            if execution is not None and execution.on_done is not None:
+                execution.on_done(execution, report.error)
+            if report.raised is not None:
+                report_error(report.raised, session_id)
 
     send(OpenCall(call_id, run_id))
-    sink = CallSink(session_id, update=update, done=done_,
-                    fail=lambda cid, exc: send(FailCall(cid, exc)),
-                    invoke=invoke, tool_failed=report_error)
-    runner = SessionToolRunner(sink, 1, 1, engine.config.tool_timeout)
+    runner = SessionToolRunner(CallSink(session_id, engine.tool_context,
+                                        Bell(reported, apart=True)),  # delivering may block
+                               1, 1, engine.config.tool_timeout)
     outcome, done = awaited_call(call_id)
     runner.submit(ToolExecution(call_id, tool.name, params, run_id=run_id, on_done=done), tool)
+    reported()
     return outcome.get()

@@ -13,7 +13,6 @@ from ..core.errors import ProtoError
 from ..live import Send
 from .. import signals
 from .endpoint import finish_elsewhere
-from ..tools import Tool
 from .remote_tool import call_tool_elsewhere
 from .run import AguiRun, AguiServices
 from .socket import SocketAgui
@@ -26,11 +25,9 @@ def agui_services(engine: "Engine", *, call: Callable[..., Any],
                   call_tool: Callable[..., Any], send_message: Callable[..., None],
                   finish_run: Callable[..., Any],
                   report_error: Callable[[BaseException, str], None],
-                  handler: Callable[[AguiRun], Any] | None,
-                  invoke: Callable[[Tool, Any, str, str], Any]) -> AguiServices:
-    """``call(fn, *args)`` runs ``fn`` in the server's hub (ProtoServer._call); ``invoke``
-    calls a tool's execute (the engine's invoke_tool); the others are the server's own
-    methods of those names."""
+                  handler: Callable[[AguiRun], Any] | None) -> AguiServices:
+    """``call(fn, *args)`` runs ``fn`` in the server's hub (ProtoServer._call); the
+    others are the server's own methods of those names."""
     hub = engine.hub
 
     def tool_call(session_id: str, name: str, params: Any, *, run_id: str | None = None,
@@ -38,7 +35,7 @@ def agui_services(engine: "Engine", *, call: Callable[..., Any],
         if call(hub.get, session_id) is not None or call(hub.lookup, session_id) is None:
             return call_tool(session_id, name, params, run_id=run_id, call_id=call_id)
         # the session moved to another node (a re-attach there): the call runs here
-        return call(partial(call_tool_elsewhere, invoke=invoke, report_error=report_error),
+        return call(partial(call_tool_elsewhere, report_error=report_error),
                     engine, session_id, name, dict(params or {}), run_id,
                     call_id or f"agent-{uuid.uuid4().hex[:16]}")
 

@@ -14,6 +14,7 @@ until they expire.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import gevent
@@ -35,6 +36,7 @@ log = logging.getLogger("protoflask.cluster")
 
 MARKER_TTL_MS = 60_000  # a marker that outlives any beat: gone means Redis lost our data
 SUBSCRIBE_WAIT = 2.0  # s start() waits for this node's channel subscription
+STOP_SETTLE = 2.0  # s stop() waits for the cancelled calls' TOOL_DONEs to be delivered
 
 
 def backoff(failures: int) -> float:
@@ -71,9 +73,15 @@ class RedisHub(RoutingHub):
         # calls still running here for sessions that moved to other nodes: their one
         # TOOL_DONE (CANCELLED) goes to the holder while Redis is still ours, not an
         # ERROR from the holder's watch once this node's beat is gone
-        for live in list(self.calls.moved_away.values()):
-            if live.runner is not None:
-                live.runner.cancel_all()
+        runners = [live.runner for live in list(self.calls.moved_away.values())
+                   if live.runner is not None]
+        for runner in runners:
+            runner.cancel_all()
+        # the session layer applies the cancels' reports in a greenlet of its own (their
+        # runner's bell): wait for it while Redis is still ours (bounded)
+        deadline = time.monotonic() + STOP_SETTLE
+        while any(r.reports or r.pulling for r in runners) and time.monotonic() < deadline:
+            gevent.sleep(0.01)
         gevent.killall(self._greenlets, block=True, timeout=2)
         self._greenlets = []
         self.journal.stop()

@@ -23,8 +23,10 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any, Iterable
 
+import gevent
 import orjson
 
+from ..bell import apart
 from ..core import handoff, messages
 from ..clock import now_ms
 from ..core.errors import ClusterUnavailable, CloseCode, ProtoError, SessionNotFound
@@ -311,7 +313,7 @@ class RoutingHub(LocalHub):
                 self.upstream(live, data)
             elif self.first_copy(live, data):
                 live.run(decode_operation(data))
-                self.host.settle(live)
+                apart(self.host.settle, live)  # the session layer acts on the events
 
     @staticmethod
     def first_copy(live: LiveSession, data: dict[str, Any]) -> bool:
@@ -327,7 +329,7 @@ class RoutingHub(LocalHub):
         live = self.get(sid)
         if live is not None:
             result = live.apply(op) if self.first_copy(live, data) else True
-            self.host.settle(live)
+            apart(self.host.settle, live)  # the session layer acts on the events
             if live.link is not None:  # confirmed once Redis has it: this node may die next
                 live.link.persist(live)
             if op.name in ("tool_done", "fail_call") and sid in self.calls.remote:
@@ -350,10 +352,9 @@ class RoutingHub(LocalHub):
         """A body posted for a session held here, through another node (or its inbox)."""
         if live.user_id != data["user"]:
             return  # the posting node checked the user against the same record
-        try:
-            self.host.receive_body(live, base64.b64decode(data["body"]))
-        except ProtoError:
-            pass  # already reported downstream; the posting node answered the HTTP 400
+        # in a greenlet of the session layer's (its errors go downstream; the posting node
+        # answered the HTTP 400): waited for, never run on this listener's stack
+        gevent.spawn(self.host.receive_body, live, base64.b64decode(data["body"])).join()
         if live.link is not None:
             live.link.persist(live)
 
@@ -361,7 +362,7 @@ class RoutingHub(LocalHub):
         if data["from"] != self.node_id:
             self.send_here(messages.from_dict(data["out"]))
             for live in self.sessions():
-                self.host.settle(live)
+                apart(self.host.settle, live)
 
     # -- moving sessions between nodes -------------------------------------------------
 

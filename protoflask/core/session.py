@@ -111,9 +111,11 @@ class ProtocolSession:
         self.credits = CreditLedger(settings.credits)
         # shared by every session of a server (the server's /metrics); own one otherwise
         self.traffic = traffic if traffic is not None else TrafficCounters()
-        self._events: list[Event] = []
+        #: the events buffered since the last ``take_events`` (the one way out; read it,
+        #: or ``has_events()``, to know whether there are any)
+        self.events: list[Event] = []
         self.outbound = OutboundQueue(session_id, settings, self.credits, self.traffic,
-                                      self._events, self._is_connected)
+                                      self.events, self._is_connected)
         # The queue's own methods, not wrappers around them: the transports call these
         # for every message (docs/PERFORMANCE.md). take_writable: messages ready for the
         # wire, in seq order (see OutboundQueue.take_writable).
@@ -126,7 +128,7 @@ class ProtocolSession:
         self.texts = OpenTexts(settings, self.meter)
         self.registry = CallRegistry(settings.max_concurrent_runs, self.meter)
         #: the runs and tool calls: the client's and the application's (work.py)
-        self.work = Work(session_id, self.registry, self.send, self._fail, self._events,
+        self.work = Work(session_id, self.registry, self.send, self._fail, self.events,
                          self._next)
         #: the last number used in an id this session made (message and run ids); it
         #: moves with the session so that ids never repeat
@@ -231,7 +233,7 @@ class ProtocolSession:
                                  max_depth=self.settings.max_json_depth, size=size)
         except MessageTooLarge as exc:
             self.reject(exc)
-            self._events.append(CloseRequested(CloseCode.TOO_LARGE, "message too large"))
+            self.events.append(CloseRequested(CloseCode.TOO_LARGE, "message too large"))
             return
         except ProtoError as exc:
             self.reject(exc)
@@ -258,7 +260,7 @@ class ProtocolSession:
         if refusal is not None:
             self._fail(refusal)
             if self.rate.flooding:
-                self._events.append(CloseRequested(CloseCode.POLICY_VIOLATION,
+                self.events.append(CloseRequested(CloseCode.POLICY_VIOLATION,
                                                    "rate limit exceeded"))
 
     def reject(self, exc: ProtoError) -> None:
@@ -319,7 +321,7 @@ class ProtocolSession:
         refused = version_refused(p)
         if refused is not None:
             self._fail(UnsupportedVersion(refused, related_id=msg.id))
-            self._events.append(CloseRequested(CloseCode.UNSUPPORTED_VERSION,
+            self.events.append(CloseRequested(CloseCode.UNSUPPORTED_VERSION,
                                                "unsupported version"))
             return
         self.accept_events = accepted_events(p)
@@ -337,7 +339,7 @@ class ProtocolSession:
             last_client_seq=seen_before,
         ))
         if first:
-            self._events.append(Handshake(p))
+            self.events.append(Handshake(p))
 
     def _on_ping(self, msg: Message, seen_before: int, now: int) -> None:
         self.send(pong_message(msg.payload["nonce"]))
@@ -359,11 +361,11 @@ class ProtocolSession:
         else:
             assembled, content_type = self.texts.end(mid)
             payload["text"], payload["content_type"] = assembled, content_type
-            self._events.append(TextReceived(wire))
+            self.events.append(TextReceived(wire))
             if self.settings.echo_messages:
                 self.send_text(assembled, content_type)
             return
-        self._events.append(TextReceived(wire))
+        self.events.append(TextReceived(wire))
 
     _on_message_start = _on_message_part = _on_message_end = _on_text
 
@@ -374,7 +376,7 @@ class ProtocolSession:
         self.work.cancel_received(msg.payload["call_id"])
 
     def _on_tool_list(self, msg: Message, seen_before: int, now: int) -> None:
-        self._events.append(ToolListRequested())
+        self.events.append(ToolListRequested())
 
     def _on_run_started(self, msg: Message, seen_before: int, now: int) -> None:
         p = msg.payload
@@ -415,7 +417,7 @@ class ProtocolSession:
             data = base64.b64decode(msg.payload["data"], validate=True)
         except (binascii.Error, ValueError):
             raise InvalidMessage("AUDIO_CHUNK data is not valid base64") from None
-        self._events.append(AudioReceived(msg.to_wire(), data))
+        self.events.append(AudioReceived(msg.to_wire(), data))
 
     # -- downstream (the queue is outbound.py) -------------------------------------------
 
@@ -453,22 +455,22 @@ class ProtocolSession:
             if nonce is not None:
                 self.send(ping_message(nonce))
             elif timed_out:
-                self._events.append(HeartbeatTimedOut())
+                self.events.append(HeartbeatTimedOut())
         elif not self.closed and self.disconnected_at is not None and \
                 now - self.disconnected_at >= self.settings.replay_window_time:
             self._to(Transition.CLOSE)
-            self._events.append(Expired())
+            self.events.append(Expired())
         self.outbound.replay.prune(now)
 
     # -- events: the one way out ---------------------------------------------------------
 
     def has_events(self) -> bool:
-        return bool(self._events)
+        return bool(self.events)
 
     def take_events(self) -> list[Event]:
         """Every event caused since the last call (by receive, tick, sends, tool results,
         the application's calls), oldest first."""
-        events = self._events
+        events = self.events
         if not events:
             return []
         taken = events[:]
@@ -484,7 +486,7 @@ class ProtocolSession:
         if not isinstance(exc, RateLimited):
             self.rate.charge()
         self.send(error_message(exc))
-        self._events.append(ErrorSent(exc))
+        self.events.append(ErrorSent(exc))
 
     def _next(self) -> int:
         self.id_counter += 1

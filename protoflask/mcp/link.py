@@ -25,6 +25,7 @@ import gevent.queue
 import orjson
 
 from ..clock import now_ms
+from ..bell import Bell
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -58,6 +59,8 @@ class McpLink:
         self.closed = False
         self._waiting: dict[str, gevent.queue.Queue[Item]] = {}
         self._wake = gevent.event.Event()
+        #: rung when the session has messages for the link (the event loop sets _wake)
+        self.bell = Bell(self._wake.set, wanted=live.has_writable)
         #: taking what the session wrote can wait on Redis in a cluster: the pump and a
         #: request's own drain take turns, so messages are routed in the order written
         self._draining = gevent.lock.Semaphore()
@@ -69,9 +72,6 @@ class McpLink:
         return self.live.id
 
     # -- Transport (what the engine calls) ------------------------------------------------
-
-    def wake(self) -> None:
-        self._wake.set()
 
     def close(self, code: int, reason: str) -> None:
         """The engine ends the link (or the link ends itself): every waiting request hears

@@ -2,7 +2,8 @@
 
 * ``HTTPDownstream``: a streaming response body that is a session's live transport. The
   WSGI server's request greenlet iterates it and is the single writer of the connection;
-  ``wake`` only sets an Event the generator waits on, so no sender ever blocks. Each wake
+  ``wake`` (run by the event loop when the port's bell rings) only sets an Event the
+  generator waits on. Each wake
   becomes one chunk (everything the session has ready), which gevent.pywsgi and gunicorn
   write and flush at once. Subclasses only frame bytes (``preamble``, ``frame``,
   ``keepalive_frame``, ``closing_frame``).
@@ -67,12 +68,24 @@ def error_response(exc: ProtoError) -> Response:
 
 def answer_post(ports: "Ports", args: Mapping[str, str], authorization: str | None,
                 environ: dict[str, Any]) -> PostAnswer:
-    """POST /proto/sse?session=<id> and the stream's follow-up POST (``Ports.answer_post``
-    answers it; the body is read from ``environ`` here). ``args`` is the query,
+    """POST /proto/sse?session=<id> and the stream's follow-up POST: the port lets it in
+    (``Ports.open_post``), the body is read from ``environ`` here, and the port answers
+    it (``Ports.answer_post``): each a call down. ``args`` is the query,
     ``authorization`` the header. Flask's route (``post_messages``) and protoflask's own
     app's lane (``post_lane``) both answer with this."""
-    return ports.answer_post(args, token_from_request(args.get("token"), authorization),
-                             lambda limit, timeout: read_body(environ, limit, timeout))
+    admission = ports.open_post(args, token_from_request(args.get("token"), authorization))
+    if isinstance(admission, PostAnswer):
+        return admission
+    limits = ports.limits
+    try:
+        body: bytes | ProtoError = read_body(environ, limits.max_message_size,
+                                             limits.body_timeout)
+    except ProtoError as exc:
+        body = exc
+    except BaseException:
+        ports.abandon_post(admission)
+        raise
+    return ports.answer_post(admission, body)
 
 
 def post_messages(ports: "Ports", request: Request) -> Response:
@@ -95,6 +108,8 @@ class HTTPDownstream:
 
     kind = "http"
     mimetype = "application/octet-stream"
+    #: no greenlet of this transport pulls after its calls: every ring is answered
+    reader = None
 
     def __init__(self, port: "SessionPort", environ: dict[str, Any]) -> None:
         self.port = port

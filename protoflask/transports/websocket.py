@@ -18,7 +18,6 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any, Callable
 
 import gevent
-from gevent import getcurrent
 from websockets.exceptions import PayloadTooBig
 from websockets.frames import Frame, Opcode
 from websockets.protocol import State
@@ -72,6 +71,27 @@ def text_frame(data: bytes) -> bytes:
     return b"\x81\x7f" + n.to_bytes(8, "big") + data
 
 
+def frames_plain(ready: list[tuple[int, bytes]]) -> list[bytes]:
+    """Each message of ``ready`` as a server's text frame, by websockets' own
+    ``Frame.serialize`` (no extension): the definition ``frames_fast`` is held to."""
+    return [Frame(Opcode.TEXT, data).serialize(mask=False) for _, data in ready]
+
+
+def frames_fast(ready: list[tuple[int, bytes]]) -> list[bytes]:
+    """``frames_plain``, with a head made once for each length below HEADS_BELOW (most
+    envelopes) and ``text_frame`` above."""
+    frames = []  # a loop, not a comprehension: no frame of its own (Python 3.11)
+    for _, data in ready:
+        n = len(data)
+        frames.append(_TEXT_HEADS[n] + data if n < HEADS_BELOW else text_frame(data))
+    return frames
+
+
+#: the swap point: how a flush frames a batch when no extension was negotiated
+#: (tests/transports/test_websocket_frames.py runs the same cases over both)
+text_frames = frames_fast
+
+
 class WebSocketConnection:
     """One client's WebSocket, attached to one session at a time."""
 
@@ -91,7 +111,8 @@ class WebSocketConnection:
         self._fragments: list[bytes] = []
         self._fragment_opcode: Opcode | None = None
         self._writing = self._flush_scheduled = self._closing = False
-        self._reader: gevent.Greenlet | None = None
+        #: the greenlet that reads, and pulls what is ready after each read (Writer.reader)
+        self.reader: gevent.Greenlet | None = None
         self._owed = 0  # bytes of a frame the protocol is reading still to come
         self.opened = False  # attached to its session: ``serve`` leaves its end to the port
 
@@ -113,7 +134,7 @@ class WebSocketConnection:
         """Attach to the session and pump until the connection ends, in the greenlet
         ``web._serve_apart`` spawns for it, apart from the upgrade request (the request's
         frames are not held for the connection's life: docs/PERFORMANCE.md)."""
-        self._reader = gevent.getcurrent()
+        self.reader = gevent.getcurrent()
         self.port = port
         port.attach(self)
         self.opened = True
@@ -298,9 +319,9 @@ class WebSocketConnection:
     # -- sending (Transport) ---------------------------------------------------------
 
     def wake(self) -> None:
-        """Called by whoever queued a message. The reader flushes after each read
-        anyway; from any other greenlet a flush is scheduled, so no sender blocks."""
-        if getcurrent() is self._reader or self._flush_scheduled:
+        """The port's bell rang (the event loop runs this; a ring from the reader is
+        dropped, as it flushes after each read anyway): a flush is scheduled, once."""
+        if self._flush_scheduled:
             return
         self._flush_scheduled = True
         gevent.spawn(self._scheduled_flush)
@@ -334,20 +355,11 @@ class WebSocketConnection:
                 if ready and not open_:  # a batch the journal held, closed meanwhile (a
                     ready = []  # drain, a move): the window has it for a resume
                 if ready:
-                    if protocol.extensions:
-                        frames = self._frames(ready)
-                    else:  # _frames, inline: the common case
-                        frames = []
-                        for _, data in ready:
-                            n = len(data)
-                            frames.append(_TEXT_HEADS[n] + data if n < HEADS_BELOW
-                                          else text_frame(data))
+                    frames = self._frames(ready) if protocol.extensions else text_frames(ready)
                     if protocol.writes:
                         frames += protocol.data_to_send()
-                elif port.holding:  # in the journal: its release wakes the next flush
-                    return
-                elif protocol.writes:
-                    frames = protocol.data_to_send()
+                elif protocol.writes and not port.holding:  # (held: in the journal, and
+                    frames = protocol.data_to_send()  # its release rings for the next flush)
                 else:
                     return
                 if not frames:
@@ -374,11 +386,7 @@ class WebSocketConnection:
             for _, data in ready:
                 protocol.send_text(data)
             return protocol.data_to_send()
-        frames = []  # a loop, not a comprehension: no frame of its own (Python 3.11)
-        for _, data in ready:
-            n = len(data)
-            frames.append(_TEXT_HEADS[n] + data if n < HEADS_BELOW else text_frame(data))
-        return frames
+        return text_frames(ready)
 
     def _send_blocking(self, port: "SessionPort", data: bytes, sent: int) -> None:
         """The rest of a write the kernel did not take whole: in flight until written."""

@@ -17,6 +17,7 @@ from protoflask.config import ServerConfig
 from protoflask.engine import Engine
 from protoflask.clock import now_ms
 from protoflask.hub import LocalHub, SessionHost
+from protoflask.bell import Bell
 from protoflask.live import LiveSession
 from protoflask.tools import Tool, ToolExecution, ToolRegistry, builtin_tools
 
@@ -28,6 +29,7 @@ class FakeTransport:
 
     def __init__(self) -> None:
         self.wakes = 0
+        self.bell = Bell(self.wake)  # the loop runs wake: count after a turn (gevent.sleep(0))
         self.closed: list[tuple[int, str]] = []
 
     def wake(self) -> None:
@@ -58,7 +60,7 @@ class Harness:
         self.invoked: list[tuple[str, str, str]] = []
         self.engine = Engine(self.config, self.hub, self.tools,
                              authority_from_config(self.config), emit=self.emit,
-                             emit_error=self.emit_error, invoke_tool=self.invoke)
+                             emit_error=self.emit_error, tool_context="the-server")
         self.seq = 0
 
     def emit(self, signal: Any, **kwargs: Any) -> None:
@@ -67,10 +69,10 @@ class Harness:
     def emit_error(self, exc: BaseException, **kwargs: Any) -> None:
         self.errors.append((exc, kwargs))
 
-    def invoke(self, tool: Tool, params: Any, session_id: str, call_id: str) -> Any:
-        self.invoked.append((tool.name, session_id, call_id))
-        assert tool.execute is not None
-        return tool.execute(params, session_id, call_id, "the-server")
+    def invoke(self, params: Any, session_id: str, call_id: str, server: Any) -> Any:
+        """A tool's execute that records what it was called with."""
+        self.invoked.append(("echo", session_id, call_id, server))
+        return {"echoed": params["message"]}
 
     def connect(self, user: str = "u1") -> tuple[LiveSession, FakeTransport]:
         live = self.engine.new_session(user)
@@ -118,10 +120,13 @@ def test_hello_is_answered_and_signalled(h: Harness) -> None:
     (handshake,) = h.fired(signals.handshake)
     assert handshake["session_id"] == live.id
     assert handshake["payload"]["proto_version"] == "1.1.2"
+    gevent.sleep(0)  # the rung bells answered
     assert transport.wakes >= 1 and h.engine.stats.total_messages == 1
 
 
-def test_a_tool_call_runs_the_tool_through_the_servers_invoke(h: Harness) -> None:
+def test_a_tool_call_runs_the_tool_with_the_servers_context(h: Harness) -> None:
+    h.tools.register(Tool("echo", "records", {"type": "object"}, execute=h.invoke,
+                          inline=True))
     live, _ = h.connect()
     h.hello(live)
     h.written(live)
@@ -129,7 +134,7 @@ def test_a_tool_call_runs_the_tool_through_the_servers_invoke(h: Harness) -> Non
            "USER")
     (call,) = h.fired(signals.tool_call)
     assert call["session_id"] == live.id and call["execution"].call_id == "k1"
-    assert h.invoked == [("echo", live.id, "k1")]
+    assert h.invoked == [("echo", live.id, "k1", "the-server")]
     done = [m for m in h.written(live) if m["type"] == "TOOL_DONE"]
     assert [m["payload"] for m in done] == [
         {"call_id": "k1", "status": "OK", "result": {"echoed": "hi"}}]
@@ -245,6 +250,7 @@ def _seen(h: Harness, live: LiveSession, transport: FakeTransport) -> Any:
         return json.loads(text)
     written = [{k: v for k, v in m.items() if k not in ("id", "ts")} for m in h.written(live)]
     stats = h.engine.stats
+    gevent.sleep(0)  # the rung bells answered
     return (plain(written), plain([(s.name, kw) for s, kw in h.signals]), transport.wakes,
             stats.total_messages, stats.errors_sent, dict(stats.errors_by_code))
 
@@ -272,3 +278,59 @@ def test_a_body_means_what_its_messages_mean_one_by_one() -> None:
     assert [m["type"] for m in written].count("PONG") == 2 and \
         any(m["type"] == "ERROR" for m in written) and \
         any(m["type"] == "TOOL_DONE" for m in written)
+
+
+def test_the_engine_leaves_the_gc_policy_to_the_serving_glue(h: Harness) -> None:
+    """gc.freeze() is the serving process's (serving.freeze_startup_heap): starting the
+    engine's timers freezes nothing (it did, from ensure_running, before the policy moved)."""
+    import gc
+    gc.unfreeze()
+    try:
+        h.engine.ensure_running()
+        assert gc.get_freeze_count() == 0
+    finally:
+        h.engine.stop_timers()
+
+
+class _Clock:
+    """A wall clock that moves 3.5 ms a reading (ns)."""
+
+    def __init__(self) -> None:
+        self.ns = 1_000_000_000_000_000_000  # 2001: long before any real reading here
+
+    def __call__(self) -> int:
+        self.ns += 3_500_000
+        return self.ns
+
+
+@pytest.mark.parametrize("receive", ["receive_plain", "receive_fast"])
+class TestReceive:
+    """``Engine.receive``'s swap point: the clock read through ``clock.now_ms`` (plain) or
+    inline (fast) means the same replies, signals, wakes, counts and recorded times."""
+
+    def run(self, receive: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+        import time
+
+        import protoflask.engine
+
+        h = Harness()
+        live, transport = h.connect()
+        h.hello(live)
+        h.written(live)
+        h.signals.clear()
+        clock = _Clock()
+        monkeypatch.setattr(time, "time_ns", clock)  # clock.now_ms reads it
+        monkeypatch.setattr(protoflask.engine, "now_ns", clock)
+        for line in _lines(live):
+            getattr(h.engine, receive)(live, line)
+        monkeypatch.undo()
+        # the seconds the fake clock read (the HELLO's took real time: not compared)
+        buckets = [b for b in h.engine.stats._buckets if b[0] < 1_500_000_000]
+        return _seen(h, live, transport), buckets, clock.ns
+
+    def test_means_what_the_plain_path_means(self, receive: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+        assert self.run(receive, monkeypatch) == self.run("receive_plain", monkeypatch)
+
+    def test_the_fast_one_is_in_use(self, receive: str) -> None:
+        assert Engine.receive is Engine.receive_fast

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import gevent
 import pytest
 
 from protoflask.cluster import make_hub
@@ -12,7 +13,8 @@ from protoflask.core import messages
 from protoflask.core.errors import SessionNotFound, ToolExecutionError
 from protoflask.core.session import ProtocolSession
 from protoflask.hub import LocalHub, SessionHost, Upstream, cluster_stats
-from protoflask.live import LiveSession, Operation, Send, ToolDone
+from protoflask.bell import Bell
+from protoflask.live import HELD, IDLE, LiveSession, Operation, Send, Stage, ToolDone
 from protoflask.tickets import MemoryTicketStore
 
 from ..core._support import Client
@@ -23,6 +25,7 @@ class FakeTransport:
 
     def __init__(self) -> None:
         self.wakes = 0
+        self.bell = Bell(self.wake)  # the loop runs wake: count after a turn (gevent.sleep(0))
         self.closed: tuple[int, str] | None = None
 
     def wake(self) -> None:
@@ -60,6 +63,8 @@ def test_deliver_applies_the_operation_and_wakes_the_transport() -> None:
     live.transport = transport = FakeTransport()
     hub.add(live)
     assert hub.deliver(live.id, Send(note("hello"))) is True
+    assert transport.wakes == 0  # rung, not called: the event loop answers the bell
+    gevent.sleep(0)
     assert transport.wakes == 1
     written = [data for _, data in live.take_writable(0)]
     assert len(written) == 1 and b'"hello"' in written[0]
@@ -122,22 +127,30 @@ def test_a_writer_that_need_not_wait_gets_the_messages_once_shared() -> None:
     live.transport = FakeTransport()
     live.link = link = RecordingLink()
     live.send(note())
-    got: list[list[tuple[int, bytes]]] = []
-    assert live.take_writable_then(0, got.append) is None  # handed to the link
-    assert got == [] and link.seqs and not live.has_writable()
+    stage = Stage()
+    writer = FakeTransport()
+    stage.bell = writer.bell
+    stage.state = HELD  # as the port leaves it while the link has the batch
+    assert live.take_writable_then(0, stage) is None  # handed to the link
+    assert stage.released is None and link.seqs and not live.has_writable()
     assert live.core.outbound.in_flight > 0  # held for the link: counted as being written
     link.waiting.pop()()
-    assert [seq for seq, _ in got[0]] == link.seqs  # the same messages, once shared
+    assert stage.released is not None and stage.state == IDLE
+    assert [seq for seq, _ in stage.released] == link.seqs  # the same messages, once shared
     assert live.core.outbound.in_flight == 0
+    gevent.sleep(0)
+    assert writer.wakes == 1  # the stage rang the writer's bell (the loop answered)
+    stage.released = None
     link.moved = True
     live.send(note())
-    assert live.take_writable_then(0, got.append) is None
+    stage.state = HELD
+    assert live.take_writable_then(0, stage) is None
     link.waiting.pop()()
-    assert got[1] == []  # moved away meanwhile: not this process's to send
+    assert stage.released is None  # moved away meanwhile: not this process's to send
     live.link = None
     live.send(note())
-    ready = live.take_writable_then(0, got.append)  # no link: at once
-    assert ready and len(got) == 2
+    ready = live.take_writable_then(0, stage)  # no link: at once
+    assert ready and stage.released is None
 
 
 def test_a_link_sees_writes_and_deliveries() -> None:

@@ -98,7 +98,7 @@ def test_no_request_walks_the_sessions(make_server):
             vitals = requests.get(server.base_url + "/debug/vitals", timeout=5).json()
             assert (vitals["sessions"], vitals["connectedSessions"]) == (5, 5), vitals
             assert not server.engine.tools_busy()
-        ticker = server.engine._ticker
+        ticker = server.engine._ticker.greenlet
         assert ticker is not None
         assert {id(w) for w in walkers} == {id(ticker)}, "a request walked every session"
     finally:

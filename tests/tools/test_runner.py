@@ -1,4 +1,4 @@
-"""SessionToolRunner on its own: a recording call sink, real tools, no session, no server."""
+"""SessionToolRunner on its own: a recording puller, real tools, no session, no server."""
 
 from __future__ import annotations
 
@@ -9,38 +9,54 @@ import gevent.event
 import pytest
 
 from protoflask.core.errors import MaxRunsExceeded, ToolExecutionError
-from protoflask.tools import CallSink, SessionToolRunner, Tool, ToolExecution, builtin_tools
+from protoflask.bell import Bell
+from protoflask.tools import CallSink, SessionToolRunner, Tool, ToolExecution
 
 OBJECT = {"type": "object"}
 
 
 class Recorder:
-    """Everything the runner sends up, in order: ("update"|"done"|"fail"|"failed", ...)."""
+    """The layer above the runner, reduced to a record: it pulls the runner's reports
+    (when the bell rings, and whenever ``calls`` is read) as ("update"|"done"|"fail"|
+    "failed", ...), in order, and tells each execution's on_done as the engine does."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-        self.invoked: list[tuple[str, Any, str, str]] = []
+        self._calls: list[tuple[Any, ...]] = []
+        self.runner: SessionToolRunner | None = None
+        self.rings = 0
 
     def sink(self, session_id: str = "s1") -> CallSink:
-        return CallSink(
-            session_id,
-            update=lambda call_id, status: self.calls.append(("update", call_id, status)),
-            done=lambda call_id, status, result=None: self.calls.append(
-                ("done", call_id, status, result)),
-            fail=lambda call_id, error: self.calls.append(("fail", call_id, error)),
-            invoke=self.invoke,
-            tool_failed=lambda exc, sid: self.calls.append(("failed", exc, sid)))
+        return CallSink(session_id, "the-server", Bell(self.rung))
 
-    def invoke(self, tool: Tool, params: Any, session_id: str, call_id: str) -> Any:
-        self.invoked.append((tool.name, params, session_id, call_id))
-        assert tool.execute is not None
-        return tool.execute(params, session_id, call_id, "the-server")
+    def rung(self) -> None:
+        self.rings += 1
+        self.pull()
+
+    def pull(self) -> None:
+        assert self.runner is not None
+        for r in self.runner.take_reports():
+            if r.kind == "update":
+                self._calls.append(("update", r.call_id, r.status))
+            elif r.kind == "done":
+                self._calls.append(("done", r.call_id, r.status, r.result))
+            else:
+                self._calls.append(("fail", r.call_id, r.error))
+            if r.execution is not None and r.execution.on_done is not None:
+                r.execution.on_done(r.execution, r.error)
+            if r.raised is not None:
+                self._calls.append(("failed", r.raised, "s1"))
+
+    @property
+    def calls(self) -> list[tuple[Any, ...]]:
+        self.pull()
+        return self._calls
 
 
 def runner(rec: Recorder, limit: int = 2, queue_size: int = 1, timeout_ms: int = 5000,
            finished: list[ToolExecution] | None = None) -> SessionToolRunner:
-    return SessionToolRunner(rec.sink(), limit, queue_size, timeout_ms,
-                             on_finish=None if finished is None else finished.append)
+    rec.runner = SessionToolRunner(rec.sink(), limit, queue_size, timeout_ms,
+                                   on_finish=None if finished is None else finished.append)
+    return rec.runner
 
 
 def blocking_tool(name: str, release: gevent.event.Event, **kw: Any) -> Tool:
@@ -50,13 +66,16 @@ def blocking_tool(name: str, release: gevent.event.Event, **kw: Any) -> Tool:
     return Tool(name, "waits", OBJECT, execute=execute, **kw)
 
 
-def test_an_inline_tool_is_invoked_through_the_sink_and_done_at_once() -> None:
+def test_an_inline_tool_is_called_with_the_context_and_reported_at_once() -> None:
     rec, finished = Recorder(), []
-    echo = builtin_tools()[0]
+    seen: list[tuple[Any, ...]] = []
+    echo = Tool("echo", "echoes", OBJECT, inline=True,
+                execute=lambda p, sid, cid, server: seen.append((p, sid, cid, server)) or p)
     run = runner(rec, finished=finished)
     run.submit(ToolExecution("c1", "echo", {"message": "hi"}), echo)
-    assert rec.invoked == [("echo", {"message": "hi"}, "s1", "c1")]
-    assert rec.calls == [("done", "c1", "OK", {"echoed": "hi"})]
+    assert seen == [({"message": "hi"}, "s1", "c1", "the-server")]  # the opaque context
+    assert run.reports and rec.rings == 0  # reported and rung: nothing called up
+    assert rec.calls == [("done", "c1", "OK", {"message": "hi"})]
     assert [(e.call_id, e.status) for e in finished] == [("c1", "completed")]
     assert run.executions == {} and run.running == {}
 
