@@ -4,6 +4,7 @@ and whether it moved away."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
@@ -15,12 +16,21 @@ if TYPE_CHECKING:
     from ..live import LiveSession, Operation
     from .routing import RoutingHub
 
+log = logging.getLogger("protoflask.cluster")
+
 
 #: s a holder waits for its writer to take a delivery before it confirms it (below the
 #: sender's DELIVERY_WAIT; a client without credit holds it longer: then it is confirmed
 #: as queued in memory, as a message waiting for credit always is)
 KEEP_WAIT = 1.0
 KEEP_POLL = 0.002
+
+
+def unjournaled(live: LiveSession, ready: list[tuple[int, bytes]]) -> None:
+    """Messages stamped for a session this node no longer journals (it let it go)."""
+    if ready and log.isEnabledFor(logging.DEBUG):
+        log.debug("session %s: seqs %d-%d stamped after this node stopped journaling it",
+                  live.id, ready[0][0], ready[-1][0])
 
 
 class Follow:
@@ -40,6 +50,7 @@ class Follow:
 
     def written(self, live: LiveSession, ready: list[tuple[int, bytes]], now: int) -> bool:
         if not self.journaling:
+            unjournaled(live, ready)
             return True
         self.hub.journal.append(live, self, ready, now)
         return not self.moved  # taken over by another node meanwhile: not ours to send
@@ -47,6 +58,7 @@ class Follow:
     def written_then(self, live: LiveSession, ready: list[tuple[int, bytes]], now: int,
                      then: Callable[[], None]) -> bool:
         if not self.journaling:
+            unjournaled(live, ready)
             return False
         self.hub.journal.append(live, self, ready, now, then)
         return True

@@ -115,6 +115,9 @@ class RedisHub(RoutingHub):
                                   ((e.seq, e.stored_at, e.data) for e in live.core.replay)):
             self.lost([live.id])  # taken over while this node could not reach Redis
             return
+        log.debug("session %s copied over at epoch %d: window %s-%s, seq %d", live.id,
+                  link.epoch, live.core.replay.first_seq, live.core.replay.last_seq,
+                  live.core.downstream_seq)
         link.journaled_seq = live.core.downstream_seq
 
     def drain_inboxes(self, session_ids: list[str] | None = None) -> None:

@@ -343,6 +343,13 @@ class Journal:
         fenced = self._evalsha(*self._command(batch, self._sha))
         if fenced:
             sids = list(batch)
+            if log.isEnabledFor(logging.DEBUG):
+                for i in fenced:
+                    entries = batch[sids[abs(i) - 1]][1]
+                    log.debug("journal: session %s %s; %d entries not written (%s-%s)",
+                              sids[abs(i) - 1], "taken" if i > 0 else "gone", len(entries),
+                              entries[0].split(b" ", 1)[0].decode() if entries else "",
+                              entries[-1].split(b" ", 1)[0].decode() if entries else "")
             self.on_fenced([sids[i - 1] for i in fenced if i > 0],
                            [sids[-i - 1] for i in fenced if i < 0])
 

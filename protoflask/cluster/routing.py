@@ -389,6 +389,11 @@ class RoutingHub(LocalHub):
         if last_seq is not None and handoff.continue_after(core, last_seq):
             log.warning("session %s: restored behind its client's seq %d; going on from "
                         "there (REPLAY_UNAVAILABLE sent)", session_id, last_seq)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("session %s taken from %s at epoch %d: state seq %d, window %s-%s, "
+                      "client seq %s, %d inbox", session_id, holder or "no node", epoch,
+                      core.downstream_seq, core.replay.first_seq, core.replay.last_seq,
+                      last_seq, len(inbox))
         live = self.host.adopt(core)
         self.hold(live, epoch)
         for out in decode_state(state).get("pending") or ():  # (state.export_journaled)
@@ -418,6 +423,7 @@ class RoutingHub(LocalHub):
             self._let_go(live)
             self._moved(live)
         elif live is not None:
+            log.debug("session %s: kept (degraded) against a resume elsewhere", session_id)
             return
         try:
             self.store.reply(reply, b"released")
@@ -445,6 +451,10 @@ class RoutingHub(LocalHub):
             if not written:
                 log.warning("session %s was taken over by another node before this one let "
                             "it go; its state here is dropped", live.id)
+            elif log.isEnabledFor(logging.DEBUG):
+                log.debug("session %s let go at epoch %d: seq %d, journaled %d, %d waiting",
+                          live.id, epoch, live.core.downstream_seq,
+                          getattr(live.link, "journaled_seq", -1), len(waiting))
         except UNAVAILABLE as exc:
             self.went_down(exc)
 
