@@ -214,8 +214,11 @@ class Recording(Client):
         if msg["type"] == "ERROR" and msg["payload"].get("code") == "REPLAY_UNAVAILABLE":
             self.declared += 1
             first = msg["payload"].get("detail", {}).get("first_available")
-            below = [s for s in self.delivered if s < seq]
             if first is not None:
+                # what it declares gone: the seqs between the last one delivered below
+                # first_available and it (not below the ERROR's own seq: the replay of
+                # what is still there comes before the ERROR)
+                below = [s for s in self.delivered if s < int(first)]
                 self.declared_gaps.append((max(below, default=0), int(first)))
         elif msg["type"] == "TOOL_DONE":
             cid = msg["payload"]["call_id"]

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import gevent
 from gevent.event import Event
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .keys import ENTRY, Keys
 from .redis_client import UNAVAILABLE, GeventConnection, pack, text
@@ -243,9 +244,17 @@ class Journal:
             self._flusher = gevent.spawn(self._flush_forever)
         if self._give_up is None and committed is self._committed:  # (not flushed since)
             self._give_up = gevent.get_hub().loop.timer(WAIT_LIMIT)
-            self._give_up.start(_release, committed, self._then)
+            self._give_up.start(self._gave_up, committed, self._then)
         if then is None:
             committed.wait()
+
+    def _gave_up(self, committed: Event, thens: list[Callable[[], None]]) -> None:
+        """A batch waited WAIT_LIMIT (to be written, or for its write): its writers carry
+        on. One still waiting to be written (the flusher stuck on the batch before it)
+        takes more writers: they get a timer of their own, not none."""
+        if committed is self._committed:
+            self._give_up = None
+        _release(committed, thens)
 
     def forget(self, session_id: str) -> None:
         """The session is gone: drop what the journal remembers of it."""
@@ -279,10 +288,12 @@ class Journal:
         batch, self._batch = self._batch, {}
         committed, self._committed = self._committed, Event()
         thens, self._then = self._then, []
+        # the batch's give-up timer runs on while it is written: a Redis that stopped
+        # answering holds the write until the socket's timeout, its writers WAIT_LIMIT
         give_up, self._give_up = self._give_up, None
-        if give_up is not None:
-            give_up.close()
         if not batch:
+            if give_up is not None:
+                give_up.close()
             _release(committed, thens)
             return
         try:
@@ -298,6 +309,8 @@ class Journal:
                 log.warning("the journal writes again")
                 self.failing = None
         finally:
+            if give_up is not None:
+                give_up.close()
             _release(committed, thens)
 
     def _failed(self, exc: Exception) -> None:
@@ -390,6 +403,8 @@ class Journal:
             self._conn_busy = True
             try:
                 return conn.execute_packed(packed if packed is not None else pack(args))
+            except RedisTimeoutError:
+                raise  # a Redis that does not answer: a new connection would wait as long
             except UNAVAILABLE:
                 pass
             finally:
