@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import gevent
 from gevent.event import Event
+from gevent.lock import RLock
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -163,6 +164,7 @@ class Journal:
         # Timeout per writer: the writers of a batch all wait on the same commit
         self._give_up: Any = None
         self._work = Event()
+        self._order = RLock()  # one batch written at a time, in order (flush)
         self._running = False  # between start() and stop(): a flusher greenlet writes
         self._flusher: gevent.Greenlet | None = None
         self._unencodable: set[str] = set()  # sessions whose state was left out (logged)
@@ -282,9 +284,31 @@ class Journal:
             except Exception:  # noqa: BLE001 - flush handles its failures; never die here
                 log.exception("journal flush failed unexpectedly")
 
+    def holds(self, session_id: str) -> bool:
+        """Whether messages of the session wait to be written (stamped since the last
+        batch was taken)."""
+        pending = self._batch.get(session_id)
+        return pending is not None and bool(pending[1])
+
+    def ordered(self) -> RLock:
+        """Held, no batch is written: entered once the batch being written is (what was
+        appended before is in Redis, or failed); a write made meanwhile (a window copied
+        over whole) lands after everything appended before it and before anything after."""
+        return self._order
+
     def flush(self) -> None:
-        """Send everything waiting in one pipeline and release its writers. Never raises:
-        a failure is logged (once, until a flush succeeds again) and handed to the hub."""
+        """Send everything waiting in one pipeline and release its writers; returns once
+        what was appended before the call is written (or failed). Never raises: a
+        failure is logged (once, until a flush succeeds again) and handed to the hub.
+
+        One flush writes at a time, the batches in the order they were taken: a batch
+        taken later and written first would have Redis skip the earlier one's entries
+        (the list's last seq is past them), and a let-go written while a batch of its
+        session is still on the way would name seqs Redis does not have yet."""
+        with self._order:
+            self._flush()
+
+    def _flush(self) -> None:
         batch, self._batch = self._batch, {}
         committed, self._committed = self._committed, Event()
         thens, self._then = self._then, []

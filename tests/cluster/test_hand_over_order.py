@@ -15,9 +15,10 @@ import pytest
 
 from protoflask import ProtoServer
 
-from ..support import PrivateRedis, SSEClient, StreamEnded, timeout
+from ..support import PrivateRedis, SSEClient, StreamEnded, WSClient, timeout, wait_for
 from .link import RedisLink
 from .notes import note
+from .retry import status_of, when_served
 
 
 @pytest.fixture
@@ -90,6 +91,48 @@ def test_a_drain_writes_the_cancelled_calls_done_before_anything_later(
         assert [d["payload"]["status"] for d in done] == ["CANCELLED"]
         seqs = [int(m["seq"]) for m in everything]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
+    finally:
+        link.release()
+        client.close()
+        if resumed is not None:
+            resumed.close()
+
+
+def test_a_resume_elsewhere_takes_over_only_once_the_holders_journal_has_written_all(
+        make_server: Callable[..., ProtoServer], private_redis: PrivateRedis,
+        link: RedisLink) -> None:
+    """A message a stamped for a detached session is on its way to Redis (its journal
+    write held in the link) when the client resumes on b. Before, a let the session go at
+    once: its state, naming that seq, reached Redis first, b numbered on from it, the
+    late batch was fenced off, and the client never got the message (no ERROR either).
+    Now a writes what its journal holds first (b's resume gets 503 meanwhile, retried)."""
+    a = make_server(redisUrl=link.url)
+    b = make_server(redisUrl=private_redis.url)
+    token = a.issue_token("alice")
+    client = WSClient(a.base_url, token)
+    resumed: WSClient | None = None
+    try:
+        client.hello()
+        sid = client.session_id
+        a.send_message(sid, note(0))
+        seen = int(client.recv_type("NOTE")["seq"])
+        client.drop()
+        wait_for(lambda: (a.get_session(sid) or {}).get("connected") is False,
+                 what="a to see the client gone")
+
+        link.hold(b"EVALSHA")
+        a.send_message(sid, note(1))  # into the window; its journal write waits in the link
+        link.wait_holding(b'"n":1', "note 1's journal write")
+        try:
+            resumed = WSClient(b.base_url, token, session=sid, last_seq=seen)
+        except Exception as exc:  # noqa: BLE001 - a 503 while a writes its journal
+            assert status_of(exc) == 503, exc
+        link.release()
+        if resumed is None:
+            resumed = when_served(lambda: WSClient(b.base_url, token, session=sid,
+                                                   last_seq=seen), within=15)
+        assert resumed.recv_type("NOTE")["payload"]["n"] == 1
+        assert int(resumed.received[-1]["seq"]) == seen + 1
     finally:
         link.release()
         client.close()
