@@ -5,6 +5,8 @@ whichever node the call runs on to wherever its session lives by then."""
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 import gevent
@@ -13,6 +15,11 @@ from protoflask.logs import configure_logging
 from protoflask.server import create_app
 
 configure_logging()
+if os.environ.get("CHAOS_DEBUG"):  # the soak's --debug: every move of a session, per worker
+    logging.getLogger("protoflask.cluster").setLevel(logging.DEBUG)
+    for handler in logging.getLogger("protoflask").handlers:
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
 app = create_app()
 server = app.extensions["protoflask"]
 

@@ -17,11 +17,16 @@ async function session({ token, transport }) {
   const client = new ProtoClient({ url, token, transport, WebSocket, duplex: false, reconnectTimeoutMs: 600000 });
   let last = 0;
   const dones = new Map();
+  const seen = {}; // call_id -> its TOOL_DONEs (seq, status, when): for a call done twice
   client.on("message", (msg) => {
     const seq = Number(msg.seq);
     if (last && seq > last + 1) out.lost += seq - last - 1;
     last = seq;
-    if (msg.type === "TOOL_DONE") dones.set(msg.payload.call_id, (dones.get(msg.payload.call_id) || 0) + 1);
+    if (msg.type === "TOOL_DONE") {
+      const id = msg.payload.call_id;
+      dones.set(id, (dones.get(id) || 0) + 1);
+      (seen[id] ??= []).push(`seq ${msg.seq} ${msg.payload.status} at ${new Date().toISOString()}`);
+    }
   });
   client.on("state", (state, detail) => {
     if (state === "closed" && running) out.dead = detail;
@@ -68,6 +73,8 @@ async function session({ token, transport }) {
   }
   await workLane;
   out.doneTwice = [...dones.values()].filter((v) => v > 1).length;
+  const twice = [...dones].filter(([, v]) => v > 1).map(([id]) => ({ id, dones: seen[id] }));
+  if (twice.length) out.twice = { session: client.session, calls: twice };
   // (a close that cannot flush, its node gone, must not hold the report)
   await Promise.race([client.close().catch(() => undefined), new Promise((r) => setTimeout(r, 5000))]);
   return out;

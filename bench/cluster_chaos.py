@@ -44,7 +44,9 @@ seq) and compares content per seq:
 
 Prints a table (markdown) and, with --json, the numbers. Exit status 1 when an
 invariant broke (lost, reused, duplicates, stranded, done twice or dead above 0).
-``--logs DIR`` keeps each node's log (warnings and up) there.
+``--logs DIR`` keeps each node's log (warnings and up) there; with ``--debug`` also
+every move of a session (taken, let go, copied over, kept, fenced), and for a silent loss
+the client's side of it (its seqs' arrival and its reconnects) on stderr.
 """
 
 from __future__ import annotations
@@ -160,6 +162,37 @@ class Recording(Client):
         self.declared_gaps: list[tuple[int, int]] = []
         self.dones: dict[str, int] = {}
         self.on_message = self._seen
+        #: (--debug) when each seq first arrived, and the connection's opens and closes
+        self.arrived: dict[int, float] = {}
+        self.events: list[tuple[float, str]] = []
+
+    def _open(self, resume: bool) -> None:
+        last = self.last_seq
+        try:
+            super()._open(resume)
+        except Exception as exc:
+            self.events.append((time.time(), f"open failed (resume from {last}): {exc}"))
+            raise
+        how = f"resume from {last}" if resume else "new"
+        self.events.append((time.time(), f"opened ({how})"))
+
+    def _on_close(self, conn: Any, code: int | None, error: BaseException | None) -> None:
+        if conn is self._conn:
+            self.events.append((time.time(), f"closed {code} {error or ''} at {self.last_seq}"))
+        super()._on_close(conn, code, error)
+
+    def timeline(self, seqs: list[int]) -> list[str]:
+        """What happened around the first of ``seqs``: the arrival of its neighbours and
+        the connection's opens and closes, by wall clock (to read beside the nodes' logs)."""
+        first = seqs[0]
+        marks = [(t, f"seq {s} arrived") for s, t in self.arrived.items()
+                 if first - 3 <= s <= seqs[-1] + 3]
+        if not marks:
+            return []
+        lo, hi = min(t for t, _ in marks) - 10, max(t for t, _ in marks) + 10
+        marks += [(t, e) for t, e in self.events if lo <= t <= hi]
+        return [time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d} {e}"
+                for t, e in sorted(marks)]
 
     def _on_frame(self, conn: Any, data: bytes) -> None:
         try:
@@ -167,6 +200,7 @@ class Recording(Client):
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             seq = None
         if seq is not None:
+            self.arrived.setdefault(seq, time.time())
             before = self.frames.setdefault(seq, bytes(data))
             if before != bytes(data):
                 self.reused += 1
@@ -180,8 +214,11 @@ class Recording(Client):
         if msg["type"] == "ERROR" and msg["payload"].get("code") == "REPLAY_UNAVAILABLE":
             self.declared += 1
             first = msg["payload"].get("detail", {}).get("first_available")
-            below = [s for s in self.delivered if s < seq]
             if first is not None:
+                # what it declares gone: the seqs between the last one delivered below
+                # first_available and it (not below the ERROR's own seq: the replay of
+                # what is still there comes before the ERROR)
+                below = [s for s in self.delivered if s < int(first)]
                 self.declared_gaps.append((max(below, default=0), int(first)))
         elif msg["type"] == "TOOL_DONE":
             cid = msg["payload"]["call_id"]
@@ -318,6 +355,8 @@ class Soak:
         self.redis: PlainRedis | SentinelRedis = \
             SentinelRedis(self.tmp) if args.sentinel else PlainRedis()
         logs = Path(args.logs) if args.logs else None
+        if args.debug:
+            os.environ["CHAOS_DEBUG"] = "1"  # (bench/chaos_app.py; the nodes inherit it)
         if logs is not None:
             logs.mkdir(parents=True, exist_ok=True)
         self.nodes = [Node(self.redis.env, args.workers,
@@ -354,6 +393,10 @@ class Soak:
         if not lines:
             return {"fault": "TS client, whole run", "dead": "no report from the TS sessions"}
         sessions = json.loads(lines[-1])
+        for s in sessions:  # a call done twice: which, and its TOOL_DONEs (for the logs)
+            if s.get("twice"):
+                print(f"done twice: ts {s['transport']} {json.dumps(s['twice'])}",
+                      file=sys.stderr, flush=True)
         total: dict[str, Any] = {"fault": "TS client, whole run"}
         for key, name in (("lost", "lost"), ("stranded", "stranded"),
                           ("doneTwice", "done_twice"), ("toolErrors", "tool_errors"),
@@ -478,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sentinel", action="store_true",
                         help="Redis as a master, a replica and a sentinel (REDIS_SENTINELS)")
     parser.add_argument("--logs", help="keep each node's log (warnings and up) here")
+    parser.add_argument("--debug", action="store_true",
+                        help="with --logs: the nodes log every move of a session too")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.short:
@@ -504,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
                   and not any(a < q < b for a, b in gaps)]
         if silent:
             print(f"lost: {s.transport} session={s.client.session_id} seqs={silent[:20]}",
-                  file=sys.stderr, flush=True)
+                  *s.client.timeline(silent), sep="\n  ", file=sys.stderr, flush=True)
     dead = [f"{s.transport}: {s.dead}" for s in soak.sessions if s.dead]
     errors: dict[str, int] = {}
     for s in soak.sessions:

@@ -4,6 +4,7 @@ whether it moved away, and the ids of the deliveries from other nodes it applied
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterable
@@ -15,6 +16,8 @@ from ..clock import now_ms
 if TYPE_CHECKING:
     from ..live import LiveSession, Operation
     from .routing import RoutingHub
+
+log = logging.getLogger("protoflask.cluster")
 
 
 #: s a holder waits for its writer to take a delivery before it confirms it (below the
@@ -29,6 +32,13 @@ KEEP_POLL = 0.002
 #: was applied. A copy comes after at most the deliveries applied within the sender's
 #: wait (DELIVERY_WAIT) and a take-over; this bound is far above those.
 DELIVERED_KEPT = 64
+
+
+def unjournaled(live: LiveSession, ready: list[tuple[int, bytes]]) -> None:
+    """Messages stamped for a session this node no longer journals (it let it go)."""
+    if ready and log.isEnabledFor(logging.DEBUG):
+        log.debug("session %s: seqs %d-%d stamped after this node stopped journaling it",
+                  live.id, ready[0][0], ready[-1][0])
 
 
 class Follow:
@@ -63,6 +73,7 @@ class Follow:
 
     def written(self, live: LiveSession, ready: list[tuple[int, bytes]], now: int) -> bool:
         if not self.journaling:
+            unjournaled(live, ready)
             return True
         self.hub.journal.append(live, self, ready, now)
         return not self.moved  # taken over by another node meanwhile: not ours to send
@@ -70,6 +81,7 @@ class Follow:
     def written_then(self, live: LiveSession, ready: list[tuple[int, bytes]], now: int,
                      then: Callable[[], None]) -> bool:
         if not self.journaling:
+            unjournaled(live, ready)
             return False
         self.hub.journal.append(live, self, ready, now, then)
         return True

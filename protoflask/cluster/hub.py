@@ -22,10 +22,9 @@ import gevent.event
 import orjson
 
 from ..clock import now_ms
-from ..live import LiveSession
 from .nodes import node_meta
 from .redis_client import UNAVAILABLE
-from .routing import BEAT_MS, NODE_TTL_MS, Follow, RoutingHub
+from .routing import BEAT_MS, NODE_TTL_MS, RoutingHub
 from .tickets import RedisTicketStore
 from .view import RedisView
 
@@ -105,7 +104,7 @@ class RedisHub(RoutingHub):
         next beat starts again."""
         self.journal.paused = False
         for live in self.sessions():
-            self._rewrite(live)
+            self.copy_over(live)
         self.drain_inboxes()
         if self.journal.paused:  # a write failed meanwhile (it said why)
             return
@@ -114,16 +113,6 @@ class RedisHub(RoutingHub):
         self.reachable_since = now_ms()
         log.warning("Redis at %s takes writes again; %d sessions copied over", self.url,
                     len(self))
-
-    def _rewrite(self, live: LiveSession) -> None:
-        link = live.link
-        if not isinstance(link, Follow):
-            return
-        if not self.store.rewrite(live.id, link.epoch, self.record_of(live),
-                                  ((e.seq, e.stored_at, e.data) for e in live.core.replay)):
-            self.lost([live.id])  # taken over while this node could not reach Redis
-            return
-        link.journaled_seq = live.core.downstream_seq
 
     def drain_inboxes(self, session_ids: list[str] | None = None) -> None:
         held = self.sessions() if session_ids is None else \

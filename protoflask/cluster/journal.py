@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import gevent
 from gevent.event import Event
+from gevent.lock import RLock
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .keys import ENTRY, Keys
 from .redis_client import UNAVAILABLE, GeventConnection, pack, text
@@ -162,6 +164,7 @@ class Journal:
         # Timeout per writer: the writers of a batch all wait on the same commit
         self._give_up: Any = None
         self._work = Event()
+        self._order = RLock()  # one batch written at a time, in order (flush)
         self._running = False  # between start() and stop(): a flusher greenlet writes
         self._flusher: gevent.Greenlet | None = None
         self._unencodable: set[str] = set()  # sessions whose state was left out (logged)
@@ -243,9 +246,17 @@ class Journal:
             self._flusher = gevent.spawn(self._flush_forever)
         if self._give_up is None and committed is self._committed:  # (not flushed since)
             self._give_up = gevent.get_hub().loop.timer(WAIT_LIMIT)
-            self._give_up.start(_release, committed, self._then)
+            self._give_up.start(self._gave_up, committed, self._then)
         if then is None:
             committed.wait()
+
+    def _gave_up(self, committed: Event, thens: list[Callable[[], None]]) -> None:
+        """A batch waited WAIT_LIMIT (to be written, or for its write): its writers carry
+        on. One still waiting to be written (the flusher stuck on the batch before it)
+        takes more writers: they get a timer of their own, not none."""
+        if committed is self._committed:
+            self._give_up = None
+        _release(committed, thens)
 
     def forget(self, session_id: str) -> None:
         """The session is gone: drop what the journal remembers of it."""
@@ -273,16 +284,40 @@ class Journal:
             except Exception:  # noqa: BLE001 - flush handles its failures; never die here
                 log.exception("journal flush failed unexpectedly")
 
+    def holds(self, session_id: str) -> bool:
+        """Whether messages of the session wait to be written (stamped since the last
+        batch was taken)."""
+        pending = self._batch.get(session_id)
+        return pending is not None and bool(pending[1])
+
+    def ordered(self) -> RLock:
+        """Held, no batch is written: entered once the batch being written is (what was
+        appended before is in Redis, or failed); a write made meanwhile (a window copied
+        over whole) lands after everything appended before it and before anything after."""
+        return self._order
+
     def flush(self) -> None:
-        """Send everything waiting in one pipeline and release its writers. Never raises:
-        a failure is logged (once, until a flush succeeds again) and handed to the hub."""
+        """Send everything waiting in one pipeline and release its writers; returns once
+        what was appended before the call is written (or failed). Never raises: a
+        failure is logged (once, until a flush succeeds again) and handed to the hub.
+
+        One flush writes at a time, the batches in the order they were taken: a batch
+        taken later and written first would have Redis skip the earlier one's entries
+        (the list's last seq is past them), and a let-go written while a batch of its
+        session is still on the way would name seqs Redis does not have yet."""
+        with self._order:
+            self._flush()
+
+    def _flush(self) -> None:
         batch, self._batch = self._batch, {}
         committed, self._committed = self._committed, Event()
         thens, self._then = self._then, []
+        # the batch's give-up timer runs on while it is written: a Redis that stopped
+        # answering holds the write until the socket's timeout, its writers WAIT_LIMIT
         give_up, self._give_up = self._give_up, None
-        if give_up is not None:
-            give_up.close()
         if not batch:
+            if give_up is not None:
+                give_up.close()
             _release(committed, thens)
             return
         try:
@@ -298,6 +333,8 @@ class Journal:
                 log.warning("the journal writes again")
                 self.failing = None
         finally:
+            if give_up is not None:
+                give_up.close()
             _release(committed, thens)
 
     def _failed(self, exc: Exception) -> None:
@@ -345,6 +382,13 @@ class Journal:
         fenced = self._evalsha(*self._command(batch, self._sha))
         if fenced:
             sids = list(batch)
+            if log.isEnabledFor(logging.DEBUG):
+                for i in fenced:
+                    entries = batch[sids[abs(i) - 1]][1]
+                    log.debug("journal: session %s %s; %d entries not written (%s-%s)",
+                              sids[abs(i) - 1], "taken" if i > 0 else "gone", len(entries),
+                              entries[0].split(b" ", 1)[0].decode() if entries else "",
+                              entries[-1].split(b" ", 1)[0].decode() if entries else "")
             self.on_fenced([sids[i - 1] for i in fenced if i > 0],
                            [sids[-i - 1] for i in fenced if i < 0])
 
@@ -385,6 +429,8 @@ class Journal:
             self._conn_busy = True
             try:
                 return conn.execute_packed(packed if packed is not None else pack(args))
+            except RedisTimeoutError:
+                raise  # a Redis that does not answer: a new connection would wait as long
             except UNAVAILABLE:
                 pass
             finally:

@@ -37,6 +37,7 @@ from .calls import RemoteCalls
 from .follow import Follow
 from .settling import BEAT_MS, NODE_TTL_MS, SETTLE_MS, settled, unavailable
 from .journal import Journal, decode_state
+from .letgo import LetGo
 from .keys import Keys, unpack_entry
 from .redis_client import UNAVAILABLE, connect, display_url
 from .store import RELEASE_WAIT, RedisStore
@@ -83,6 +84,7 @@ class RoutingHub(LocalHub):
         self.store.ttl_ms = config.replay_window_time + NODE_TTL_MS + BEAT_MS
         self.journal = Journal(self.redis, self.keys, self.node_id, config.replay_window_size,
                                self.ttl_ms, self.journal_failed, self._fenced)
+        self.let_go = LetGo(self)  # a session to its next holder (a resume elsewhere, a drain)
 
     @property
     def ttl_ms(self) -> int:
@@ -142,7 +144,7 @@ class RoutingHub(LocalHub):
         if keep:  # this node is stopping: leave the session to the cluster
             held = self.get(session_id)
             if held is not None:
-                self._let_go(held)
+                self.let_go(held, stopping=True)
             return held
         live = super().remove(session_id)
         if live is not None:
@@ -411,6 +413,11 @@ class RoutingHub(LocalHub):
         if last_seq is not None and handoff.continue_after(core, last_seq):
             log.warning("session %s: restored behind its client's seq %d; going on from "
                         "there (REPLAY_UNAVAILABLE sent)", session_id, last_seq)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("session %s taken from %s at epoch %d: state seq %d, window %s-%s, "
+                      "client seq %s, %d inbox", session_id, holder or "no node", epoch,
+                      core.downstream_seq, core.replay.first_seq, core.replay.last_seq,
+                      last_seq, len(inbox))
         live = self.host.adopt(core)
         saved = decode_state(state)
         self.hold(live, epoch, saved.get("delivered") or ())
@@ -436,40 +443,42 @@ class RoutingHub(LocalHub):
         hold, let it go (calls running here report there). Not while degraded: what we
         sent since Redis went away is not copied yet (a window with a hole; 503, retried)."""
         live = self.get(session_id)
-        if live is not None and not self.degraded:
-            self.host.close_transport(live, CloseCode.SUPERSEDED, "resumed on another node")
-            self._let_go(live)
-            self._moved(live)
-        elif live is not None:
+        if live is None:
+            self.let_go.wait(session_id)  # (a drain letting it go: answered once it has)
+        elif self.degraded or not self._released(live):
+            log.debug("session %s: kept (degraded) against a resume elsewhere", session_id)
             return
         try:
             self.store.reply(reply, b"released")
         except UNAVAILABLE as exc:
             self.went_down(exc)
 
-    def _moved(self, live: LiveSession) -> None:
-        if isinstance(live.link, Follow):
-            live.link.moved = True
-        self.calls.moved(live)
+    def _released(self, live: LiveSession) -> bool:
+        self.host.close_transport(live, CloseCode.SUPERSEDED, "resumed on another node")
+        if not self.let_go(live):
+            return False
+        self.calls.moved(live)  # calls still running here report there
+        return True
 
-    def _let_go(self, live: LiveSession) -> None:
-        """Write a session's whole state, and messages still waiting for credit, and stop
-        holding it (its Redis record stays for whoever resumes it)."""
-        live.take_writable(now_ms())
-        self.journal.flush()
-        waiting = live.core.outbound.take_pending()
-        epoch = live.link.epoch if isinstance(live.link, Follow) else 0
-        self.unhold(live.id)
-        calls_on = self.calls.let_go(live)
-        try:
-            written = self.store.let_go(
-                live.id, epoch, live.user_id, self.journal.state_of(live, texts=True), calls_on,
-                (orjson.dumps(encode_operation(Send(ob))) for ob in waiting))
-            if not written:
-                log.warning("session %s was taken over by another node before this one let "
-                            "it go; its state here is dropped", live.id)
-        except UNAVAILABLE as exc:
-            self.went_down(exc)
+    def copy_over(self, live: LiveSession) -> None:
+        """Write the session's record and whole window again (after an outage, or Redis
+        losing its data), in the journal's order: after every batch taken before, before
+        any taken after (a batch with later messages written first would be wiped)."""
+        link = live.link
+        if not isinstance(link, Follow):
+            return
+        with self.journal.ordered():
+            copied = self.store.rewrite(
+                live.id, link.epoch, self.record_of(live),
+                ((e.seq, e.stored_at, e.data) for e in live.core.replay))
+            if copied:
+                link.journaled_seq = live.core.downstream_seq
+        if not copied:
+            self.lost([live.id])  # taken over while this node could not reach Redis
+            return
+        log.debug("session %s copied over at epoch %d: window %s-%s, seq %d", live.id,
+                  link.epoch, live.core.replay.first_seq, live.core.replay.last_seq,
+                  live.core.downstream_seq)
 
     def _fenced(self, taken: list[str], missing: list[str]) -> None:
         self.lost(taken)

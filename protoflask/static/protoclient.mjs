@@ -732,6 +732,7 @@ var ProtoClient = class {
     this.linkReady = false;
     clearTimeout(this.watchdog);
     clearTimeout(this.confirmTimer);
+    this.confirmTimer = void 0;
     this.confirmPing = void 0;
     if (this.closedByUser || this._state === "closed") return;
     const detail = `${info.code}${info.reason ? " " + info.reason : ""}`;
@@ -799,6 +800,7 @@ var ProtoClient = class {
     clearTimeout(this.ackTimer);
     clearTimeout(this.watchdog);
     clearTimeout(this.confirmTimer);
+    this.confirmTimer = void 0;
     const link = this.link;
     this.link = void 0;
     if (link && !this.closedByUser) link.close(1e3, "bye");

@@ -120,6 +120,7 @@ class HTTPDownstream:
         self._event = gevent.event.Event()
         self._final: list[tuple[int, bytes]] = []
         self._closing: tuple[int, str] | None = None
+        self._taken = gevent.event.Event()  # close() has taken what it takes
         self._gone = False
         self._attached = False
         self._finished = False
@@ -151,12 +152,22 @@ class HTTPDownstream:
         self._event.set()
 
     def close(self, code: int, reason: str) -> None:
-        """Take what is pending now (it belongs to this stream), then end the response."""
+        """Take what is pending now (it belongs to this stream), then end the response.
+
+        The response's greenlet stays the one writer, in seq order: from here it takes
+        nothing fresh (``_take``), and writes its tail once what is taken here is in
+        ``_final``. (Taking may wait for the cluster's journal; a fresh take meanwhile
+        could write a later seq first, and the client, which skips any seq below the
+        last it had, would never see this one: the drain's lost TOOL_DONEs.)"""
         if self._closing is not None or self._finished:
             return
-        self._final.extend(self.port.take_final())
         self._closing = (code, reason)
-        self._event.set()
+        try:
+            final = self.port.take_final()
+            self._final.extend(final)  # (the list now: the response may have swapped it)
+        finally:
+            self._taken.set()
+            self._event.set()
         gevent.spawn_later(CLOSE_TIMEOUT, self._cut_if_stuck)
 
     def _cut_if_stuck(self) -> None:
@@ -176,6 +187,8 @@ class HTTPDownstream:
         return resp
 
     def _take(self, final: bool = False) -> bytes:
+        if not final and self._closing is not None:
+            return b""  # close() takes what is left; the tail writes it
         out = self._final
         self._final = []
         out.extend(self.port.take_final() if final else self.port.take())
@@ -202,6 +215,7 @@ class HTTPDownstream:
                 if self._gone:
                     return
                 if self._closing is not None:
+                    self._taken.wait()  # close() is taking what is left for this stream
                     tail = self._take(final=True) + self.closing_frame(*self._closing)
                     if tail:
                         yield from self._write(tail)

@@ -245,6 +245,9 @@ def test_a_delivery_confirmed_by_the_holder_is_in_redis(
             b.send_message(sid, note(n))  # returns once the holder confirmed it
             window = rdb.lrange(f"{prefix}:r:{sid}", -1, -1)
             assert window and b'"n":%d' % n in window[0], (n, window)
+            # (read: 16 unread frames fill the test client's queue, its reader stops and
+            # never sees the close frame: close() took its 10 s close_timeout)
+            assert client.recv_type("NOTE")["payload"]["n"] == n
     finally:
         client.close()
 

@@ -5,6 +5,10 @@ over again, so a resume on another node still replays what was sent during the o
 
 from __future__ import annotations
 
+import signal
+import time
+from typing import Callable
+
 import pytest
 import redis
 import requests
@@ -84,4 +88,44 @@ def test_redis_losing_its_data_without_an_outage_is_noticed_and_repaired(
         finally:
             resumed.close()
     finally:
+        client.close()
+
+
+def test_a_redis_that_stops_answering_holds_no_writer_past_the_journals_wait(
+        make_server: Callable[..., ProtoServer], private_redis: PrivateRedis) -> None:
+    """Redis stopped (SIGSTOP: unreachable, every command waits for its socket timeout):
+    the holder's writers wait for the journal WAIT_LIMIT at most, then carry on from
+    memory, so the heartbeat (here a PING every second, 4 s to answer) never times out.
+    Before, a batch in flight held its writers until its write gave up, on the journal's
+    own connection and then again on a fresh one (twice the 5 s timeout): the PING
+    behind it timed the client out. In the soak such a client, resuming on another node,
+    was refused until Redis came back 60 s later, past replayWindowTime: its oldest
+    messages were gone (declared by REPLAY_UNAVAILABLE, the 60 s outage's rows)."""
+    a = make_server(redisUrl=private_redis.url, heartbeatInterval=1000,
+                    heartbeatTimeout=4000)
+    token = a.issue_token("alice")
+    client = WSClient(a.base_url, token)
+    proc = private_redis.proc
+    assert proc is not None
+    try:
+        client.hello()
+        sid = client.session_id
+        a.send_message(sid, note(0))
+        client.recv_type("NOTE")
+        proc.send_signal(signal.SIGSTOP)
+        got = []
+        for n in range(1, 9):
+            a.send_message(sid, note(n))
+            until = time.monotonic() + 1
+            while time.monotonic() < until:
+                msg = client.recv(within=10)  # (raises if the server closed the socket)
+                if msg["type"] == "PING":
+                    client.send("PONG", "SYSTEM", {"nonce": msg["payload"]["nonce"]})
+                elif msg["type"] == "NOTE":
+                    got.append(msg["payload"]["n"])
+        assert got == list(range(1, len(got) + 1)) and len(got) >= 6, got
+        assert client.is_open()
+        assert not [m for m in client.received if m["type"] == "ERROR"]
+    finally:
+        proc.send_signal(signal.SIGCONT)
         client.close()

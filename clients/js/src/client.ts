@@ -521,6 +521,7 @@ export class ProtoClient {
     this.linkReady = false;
     clearTimeout(this.watchdog);
     clearTimeout(this.confirmTimer);
+    this.confirmTimer = undefined; // (else scheduleConfirm never arms it again)
     this.confirmPing = undefined;
     if (this.closedByUser || this._state === "closed") return;
     const detail = `${info.code}${info.reason ? " " + info.reason : ""}`;
@@ -593,6 +594,7 @@ export class ProtoClient {
     clearTimeout(this.ackTimer);
     clearTimeout(this.watchdog);
     clearTimeout(this.confirmTimer);
+    this.confirmTimer = undefined;
     const link = this.link;
     this.link = undefined;
     if (link && !this.closedByUser) link.close(1000, "bye");
