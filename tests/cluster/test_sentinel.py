@@ -41,22 +41,36 @@ class Sentinel:
              "--appendonly", "no", "--replicaof", "127.0.0.1", str(master.port),
              "--dir", str(tmp)],  # (where it keeps the RDB its sync brings)
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        conf = tmp / "sentinel.conf"
-        conf.write_text(f"port {self.port}\nbind 127.0.0.1\ndir {tmp}\n"
-                        f"sentinel monitor pf 127.0.0.1 {master.port} 1\n"
-                        "sentinel down-after-milliseconds pf 1000\n"
-                        "sentinel failover-timeout pf 5000\n")
-        self.sentinel = subprocess.Popen([binary, str(conf), "--sentinel"],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.url = f"redis+sentinel://127.0.0.1:{self.port}/pf"
         replica = redis.Redis(port=self.replica_port, socket_timeout=1)
+        self.sentinel: subprocess.Popen[bytes] | None = None
         try:
             wait_for(lambda: self._in_sync(replica), within=15, what="the replica in sync")
+            # The sentinel learns of replicas from the master's INFO, asked every 10 s: one
+            # started before the replica was in sync knew none for up to 10 s, and a master
+            # killed then was never failed over (the test's flake). Started now, its first
+            # INFO lists the replica; waiting until it says so closes the window.
+            conf = tmp / "sentinel.conf"
+            conf.write_text(f"port {self.port}\nbind 127.0.0.1\ndir {tmp}\n"
+                            f"sentinel monitor pf 127.0.0.1 {master.port} 1\n"
+                            "sentinel down-after-milliseconds pf 1000\n"
+                            "sentinel failover-timeout pf 5000\n")
+            self.sentinel = subprocess.Popen([binary, str(conf), "--sentinel"],
+                                             stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL)
             wait_for(lambda: self.master_port() == master.port, within=15,
                      what="the sentinel to see the master")
+            wait_for(self._knows_replica, within=15, what="the sentinel to know the replica")
         except BaseException:
             self.kill()
             raise
+        self.url = f"redis+sentinel://127.0.0.1:{self.port}/pf"
+
+    def _knows_replica(self) -> bool:
+        try:
+            replicas = redis.Redis(port=self.port, socket_timeout=1).sentinel_slaves("pf")
+        except redis.RedisError:
+            return False
+        return any(int(r.get("port", 0)) == self.replica_port for r in replicas)
 
     @staticmethod
     def _in_sync(client: redis.Redis) -> bool:
@@ -75,8 +89,9 @@ class Sentinel:
 
     def kill(self) -> None:
         for proc in (self.sentinel, self.replica):
-            proc.kill()
-            proc.wait()
+            if proc is not None:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.fixture
