@@ -82,6 +82,14 @@ def add_held(held: dict[str, int], live: Any) -> None:
     held["outboundBytes"] += core.unsent_bytes
 
 
+def held_of(sessions: list[Any]) -> dict[str, int]:
+    """``add_held`` over every session: the gauges /metrics and the dashboard read."""
+    held = dict.fromkeys(HELD, 0)
+    for live in sessions:
+        add_held(held, live)
+    return held
+
+
 class Stats:
     """The counters of docs/PROTOCOL.md §10 Statistics, plus the plain counters /metrics
     and the dashboard read (docs/OPERATIONS.md): bumped where things happen, never

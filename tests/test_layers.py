@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "options", "auth", "jwks", "signals", "tools", "logs", "origins", "tickets",
      "clock", "fastschema", "streaming", "stats", "limits", "pins", "turns"),
     ("hub", "live", "cluster"),
-    ("engine", "port", "dispatch", "kept", "budget"),
+    ("engine", "port", "dispatch", "kept", "budget", "wheel"),
     ("transports",),
     ("web", "post_lane", "dashboard", "operator_actions", "metrics", "vitals", "blueprints",
      "mcp", "agui"),
