@@ -115,7 +115,7 @@ class RedisHub(RoutingHub):
                                   ((e.seq, e.stored_at, e.data) for e in live.core.replay)):
             self.lost([live.id])  # taken over while this node could not reach Redis
             return
-        link.journaled_seq = live.core.downstream_seq
+        link.journaled_seq = link.committed_seq = live.core.downstream_seq
 
     def drain_inboxes(self, session_ids: list[str] | None = None) -> None:
         held = self.sessions() if session_ids is None else \
