@@ -86,21 +86,23 @@ class HeartbeatWheel:
         self.slot_ms = max(1, int(self.period * 500))  # half the tick's period
         self.hub = hub
         self.settle = settle  # after the core's tick: act on its events, wake the writer
-        self._slot_of: dict[LiveSession, int] = {}
+        self._count = 0  # sessions in the wheel (each knows its slot: ``wheel_slot``)
         self._slots: dict[int, list[LiveSession]] = {}
         self._heap: list[int] = []  # the slots' numbers
         self._missing: set[LiveSession] = set()  # not in the hub at their last visit
 
     def __len__(self) -> int:
-        return len(self._slot_of)
+        return self._count
 
     def add(self, live: LiveSession, at: int) -> None:
         """Visit ``live`` at the first tick at or after ``at`` (ms), unless sooner."""
         slot = -(-at // self.slot_ms)  # the first slot starting at or after ``at``
-        current = self._slot_of.get(live)
-        if current is not None and current <= slot:
+        current = live.wheel_slot
+        if current >= 0 and current <= slot:
             return
-        self._slot_of[live] = slot
+        if current < 0:
+            self._count += 1
+        live.wheel_slot = slot
         bucket = self._slots.get(slot)
         if bucket is None:
             bucket = self._slots[slot] = []
@@ -109,15 +111,16 @@ class HeartbeatWheel:
 
     def turn(self, now: int) -> int:
         """Visit every session due by ``now``; returns how many were visited."""
-        heap, slots, slot_of = self._heap, self._slots, self._slot_of
+        heap, slots = self._heap, self._slots
         last = now // self.slot_ms
         visited = 0
         while heap and heap[0] <= last:
             slot = heapq.heappop(heap)
             for live in slots.pop(slot, ()):
-                if slot_of.get(live) != slot:
+                if live.wheel_slot != slot:
                     continue  # moved to a sooner slot meanwhile (visited there)
-                del slot_of[live]
+                live.wheel_slot = -1
+                self._count -= 1
                 visited += 1
                 self._visit(live, now)
         return visited
