@@ -21,9 +21,10 @@ Two checks:
   take the user or the worker over is dropped and reported to the application as
   OUTBOUND_QUEUE_FULL, as when the pending queue is full; control messages (ERROR,
   PONG...) are always queued;
-* at the heartbeat's tick (it walks the sessions anyway): the accounts are counted
-  again from the sessions (windows as they are, evictions included; what a session that
-  vanished without giving back held is forgotten), and a user over ``maxUserBytes``
+* at the heartbeat's tick, when a running count passed half its budget (and every
+  FULL_EVERY_MS anyway: ``review_due``): the accounts are counted again from the
+  sessions (windows as they are, evictions included; what a session that vanished
+  without giving back held is forgotten), and a user over ``maxUserBytes``
   loses their oldest kept sessions first, then their heaviest session is closed (an
   ERROR MESSAGE_TOO_LARGE, then 1009); all sessions over ``memoryCeiling``: the oldest
   kept sessions of anyone go, then the heaviest session is closed.
@@ -41,6 +42,11 @@ from .live import LiveSession
 from .kept import KeptSessions
 
 log = logging.getLogger("protoflask")
+
+#: the tick reviews every session when a running count passes this share of its budget,
+#: and at least this often (ms) whatever the counts say
+NEAR = 0.5
+FULL_EVERY_MS = 10_000
 
 
 def window_bytes(live: LiveSession) -> int:
@@ -83,6 +89,8 @@ class Account:
             raise OverBudget(why)
         self.held += nbytes
         self.worker.held += nbytes
+        if self.held + self.window > self.budget.peak:
+            self.budget.peak = self.held + self.window
 
     def give(self, nbytes: int) -> None:
         self.held -= nbytes
@@ -99,8 +107,10 @@ class Account:
                 or budget.ceiling and budget.held + budget.window + nbytes > budget.ceiling):
             self.window = window
             return self.over(nbytes)
-        self.window = window + nbytes
+        self.window = window = window + nbytes
         budget.window += nbytes
+        if self.held + window > budget.peak:
+            budget.peak = self.held + window
         return None
 
     def grow(self, nbytes: int) -> None:
@@ -108,6 +118,8 @@ class Account:
         evicted more than was queued): as each session queues, until the next tick."""
         self.window += nbytes
         self.worker.window += nbytes
+        if self.held + self.window > self.budget.peak:
+            self.budget.peak = self.held + self.window
 
 
 class MemoryBudget:
@@ -121,6 +133,9 @@ class MemoryBudget:
         #: all sessions: what their meters hold now, and their windows at the last tick
         self.held = 0
         self.window = 0
+        #: the most any user's running count reached since the last review
+        self.peak = 0
+        self._reviewed_at: int | None = None
 
     @property
     def total(self) -> int:
@@ -161,6 +176,17 @@ class MemoryBudget:
             raise UserConnectionLimit(f"this user's sessions hold "
                                       f"{account.held + account.window} bytes "
                                       f"(maxUserBytes {self.user_budget})")
+
+    def review_due(self, now: int, sessions: Callable[[], list[LiveSession]]) -> None:
+        """The tick's review, when it can find something: a user's or the worker's
+        running count within NEAR of its budget (the counts only lag the sessions by
+        what they let go since: acks, the window's pruning), or FULL_EVERY_MS since
+        the last (what the counts missed: a session gone without giving back)."""
+        user, ceiling = self.user_budget, self.ceiling
+        if (user and self.peak > user * NEAR) or (ceiling and self.total > ceiling * NEAR) \
+                or self._reviewed_at is None or now - self._reviewed_at >= FULL_EVERY_MS:
+            self._reviewed_at = now
+            self.review(sessions())
 
     def review(self, sessions: list[LiveSession]) -> None:
         """Count every session again, then bring users and the worker back under budget."""
@@ -213,6 +239,7 @@ class MemoryBudget:
             window += weight - meter.held
         self.accounts = accounts
         self.held, self.window = held, window
+        self.peak = max((a.held + a.window for a in accounts.values()), default=0)
 
     def _shed(self, user: str | None, held: int, budget: int, weights: dict[str, int],
               why: str) -> int:

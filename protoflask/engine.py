@@ -34,7 +34,8 @@ from .hub import Hub, SessionHost, Upstream
 from .live import LiveSession, Operation, Transport
 from .kept import KeptSessions
 from .limits import user_caps
-from .stats import HELD, Stats, add_held
+from .stats import Stats, held_of
+from .wheel import HeartbeatWheel
 from .tools import CallSink, SessionToolRunner, ToolExecution, ToolRegistry, check_call
 from .turns import SLICE_MS, Pacer, give_turn
 from . import signals
@@ -72,6 +73,7 @@ class Engine:
         self._released: dict[int, Transport] = {}
         self.pacer = Pacer()  # costly turns pause their user (turns.py)
         self.kept = KeptSessions(hub, config.max_kept_sessions_per_user, self._expire)
+        self.wheel = HeartbeatWheel(config, hub, self.settle)  # wheel.py
         self.budget = MemoryBudget(config.max_user_bytes, config.memory_ceiling, self.kept,
                                    self._drop_for_memory)
         #: connect tickets (POST /proto/ticket): in memory, or shared when clustered
@@ -155,7 +157,8 @@ class Engine:
         """A live session around a protocol session (new, or moved here from another node)."""
         core.traffic = self.stats.traffic  # this node counts what it carries
         self.budget.bind(core)  # its texts, calls and runs charged to its user as they come
-        return LiveSession(core)
+        self.wheel.add(live := LiveSession(core), 0)  # visited at the next tick
+        return live
 
     def tool_runner(self, live: LiveSession) -> SessionToolRunner:
         """The session's tool runner, built on its first call (idle sessions have none)."""
@@ -485,13 +488,9 @@ class Engine:
         now = now_ms()
         self.stats.sample(now)
         self.kept.prune(now)
-        self.budget.review(self.hub.sessions())  # the degrade actions (budget.py)
-        held = dict.fromkeys(HELD, 0)
-        for live in self.hub.sessions():
-            live.core.tick(now)
-            self.settle(live)
-            add_held(held, live)
-        self.stats.held = held  # what /metrics and the dashboard read: they walk no one
+        self.budget.review_due(now, self.hub.sessions)  # the degrade actions (budget.py)
+        self.wheel.turn(now)  # only the sessions due: PING, timeout, expiry (wheel.py)
+        self.stats.held = held_of(self.hub.sessions())  # what /metrics reads: walks no one
 
     def stop_timers(self) -> None:
         self._ticker.stop()

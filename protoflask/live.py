@@ -252,7 +252,7 @@ class LiveSession:
     (``Engine.tool_runner``): ten thousand idle sessions are what a worker holds
     (docs/PERFORMANCE.md)."""
 
-    __slots__ = ("core", "transport", "runner", "link", "has_writable")
+    __slots__ = ("core", "transport", "runner", "link", "has_writable", "wheel_slot")
 
     def __init__(self, core: ProtocolSession) -> None:
         self.core = core
@@ -264,6 +264,8 @@ class LiveSession:
         #: whether the core has messages for the wire (its queue's own method: the
         #: transports ask for every message)
         self.has_writable: Callable[[], bool] = core.has_writable
+        #: the heartbeat wheel's slot it waits in (wheel.py; -1: none)
+        self.wheel_slot = -1
 
     @property
     def id(self) -> str:

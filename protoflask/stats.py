@@ -73,13 +73,18 @@ class ToolCounters:
 HELD = ("runs", "pending", "outboundBytes")
 
 
-def add_held(held: dict[str, int], live: Any) -> None:
-    """Add what one session (a ``hub.LiveSession``: a layer above) holds to ``held``; the
-    heartbeat tick's walk calls it for each."""
-    core = live.core
-    held["runs"] += len(core.runs)
-    held["pending"] += len(core.pending)
-    held["outboundBytes"] += core.unsent_bytes
+def held_of(sessions: list[Any]) -> dict[str, int]:
+    """What the sessions (``hub.LiveSession``s: a layer above) hold: the gauges /metrics
+    and the dashboard read, summed by the heartbeat tick's walk (one pass, plain sums:
+    it runs over every session each tick)."""
+    runs = pending = unsent = 0
+    for live in sessions:
+        core = live.core
+        outbound = core.outbound
+        runs += len(core.registry.runs)
+        pending += len(outbound.pending)
+        unsent += outbound.unsent_bytes
+    return {"runs": runs, "pending": pending, "outboundBytes": unsent}
 
 
 class Stats:

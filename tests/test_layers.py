@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "options", "auth", "jwks", "signals", "tools", "logs", "origins", "tickets",
      "clock", "fastschema", "streaming", "stats", "limits", "pins", "turns", "bell"),
     ("hub", "live", "cluster"),
-    ("engine", "port", "dispatch", "kept", "budget", "ticker"),
+    ("engine", "port", "dispatch", "kept", "budget", "ticker", "wheel"),
     ("transports",),
     ("web", "post_lane", "dashboard", "operator_actions", "metrics", "vitals", "blueprints",
      "mcp", "agui"),

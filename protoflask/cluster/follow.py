@@ -47,12 +47,17 @@ class Follow:
     moved to another node (then deliveries made here, say by a tool call still running
     here, are forwarded there)."""
 
-    __slots__ = ("hub", "journaled_seq", "epoch", "journaling", "moved", "delivered")
+    __slots__ = ("hub", "journaled_seq", "committed_seq", "epoch", "journaling", "moved",
+                 "delivered")
 
     def __init__(self, hub: "RoutingHub", journaled_seq: int, epoch: int,
                  delivered: Iterable[str] = ()) -> None:
         self.hub = hub
         self.journaled_seq = journaled_seq
+        #: the last seq Redis is known to have (a flush wrote it; the window this node
+        #: holds the session with came from Redis, or was copied there): a replay at or
+        #: below it goes to the wire without waiting for a batch (journal.append)
+        self.committed_seq = journaled_seq
         self.epoch = epoch  # the fence: every write of this node to the session carries it
         self.journaling = True
         self.moved = False

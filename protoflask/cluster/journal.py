@@ -48,6 +48,7 @@ class Cursor(Protocol):
     """Where the journal is in one session's messages (the hub keeps it per session)."""
 
     journaled_seq: int
+    committed_seq: int  # the last seq Redis is known to have
     epoch: int  # the session's epoch on this node (the fence its writes carry)
 
 # One call per batch, whatever the number of sessions in it (redis-py spends most of a
@@ -107,6 +108,26 @@ return fenced
 """
 
 WAIT_LIMIT = 2.0  # s a writer waits for Redis before it gives up and carries on
+
+
+def committed_only(ready: list[tuple[int, bytes]], committed_seq: int) -> bool:
+    """Whether every message of ``ready`` is one Redis has already (at or below
+    ``committed_seq``). The swap point of the committed fast path: with ``False`` every
+    append waits for its batch, as before it (tests/cluster/test_journal_committed.py)."""
+    return max(seq for seq, _ in ready) <= committed_seq
+
+
+def committed_to(batch: dict[str, tuple["LiveSession", list[bytes]]],
+                 fenced: set[str]) -> None:
+    """A batch is in Redis: each session's cursor learns the last seq it wrote."""
+    for sid, (live, entries) in batch.items():
+        if entries and sid not in fenced:
+            link = live.link
+            if link is not None and hasattr(link, "committed_seq"):
+                last = entries[-1]
+                seq = int(last[:last.index(b" ")])
+                if seq > link.committed_seq:
+                    link.committed_seq = seq
 
 
 def _release(committed: Event, thens: list[Callable[[], None]]) -> None:
@@ -220,6 +241,13 @@ class Journal:
             if then is not None:
                 then()
             return
+        if ready and committed_only(ready, cursor.committed_seq):
+            # a replay of what Redis has already (a resume): its state goes with the
+            # next batch, the messages to the wire now
+            self.note_state(live)
+            if then is not None:
+                then()
+            return
         sid = live.core.id
         pending = self._batch.get(sid)
         if pending is None:  # the session's first append to this batch
@@ -322,13 +350,14 @@ class Journal:
             return
         try:
             try:
-                self._write(batch)
+                fenced = self._write(batch)
             except NoScriptError:  # SCRIPT FLUSH, or Redis restarted: load it again
                 self._sha = None
-                self._write(batch)
+                fenced = self._write(batch)
         except Exception as exc:  # noqa: BLE001 - Redis's or ours: the writers carry on
             self._failed(exc)
         else:
+            committed_to(batch, fenced)
             if self.failing is not None and not self.paused:
                 log.warning("the journal writes again")
                 self.failing = None
@@ -375,22 +404,26 @@ class Journal:
             self._unencodable.discard(live.id)
         return blob
 
-    def _write(self, batch: dict[str, tuple["LiveSession", list[bytes]]]) -> None:
+    def _write(self, batch: dict[str, tuple["LiveSession", list[bytes]]]) -> set[str]:
+        """Write the batch; returns the sessions the script left alone (fenced)."""
         # EVALSHA, not redis-py's Script objects: those ask SCRIPT EXISTS on each call.
         if self._sha is None:
             self._sha = text(self.redis.script_load(APPEND_SCRIPT))
         fenced = self._evalsha(*self._command(batch, self._sha))
-        if fenced:
-            sids = list(batch)
-            if log.isEnabledFor(logging.DEBUG):
-                for i in fenced:
-                    entries = batch[sids[abs(i) - 1]][1]
-                    log.debug("journal: session %s %s; %d entries not written (%s-%s)",
-                              sids[abs(i) - 1], "taken" if i > 0 else "gone", len(entries),
-                              entries[0].split(b" ", 1)[0].decode() if entries else "",
-                              entries[-1].split(b" ", 1)[0].decode() if entries else "")
-            self.on_fenced([sids[i - 1] for i in fenced if i > 0],
-                           [sids[-i - 1] for i in fenced if i < 0])
+        if not fenced:
+            return set()
+        sids = list(batch)
+        if log.isEnabledFor(logging.DEBUG):
+            for i in fenced:
+                entries = batch[sids[abs(i) - 1]][1]
+                log.debug("journal: session %s %s; %d entries not written (%s-%s)",
+                          sids[abs(i) - 1], "taken" if i > 0 else "gone", len(entries),
+                          entries[0].split(b" ", 1)[0].decode() if entries else "",
+                          entries[-1].split(b" ", 1)[0].decode() if entries else "")
+        taken = [sids[i - 1] for i in fenced if i > 0]
+        lost = [sids[-i - 1] for i in fenced if i < 0]
+        self.on_fenced(taken, lost)
+        return {*taken, *lost}
 
     def _command(self, batch: dict[str, tuple["LiveSession", list[bytes]]], sha: str
                  ) -> tuple[list[bytes], bytes]:

@@ -472,7 +472,7 @@ class RoutingHub(LocalHub):
                 live.id, link.epoch, self.record_of(live),
                 ((e.seq, e.stored_at, e.data) for e in live.core.replay))
             if copied:
-                link.journaled_seq = live.core.downstream_seq
+                link.journaled_seq = link.committed_seq = live.core.downstream_seq
         if not copied:
             self.lost([live.id])  # taken over while this node could not reach Redis
             return

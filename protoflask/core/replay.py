@@ -59,6 +59,11 @@ class ReplayWindow:
         return self._added - entries[0][3] if entries else 0
 
     @property
+    def oldest_at(self) -> int | None:
+        """When the oldest entry was stored (ms), or None: the window's next prune."""
+        return self._entries[0][1] if self._entries else None
+
+    @property
     def first_seq(self) -> int | None:
         return self._entries[0][0] if self._entries else None
 

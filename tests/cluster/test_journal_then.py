@@ -20,6 +20,7 @@ NODE = "node-a"
 
 class Cursor:
     journaled_seq = 0
+    committed_seq = 0
 
 
 def test_then_runs_once_redis_has_the_batch(redis_url: str, prefix: str) -> None:
