@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import gevent
 
@@ -128,3 +128,9 @@ class Follow:
             gevent.sleep(KEEP_POLL)
         if self.journaling:  # (the state, group-committed with what the writer took)
             self.hub.journal.append(live, self, [], now_ms())
+
+
+def first_copy(live: "LiveSession", data: dict[str, Any]) -> bool:
+    """Whether a delivery from another node is to be applied to the session held here
+    (not a copy of one it applied already: ``Follow.first_copy``)."""
+    return not isinstance(live.link, Follow) or live.link.first_copy(data.get("did"))

@@ -34,7 +34,7 @@ from ..config import ServerConfig
 from ..hub import LocalHub, Upstream
 from ..live import LiveSession, Operation, Send, decode_operation, encode_operation
 from .calls import RemoteCalls
-from .follow import Follow
+from .follow import Follow, first_copy
 from .settling import BEAT_MS, NODE_TTL_MS, SETTLE_MS, settled, unavailable
 from .journal import Journal, decode_state
 from .letgo import LetGo
@@ -313,15 +313,9 @@ class RoutingHub(LocalHub):
             data = orjson.loads(raw)
             if data.get("op") == "upstream":
                 self.upstream(live, data)
-            elif self.first_copy(live, data):
+            elif first_copy(live, data):
                 live.run(decode_operation(data))
                 apart(self.host.settle, live)  # the session layer acts on the events
-
-    @staticmethod
-    def first_copy(live: LiveSession, data: dict[str, Any]) -> bool:
-        """Whether a delivery from another node is to be applied to the session held here
-        (not a copy of one it applied already: ``Follow.first_copy``)."""
-        return not isinstance(live.link, Follow) or live.link.first_copy(data.get("did"))
 
     # -- messages from other nodes (the listener calls these) --------------------------
 
@@ -330,7 +324,7 @@ class RoutingHub(LocalHub):
         op = decode_operation(data)
         live = self.get(sid)
         if live is not None:
-            result = live.apply(op) if self.first_copy(live, data) else True
+            result = live.apply(op) if first_copy(live, data) else True
             apart(self.host.settle, live)  # the session layer acts on the events
             if live.link is not None:  # confirmed once Redis has it: this node may die next
                 live.link.persist(live)
