@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -407,6 +408,22 @@ def open_http(base_url: str, method: str, path: str, headers: dict[str, str] | N
     return sock
 
 
+def read_until(sock: socket.socket, done: Callable[[bytes], bool] = lambda data: False
+               ) -> bytes:
+    """What the socket gives until ``done`` says it is enough (or the peer closes), then
+    the socket closed."""
+    data = b""
+    try:
+        while not done(data):
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            data += piece
+    finally:
+        sock.close()
+    return data
+
+
 def chunk(data: bytes) -> bytes:
     """One chunk of a chunked request body."""
     return b"%x\r\n%s\r\n" % (len(data), data)
@@ -706,3 +723,18 @@ class PrivateRedis:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
+
+
+def hanging_tool(server: Any, name: str = "slow") -> threading.Event:
+    """Give ``server`` a tool that runs 60 s (it ends by being cancelled); the event is
+    set once a call of it has started."""
+    started = threading.Event()
+
+    @server.tool(name, input_schema={"type": "object"})
+    def hang(params: dict[str, Any], *context: Any) -> dict[str, Any]:
+        import gevent
+        started.set()
+        gevent.sleep(60)
+        return {}
+
+    return started

@@ -13,7 +13,7 @@ from protoflask import ProtoServer
 from protoflask.core.errors import SessionNotFound
 
 from .notes import note
-from ..support import SSEClient, StreamClient, WSClient, timeout, wait_for
+from ..support import SSEClient, StreamClient, WSClient, hanging_tool, timeout, wait_for
 
 
 
@@ -433,17 +433,8 @@ def test_a_call_cancelled_by_a_drain_reports_once_to_the_next_holder(
     """Node a stops (drain) while a call of its session runs there: the cancelled call's
     TOOL_DONE follows the session to its next holder (not into the core a let go), once,
     and the seqs the client reads go on without a gap."""
-    import threading
-
     a, b = make_node(), make_node()
-    started = threading.Event()
-
-    @a.tool("slow", input_schema={"type": "object"})
-    def slow(params: dict[str, Any], *context: Any) -> dict[str, Any]:
-        import gevent
-        started.set()
-        gevent.sleep(60)
-        return {}
+    started = hanging_tool(a)
 
     token = a.issue_token("alice")
     first = WSClient(a.base_url, token)

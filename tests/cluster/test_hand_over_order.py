@@ -9,13 +9,14 @@ Node a reaches the real redis-server through a link the test slows down
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import pytest
 
 from protoflask import ProtoServer
 
-from ..support import PrivateRedis, SSEClient, StreamEnded, WSClient, timeout, wait_for
+from ..support import (PrivateRedis, SSEClient, StreamEnded, WSClient, hanging_tool, timeout,
+                       wait_for)
 from .link import RedisLink
 from .notes import note
 from .retry import status_of, when_served
@@ -49,14 +50,7 @@ def test_a_drain_writes_the_cancelled_calls_done_before_anything_later(
     (the soak's drain rows: one seq lost and the call stranded, on SSE)."""
     a = make_server(redisUrl=link.url)
     b = make_server(redisUrl=private_redis.url)
-    started = threading.Event()
-
-    @a.tool("slow", input_schema={"type": "object"})
-    def slow(params: dict[str, Any], *context: Any) -> dict[str, Any]:
-        import gevent
-        started.set()
-        gevent.sleep(60)
-        return {}
+    started = hanging_tool(a)
 
     token = a.issue_token("alice")
     client = SSEClient(a.base_url, token)

@@ -16,23 +16,14 @@ from werkzeug.wrappers import Request
 
 from protoflask.post_lane import SessionPostLane, plain_query
 
-from ..support import Envelopes, SSEClient, StreamClient, open_http
+from ..support import Envelopes, SSEClient, StreamClient, open_http, read_until
 
 
 def raw_answer(base_url: str, path: str, headers: dict[str, str], body: bytes) -> bytes:
     """The whole response to one POST, as it came off the socket, minus the Date header
     (the WSGI server's, and it moves with the clock)."""
     sock = open_http(base_url, "POST", path, {"Connection": "close", **headers}, body)
-    data = b""
-    try:
-        while True:
-            piece = sock.recv(65536)
-            if not piece:
-                break
-            data += piece
-    finally:
-        sock.close()
-    return re.sub(rb"\r\nDate: [^\r]*", b"", data)
+    return re.sub(rb"\r\nDate: [^\r]*", b"", read_until(sock))
 
 
 class FlaskCycle:

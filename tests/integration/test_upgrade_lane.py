@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ..support import WSClient, open_http
+from ..support import WSClient, open_http, read_until
 from .test_post_lane import FlaskCycle, own  # noqa: F401  (the fixture)
 
 
@@ -22,15 +22,8 @@ def raw_upgrade(base_url: str, query: str, headers: dict[str, str] | None = None
     sock = open_http(base_url, "GET", f"/proto/websocket?{query}", {
         "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Key": key,
         "Sec-WebSocket-Version": "13", **(headers or {})})
-    data = b""
-    try:
-        while b"\r\n\r\n" not in data or (b"Content-Length" in data and not _complete(data)):
-            piece = sock.recv(65536)
-            if not piece:
-                break
-            data += piece
-    finally:
-        sock.close()
+    data = read_until(sock, lambda data: b"\r\n\r\n" in data and not (
+        b"Content-Length" in data and not _complete(data)))
     data = re.sub(rb"\r\nDate: [^\r]*", b"", data)
     return re.sub(rb"Sec-WebSocket-Accept: [^\r]*", b"Sec-WebSocket-Accept: -", data)
 
@@ -112,16 +105,9 @@ def raw_sse(base_url: str, query: str, headers: dict[str, str] | None = None) ->
     the session id and the chunk sizes around it made the same for every session."""
     sock = open_http(base_url, "GET", f"/proto/sse?{query}",
                      {"Accept": "text/event-stream", **(headers or {})})
-    data = b""
-    try:
-        while not (b"\r\n\r\n" in data and (b"event: session" in data and data.endswith(
-                b"\n\n\r\n") or b"Content-Length" in data and _complete(data))):
-            piece = sock.recv(65536)
-            if not piece:
-                break
-            data += piece
-    finally:
-        sock.close()
+    data = read_until(sock, lambda data: b"\r\n\r\n" in data and (
+        b"event: session" in data and data.endswith(b"\n\n\r\n")
+        or b"Content-Length" in data and _complete(data)))
     data = re.sub(rb"\r\nDate: [^\r]*", b"", data)
     return re.sub(rb"[0-9a-f]{32}", b"<session>", data)
 
@@ -163,16 +149,9 @@ def raw_stream(base_url: str, query: str, headers: dict[str, str]) -> bytes:
              b'"payload":{"proto_version":"1.1.2","accept_major":[1],"accept_events":[]}}\n')
     sock = open_http(base_url, "POST", f"/proto/stream?{query}",
                      {"Content-Type": "application/x-ndjson", **headers}, hello)
-    data = b""
-    try:
-        while not (b"\r\n\r\n" in data and (b'"type":"HELLO"' in data and data.endswith(
-                b"\n\r\n") or b"Content-Length" in data and _complete(data))):
-            piece = sock.recv(65536)
-            if not piece:
-                break
-            data += piece
-    finally:
-        sock.close()
+    data = read_until(sock, lambda data: b"\r\n\r\n" in data and (
+        b'"type":"HELLO"' in data and data.endswith(b"\n\r\n")
+        or b"Content-Length" in data and _complete(data)))
     data = re.sub(rb"\r\nDate: [^\r]*", b"", data)
     data = re.sub(rb'"ts":"\d+"', b'"ts":"-"', data)
     data = re.sub(rb"\r\n[0-9a-f]+\r\n", b"\r\n<chunk>\r\n", data)
