@@ -1,4 +1,4 @@
-"""Reproduce issue 24's attacks (docs/RELIABILITY.md, "Issue 24") against
+"""Reproduce issue 24's attacks (docs/RELIABILITY.md, section 22) against
 ``gunicorn -k gevent`` (one worker, one attack per fresh server) and print what each
 cost the worker and a bystander.
 

@@ -1,4 +1,4 @@
-"""Reproduce the per-session memory and CPU attacks of docs/RELIABILITY.md (core-budget)
+"""Reproduce the per-session memory and CPU attacks of docs/RELIABILITY.md (section 21)
 against ``gunicorn -k gevent wsgi:app`` and print what each cost the worker.
 
     python bench/budget_attacks.py                 # this checkout

@@ -1,4 +1,4 @@
-"""Flow-control figures that tests must not time (docs/RELIABILITY.md, core-flow):
+"""Flow-control figures that tests must not time (docs/RELIABILITY.md, section 19):
 
     python bench/flow_probe.py [runs]
 

@@ -7,7 +7,7 @@ callbacks before it polls the sockets again, checking the time only every 50 of 
 A reader that handled one costly message (a tool call of 300,000 ``{}``: about 25 ms)
 and then "yielded" that way went on with the next one at once, up to 50 times, while a
 bystander's bytes waited unread: its PING took 0.4-0.5 s, its new connection over a
-second (docs/RELIABILITY.md, "Issue 24"). ``give_turn`` waits on a timer instead, which
+second (docs/RELIABILITY.md, section 22). ``give_turn`` waits on a timer instead, which
 fires only after the loop has polled the sockets: every greenlet that was ready or whose
 socket has bytes runs first.
 
