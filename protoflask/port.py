@@ -145,6 +145,12 @@ class SessionPort:
         return self.live.core.user_id
 
     @property
+    def upstream_seq(self) -> int:
+        """The highest upstream seq the session has taken: a message the transport makes
+        itself on its client's behalf (an AG-UI stream's PONG) takes the next one."""
+        return self.live.core.upstream_seq
+
+    @property
     def pacer(self) -> "Pacer":
         """The worker's pacing of costly turns (turns.Pacer): a reader waits out what its
         user owes before a read and reports each costly turn."""
