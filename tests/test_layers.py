@@ -172,7 +172,8 @@ def test_the_layer_table_places_every_module():
 
 #: What holds a ``port.SessionPort`` and nothing else of the session layer: the
 #: transports, and the adapters' live transports moved onto the port.
-PORT_HOLDERS = ("protoflask.transports", "protoflask.agui.stream")
+PORT_HOLDERS = ("protoflask.transports", "protoflask.agui.stream", "protoflask.mcp.link",
+                "protoflask.mcp.tasks", "protoflask.mcp.task_calls")
 #: The session layer (layers 2 and 3) and the one name of it a port holder may import.
 SESSION_LAYER = set(LAYERS[2]) | set(LAYERS[3])
 PORT = "port"
