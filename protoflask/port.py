@@ -43,6 +43,8 @@ from .live import HANDING, HELD, IDLE, LiveSession, Stage
 
 if TYPE_CHECKING:
     from .config import ServerConfig
+    from .core.calls import Call
+    from .core.replay import ReplayWindow
     from .engine import Engine
     from .turns import Pacer
 
@@ -143,6 +145,24 @@ class SessionPort:
     @property
     def user_id(self) -> str:
         return self.live.core.user_id
+
+    @property
+    def upstream_seq(self) -> int:
+        """The highest upstream seq the session has taken: a message the transport makes
+        itself on its client's behalf (an AG-UI stream's PONG) takes the next one."""
+        return self.live.core.upstream_seq
+
+    @property
+    def open_calls(self) -> "Mapping[str, Call]":
+        """The session's open tool calls by call_id (read-only): an adapter asks whether
+        the call it sent was accepted, and which of its calls still run (MCP's tasks)."""
+        return self.live.core.calls
+
+    @property
+    def replay_window(self) -> "ReplayWindow":
+        """The session's replay window (read-only): what an adapter finds there of its own
+        ended calls (MCP's tasks read their TOOL_DONEs)."""
+        return self.live.core.replay
 
     @property
     def pacer(self) -> "Pacer":
@@ -251,6 +271,16 @@ class SessionPort:
             more = self.translate(live.take_writable(now_ms()))
             out = out + more if out else more
         return out
+
+    def take_waiting(self) -> Ready:
+        """What is ready to write, while attached, waiting (on Redis) until the cluster has
+        it: for a writer that reads right after its own upstream call and cannot be rung
+        for it later (the MCP link: a request routes its inline tool's answer at once).
+        Not mixed with ``take``: such a writer never uses the stage."""
+        live = self.live
+        if live.transport is not self:
+            return []
+        return self.translate(live.take_writable(now_ms()))
 
     def in_flight(self, nbytes: int) -> None:
         """The transport is writing ``nbytes`` (0 once written): back-pressure reads it."""

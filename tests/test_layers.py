@@ -6,7 +6,9 @@
 (b) no module imports a private name (``_name``) of another module, nor a private module
     of another package;
 (c) no file is longer than MAX_LINES;
-(d) importing protoflask.core and protoflask.client loads neither Flask nor gevent.
+(d) importing protoflask.core and protoflask.client loads neither Flask nor gevent;
+(e) the transports and the adapters that hold a port import nothing of the session layer
+    (layers 2 and 3) but ``port``.
 """
 
 from __future__ import annotations
@@ -166,3 +168,31 @@ def test_the_core_and_the_client_load_neither_flask_nor_gevent():
 def test_the_layer_table_places_every_module():
     unplaced = sorted(m for m in MODULES if _top(m) != CLIENT and _layer(m) is None)
     assert not unplaced, f"modules the layer table does not place: {unplaced}"
+
+
+#: What holds a ``port.SessionPort`` and nothing else of the session layer: the
+#: transports, and the adapters' live transports moved onto the port.
+PORT_HOLDERS = ("protoflask.transports", "protoflask.agui.stream", "protoflask.mcp.link",
+                "protoflask.mcp.tasks", "protoflask.mcp.task_calls")
+#: The session layer (layers 2 and 3) and the one name of it a port holder may import.
+SESSION_LAYER = set(LAYERS[2]) | set(LAYERS[3])
+PORT = "port"
+
+
+def test_port_holders_import_nothing_of_the_session_layer_but_the_port():
+    wrong = []
+    for module, path in sorted(MODULES.items()):
+        if not any(module == h or module.startswith(h + ".") for h in PORT_HOLDERS):
+            continue
+        for line, target, name in _imports(module, path):
+            reached = _resolve(target, name)
+            if reached is None or _top(reached) not in SESSION_LAYER - {PORT}:
+                continue
+            wrong.append(f"{path.relative_to(ROOT)}:{line} {module} -> {reached}")
+    assert not wrong, "port holders reaching past the port:\n" + "\n".join(wrong)
+
+
+def test_every_port_holder_exists():
+    # a renamed module would leave the check above checking nothing
+    for holder in PORT_HOLDERS:
+        assert holder in MODULES, holder

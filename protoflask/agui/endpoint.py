@@ -5,10 +5,11 @@ the session that holds its thread.
     GET  /proto/agui?thread=&run=    + Last-Event-ID: re-attach to a run (extension)
     POST /proto/agui/stop            {"threadId", "runId"}: cancel it (extension)
 
-The stream (``AguiStream``) frames what the session sends through a ``RunTranslator``
-and ends after the run's terminal event. It acts for the AG-UI client on the native
-side: the session gets a HELLO when it is made, each run ACKs what came before it, and
-the heartbeat's PINGs are answered; AG-UI clients know nothing of these.
+The endpoint admits a run (auth, the thread's session, the connection limit) and gives
+its stream (``agui/stream.py``'s ``AguiStream``, which holds only a ``SessionPort``) its
+port. It acts for the AG-UI client on the native side: the session gets a HELLO when it
+is made, each run ACKs what came before it, and the stream answers the heartbeat's PINGs;
+AG-UI clients know nothing of these.
 """
 
 from __future__ import annotations
@@ -22,63 +23,28 @@ from ..auth import token_from_request
 from ..clock import now_ms
 from ..core.errors import InvalidMessage, ProtoError, RunNotFound, SessionNotFound
 from ..port import SessionPort
-from ..transports.http import HTTPDownstream, error_response, json_response
+from ..transports.http import error_response, json_response
 from ..transports.request_body import read_body
 from .input import RunInput, parse_run_input, thread_session_id
 from .lost import handler_metadata
 from .mapping import RunTranslator
 from .run import AguiServices, start_run_handler
+from .stream import KIND, AguiStream, native_message
 
 if TYPE_CHECKING:
     from ..engine import Engine
     from ..live import LiveSession
 
-#: Live transports of this kind count against the connection limits like the others.
-KIND = "agui"
 #: The HELLO a thread's session gets for its AG-UI client: every type (an accept_events
 #: list would drop AGUI_EVENT, which the server does not know as a type of its own).
 NATIVE_HELLO = {"proto_version": "1.1.2", "accept_major": [1]}
 
 
-class AguiStream(HTTPDownstream):
-    """One AG-UI run's event stream (see the module doc)."""
-
-    kind = KIND
-    mimetype = "text/event-stream"
-
-    def __init__(self, engine: "Engine", live: "LiveSession", last_seq: int | None,
-                 environ: dict[str, Any], translator: RunTranslator) -> None:
-        super().__init__(SessionPort(engine, live, last_seq, KIND), environ)
-        self.engine, self.live = engine, live  # for its PONGs (``upstream``)
-        self.translator = translator
-
-    def frames(self, ready: list[tuple[int, bytes]]) -> bytes:
-        translator = self.translator
-        if translator.ended:
-            return b""
-        out = translator.translate(ready)
-        if translator.pings:
-            for nonce in translator.pings:
-                upstream(self.engine, self.live, "PONG", "SYSTEM", {"nonce": nonce})
-            translator.pings.clear()
-        if translator.ended:
-            self.close(1000, "run ended")  # the body closes after the terminal event
-        return out
-
-    def frame(self, seq: int, data: bytes) -> bytes:
-        return self.frames([(seq, data)])
-
-    def keepalive_frame(self) -> bytes:
-        return b": keepalive\n\n"
-
-
 def upstream(engine: "Engine", live: "LiveSession", mtype: str, channel: str,
              payload: dict[str, Any]) -> None:
     """A native message from the AG-UI client's side, into a session this process holds."""
-    seq = live.core.upstream_seq + 1
-    engine.receive(live, orjson.dumps({
-        "id": f"agui-{seq}", "session": live.id, "seq": str(seq), "ts": str(now_ms()),
-        "type": mtype, "channel": channel, "payload": payload}))
+    engine.receive(live, native_message(live.id, live.core.upstream_seq + 1, mtype, channel,
+                                        payload))
 
 
 def _user(engine: "Engine", request: Request) -> str:
@@ -132,7 +98,7 @@ def run(engine: "Engine", request: Request, services: Callable[[], AguiServices]
     except ProtoError as exc:
         engine.close_connection(KIND, user_id)
         return error_response(exc)
-    stream = AguiStream(engine, live, before, request.environ,
+    stream = AguiStream(SessionPort(engine, live, before, KIND), request.environ,
                         RunTranslator(run_input.thread_id, run_input.run_id))
     response = stream.response()
     start_run_handler(services(), live.id, run_input)
@@ -157,7 +123,7 @@ def reattach(engine: "Engine", request: Request) -> Response:
     except ProtoError as exc:
         engine.stats.count(engine.stats.connections_refused, exc.code)
         return error_response(exc)
-    stream = AguiStream(engine, live, start - 1, request.environ,
+    stream = AguiStream(SessionPort(engine, live, start - 1, KIND), request.environ,
                         RunTranslator(thread_id, run_id, resume_after=after))
     return stream.response()
 

@@ -26,6 +26,7 @@ from flask import Blueprint, Response, request
 from ..auth import token_from_request
 from ..core.errors import MessageTooLarge, MissingToken, ProtoError, SessionNotFound
 from ..origins import OriginPolicy, normalize_origin
+from ..port import SessionPort
 from ..transports.request_body import read_body
 from . import task_calls, wire
 from .link import McpLink
@@ -160,7 +161,7 @@ class McpEndpoint:
         with self._linking:
             link = self.links.get(session_id)
             if link is not None and not link.closed:
-                if link.live.user_id != user_id:
+                if link.port.user_id != user_id:
                     raise SessionNotFound(f"no session {session_id!r} for this user")
                 return link
             live = self.engine.find_session(session_id, user_id)
@@ -174,7 +175,7 @@ class McpEndpoint:
         therefore never takes a session over from the node that holds it."""
         link = self.links.get(session_id)
         if link is not None and not link.closed:
-            if link.live.user_id == user_id:
+            if link.port.user_id == user_id:
                 return
         elif self.engine.held_session(session_id, user_id) is not None:
             return
@@ -185,9 +186,10 @@ class McpEndpoint:
         raise SessionNotFound(f"no session {session_id!r} for this user")
 
     def _open(self, live: "LiveSession") -> McpLink:
-        link = McpLink(self.engine, live, IDLE_SECONDS, self._ended)
+        port = SessionPort(self.engine, live, None, McpLink.kind)
+        link = McpLink(port, IDLE_SECONDS, self._ended)
         self.links[live.id] = link
-        self.engine.open_transport(live, link, None)
+        port.attach(link)  # the link serves the session from now on
         return link
 
     def _ended(self, link: McpLink) -> None:

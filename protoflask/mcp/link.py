@@ -1,6 +1,7 @@
 """An MCP session's hold on its protoflask session in this process: a transport like the
-others (the engine attaches it, counts it, closes it), whose "client" is the MCP
-endpoint itself.
+others, whose "client" is the MCP endpoint itself. Like the transports it holds one
+narrow thing, its ``port.SessionPort`` (attached, counted and closed through it), and
+imports nothing else of the session layer (tests/test_layers.py).
 
 Upstream, the endpoint's requests become envelopes the session receives exactly as a
 WebSocket's (``send``): a tools/call is a TOOL_CALL, a cancellation a TOOL_CANCEL, so
@@ -25,11 +26,9 @@ import gevent.queue
 import orjson
 
 from ..clock import now_ms
-from ..bell import Bell
 
 if TYPE_CHECKING:
-    from ..engine import Engine
-    from ..live import LiveSession
+    from ..port import SessionPort
 
 log = logging.getLogger("protoflask.mcp")
 
@@ -49,18 +48,18 @@ class McpLink:
     """The transport an MCP session holds its protoflask session with, in this process."""
 
     kind = "mcp"
+    #: (Writer) no reader greenlet pulls after its own calls: every ring wakes the pump
+    reader = None
 
-    def __init__(self, engine: "Engine", live: "LiveSession", idle_seconds: float,
+    def __init__(self, port: "SessionPort", idle_seconds: float,
                  on_end: Callable[["McpLink"], None]) -> None:
-        self.engine = engine
-        self.live = live
+        self.port = port
         self.idle_seconds = idle_seconds
         self._on_end = on_end
         self.closed = False
         self._waiting: dict[str, gevent.queue.Queue[Item]] = {}
+        #: set when the session has messages for the link (``wake``, the port's bell)
         self._wake = gevent.event.Event()
-        #: rung when the session has messages for the link (the event loop sets _wake)
-        self.bell = Bell(self._wake.set, wanted=live.has_writable)
         #: taking what the session wrote can wait on Redis in a cluster: the pump and a
         #: request's own drain take turns, so messages are routed in the order written
         self._draining = gevent.lock.Semaphore()
@@ -69,9 +68,13 @@ class McpLink:
 
     @property
     def session_id(self) -> str:
-        return self.live.id
+        return self.port.id
 
-    # -- Transport (what the engine calls) ------------------------------------------------
+    # -- Writer (what its port calls) -----------------------------------------------------
+
+    def wake(self) -> None:
+        """The session has messages for the link (run by the event loop)."""
+        self._wake.set()
 
     def close(self, code: int, reason: str) -> None:
         """The engine ends the link (or the link ends itself): every waiting request hears
@@ -86,7 +89,7 @@ class McpLink:
 
     def _end(self) -> None:
         try:
-            self.engine.end_transport(self.live, self)
+            self.port.end()
         finally:
             self._on_end(self)
 
@@ -98,13 +101,13 @@ class McpLink:
         nothing sent) for one over maxMessageSize, which the session would answer by
         closing its transport."""
         self._last_used = now_ms()
-        core = self.live.core
-        envelope = orjson.dumps({"id": message_id or uuid.uuid4().hex, "session": core.id,
-                                 "seq": str(core.upstream_seq + 1), "ts": str(now_ms()),
+        port = self.port
+        envelope = orjson.dumps({"id": message_id or uuid.uuid4().hex, "session": port.id,
+                                 "seq": str(port.upstream_seq + 1), "ts": str(now_ms()),
                                  "type": type_, "channel": channel, "payload": payload})
-        if len(envelope) > self.engine.config.max_message_size:
+        if len(envelope) > port.limits.max_message_size:
             return False
-        self.engine.receive(self.live, envelope)
+        port.receive(envelope)
         return True
 
     def hello(self) -> None:
@@ -132,7 +135,7 @@ class McpLink:
             # channel its bytes back (docs/PROTOCOL.md §5.1), so the call goes again once,
             # as a client that read the FLOW_UPDATE would send it
             queue.get()
-        if queue.empty() and call_id not in self.live.core.calls:
+        if queue.empty() and call_id not in self.port.open_calls:
             # the session took the message without opening the call or naming it in an
             # ERROR (a retransmitted seq, say): never leave the request waiting for nothing
             self._waiting.pop(call_id, None)
@@ -169,7 +172,7 @@ class McpLink:
             try:
                 self.drain()
             except Exception:  # never leave a waiting request without its link
-                log.exception("MCP link of session %s failed", self.live.id)
+                log.exception("MCP link of session %s failed", self.port.id)
                 self.close(1011, "MCP link failed")
                 break
             if not self._waiting and now_ms() - self._last_used > self.idle_seconds * 1000:
@@ -180,11 +183,11 @@ class McpLink:
         TOOL_CALL: an inline tool has answered by then, and the answer need not wait for
         the pump's turn."""
         with self._draining:  # one reader at a time: a call's updates before its end
-            ready = self.live.take_writable(now_ms())
+            ready = self.port.take_waiting()
             for _, data in ready:
                 self._route(orjson.loads(data))
             if ready:
-                self.live.written()
+                self.port.written()
 
     def _route(self, message: dict[str, Any]) -> None:
         kind = message.get("type")

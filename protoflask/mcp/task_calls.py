@@ -31,7 +31,7 @@ def start(link: McpLink, request_id: Any, name: str, arguments: Any, ttl_ms: int
     if early is not None and (early[0] in ("refused", "closed") or (
             (early[1].get("error") or {}).get("code") == "TOOL_NOT_FOUND")):
         return answer(request_id, early[0], early[1], version)
-    state = tasks.state(link.live.core, task_id)
+    state = tasks.state(link.port, task_id)
     if state is None:
         raise wire.RpcError(wire.INTERNAL_ERROR, "the task's call is not in its session")
     return wire.result(request_id, {"task": state.view(ttl_ms)})
@@ -40,7 +40,7 @@ def start(link: McpLink, request_id: Any, name: str, arguments: Any, ttl_ms: int
 def _state(link: McpLink, params: dict[str, Any]) -> tasks.TaskState:
     task_id = params.get("taskId")
     link.drain()  # what the session has written is in its replay window
-    state = tasks.state(link.live.core, task_id) if isinstance(task_id, str) else None
+    state = tasks.state(link.port, task_id) if isinstance(task_id, str) else None
     if state is None:
         raise wire.RpcError(wire.INVALID_PARAMS, f"no task {task_id!r} in this session "
                             "(unknown, or its result left the replay window)")
@@ -94,4 +94,4 @@ def cancel(link: McpLink, request_id: Any, params: dict[str, Any],
 def listing(link: McpLink, request_id: Any, ttl_ms: int) -> dict[str, Any]:
     link.drain()
     return wire.result(request_id, {"tasks": [s.view(ttl_ms)
-                                              for s in tasks.all_states(link.live.core)]})
+                                              for s in tasks.all_states(link.port)]})

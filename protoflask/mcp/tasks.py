@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import orjson
 
 if TYPE_CHECKING:
-    from ..core.session import ProtocolSession
+    from ..port import SessionPort
 
 PREFIX = "mcp-task:"
 #: How often a client is asked to poll tasks/get
@@ -73,11 +73,11 @@ def iso(ms: int) -> str:
         timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _dones(core: "ProtocolSession", only: str | None = None) -> Iterator[tuple[dict[str, Any],
+def _dones(port: "SessionPort", only: str | None = None) -> Iterator[tuple[dict[str, Any],
                                                                              int]]:
     """(TOOL_DONE payload, its ts) for the tasks' calls in the replay window."""
     needle = (only or PREFIX).encode()
-    for stored in core.replay:
+    for stored in port.replay_window:
         if needle not in stored.data:  # most messages are not about a task
             continue
         message = orjson.loads(stored.data)
@@ -88,26 +88,26 @@ def _dones(core: "ProtocolSession", only: str | None = None) -> Iterator[tuple[d
             yield payload, int(message.get("ts") or stored.stored_at)
 
 
-def state(core: "ProtocolSession", task_id: str) -> TaskState | None:
+def state(port: "SessionPort", task_id: str) -> TaskState | None:
     """The task's state in the session, or None when the session knows no such task."""
     created = created_ms(task_id)
     if created is None:
         return None
     cid = call_id(task_id)
-    for payload, ts in _dones(core, cid):
+    for payload, ts in _dones(port, cid):
         return TaskState(task_id, _STATUSES.get(payload.get("status", ""), "failed"),
                          created, ts, payload)
-    if cid in core.calls:
+    if cid in port.open_calls:
         return TaskState(task_id, "working", created, created)
     return None
 
 
-def all_states(core: "ProtocolSession") -> list[TaskState]:
+def all_states(port: "SessionPort") -> list[TaskState]:
     """Every task the session knows: working ones, then finished ones still in the window."""
     out = [TaskState(cid[len(PREFIX):], "working", created_ms(cid[len(PREFIX):]) or 0,
                      created_ms(cid[len(PREFIX):]) or 0)
-           for cid in list(core.calls) if cid.startswith(PREFIX)]
-    for payload, ts in _dones(core):
+           for cid in list(port.open_calls) if cid.startswith(PREFIX)]
+    for payload, ts in _dones(port):
         task_id = payload["call_id"][len(PREFIX):]
         created = created_ms(task_id)
         if created is not None:

@@ -168,3 +168,46 @@ def test_a_superseded_port_takes_nothing_new() -> None:
     send(port, "not mine")
     assert port.live.has_writable()  # the other transport's to take
     assert port.take() == [] and not port.attached
+
+
+@pytest.mark.parametrize("stage", ["none", "held"])
+class TestTakeWaiting:
+    """``take_waiting`` (the MCP link's take): what is ready, at once, whether or not a
+    cluster shares it first; nothing for a port that no longer serves the session or a
+    session that moved."""
+
+    def test_everything_ready_in_order_never_through_the_stage(self, stage: str) -> None:
+        link = None if stage == "none" else Stage()
+        port, _ = port_of(link)
+        send(port, "a")
+        send(port, "b")
+        assert texts(port.take_waiting())[-2:] == ["a", "b"]
+        assert not port.holding and port.take_waiting() == []
+        if link is not None:
+            assert link.waiting == []  # shared (the link's written), not held in the stage
+
+    def test_nothing_for_a_port_no_longer_attached(self, stage: str) -> None:
+        port, _ = port_of(None if stage == "none" else Stage())
+        send(port, "a")
+        port.live.transport = None
+        assert port.take_waiting() == []
+
+
+
+def test_take_waiting_gives_nothing_for_a_session_that_moved() -> None:
+    link = Stage()
+    port, _ = port_of(link)
+    link.moved = True
+    send(port, "a")
+    assert port.take_waiting() == []
+
+
+def test_the_read_only_views_are_the_sessions() -> None:
+    port, _ = port_of(None)
+    core = port.live.core
+    assert port.open_calls is core.calls
+    assert port.replay_window is core.replay
+    assert port.upstream_seq == 1  # the handshake's HELLO
+    send(port, "kept")
+    port.take_waiting()  # stamped: in the window until ACKed
+    assert any(b'"kept"' in stored.data for stored in port.replay_window)
