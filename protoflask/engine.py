@@ -296,6 +296,7 @@ class Engine:
         live.notify()
         if core.has_events():
             self._dispatch(live, core.take_events())
+            live.notify()  # what the events made (a refused call's TOOL_DONE) goes too
         finished = now_ms()
         self.stats.record(finished, finished - started)
 
@@ -308,6 +309,7 @@ class Engine:
         live.notify()
         if core.events:  # has_events(), read directly
             self._dispatch(live, core.take_events())
+            live.notify()
         finished = now_ns() // 1_000_000
         self.stats.record(finished, finished - started)
 
@@ -359,6 +361,7 @@ class Engine:
                 notify()
                 if core.has_events():
                     dispatch(live, core.take_events())
+                    notify()
                 finished = now_ms()
                 record(finished, finished - started)
         except InvalidMessage:  # raised before any part: the body is not JSON at all
