@@ -7,6 +7,7 @@ there and waits for its result, so plain threads may use the server).
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import gc
 import logging
 import socket
@@ -62,6 +63,11 @@ def raw_error(code: int) -> bytes:
 
 class Handler(WSGIHandler):
     """gevent's handler, exposing the client socket to the WebSocket route."""
+
+    #: EBADF too: the socket was closed under the response on purpose (an SSE client that
+    #: does not read is dropped, the close logged once by the dispatcher), so its blocked
+    #: write ends with gevent's cancel_wait_ex, which is not an application failure
+    ignored_socket_errors = WSGIHandler.ignored_socket_errors + (errno.EBADF,)
 
     def handle(self) -> None:
         # pywsgi writes a response's head and a small body separately; with Nagle on,
