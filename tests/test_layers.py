@@ -7,8 +7,8 @@
     of another package;
 (c) no file is longer than MAX_LINES;
 (d) importing protoflask.core and protoflask.client loads neither Flask nor gevent;
-(e) the transports and the adapters that hold a port import nothing of the session layer
-    (layers 2 and 3) but ``port``.
+(e) the transports and the adapters (agui/, mcp/: every module) import nothing of the
+    session layer (layers 2 and 3) but ``port``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "options", "auth", "jwks", "signals", "tools", "logs", "origins", "tickets",
      "clock", "fastschema", "streaming", "stats", "limits", "pins", "turns", "bell"),
     ("hub", "live", "cluster"),
-    ("engine", "port", "dispatch", "kept", "budget", "ticker", "wheel"),
+    ("engine", "port", "adapter_ports", "dispatch", "kept", "budget", "ticker", "wheel"),
     ("transports",),
     ("web", "post_lane", "dashboard", "operator_actions", "metrics", "vitals", "blueprints",
      "mcp", "agui"),
@@ -171,9 +171,9 @@ def test_the_layer_table_places_every_module():
 
 
 #: What holds a ``port.SessionPort`` and nothing else of the session layer: the
-#: transports, and the adapters' live transports moved onto the port.
-PORT_HOLDERS = ("protoflask.transports", "protoflask.agui.stream", "protoflask.mcp.link",
-                "protoflask.mcp.tasks", "protoflask.mcp.task_calls")
+#: transports, and the adapters (their admission through ``port.AdapterPorts``, their live
+#: transports on the port), whole packages.
+PORT_HOLDERS = ("protoflask.transports", "protoflask.agui", "protoflask.mcp")
 #: The session layer (layers 2 and 3) and the one name of it a port holder may import.
 SESSION_LAYER = set(LAYERS[2]) | set(LAYERS[3])
 PORT = "port"
