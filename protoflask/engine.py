@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any, Callable, TypeAlias
 
 from .auth import TokenAuthority
-from .bell import Bell
+from .bell import Bell, soon
 from .budget import MemoryBudget
 from .ticker import Ticker, tick_period
 from .tickets import MemoryTicketStore, TicketStore, issue_ticket
@@ -86,13 +86,13 @@ class Engine:
         self._dispatch = self.dispatcher.dispatch
         hub.bind(SessionHost(settings=self.settings, adopt=self.adopt,
                              close_transport=self.close_transport,
-                             local_stats=self.local_stats,
-                             receive_body=self.receive_forwarded,
-                             settle=self.settle, released=self.budget.forget))
+                             local_stats=self.stats.figures, receive_body=self.receive_forwarded,
+                             # released: rung (bell.soon): the charge given back on the loop's stack
+                             settle=self.settle, released=partial(soon, self.budget.forget)))
 
     def local_stats(self) -> dict[str, Any]:
         """This node's statistics (docs/PROTOCOL.md §10) now, and ``errorsSent``."""
-        return {**self.stats.snapshot(now_ms()), "errorsSent": self.stats.errors_sent}
+        return self.stats.figures()
 
     # -- connections -----------------------------------------------------------------
 

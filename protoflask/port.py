@@ -38,7 +38,7 @@ from .clock import now_ms, now_ns
 from .core.errors import (
     CloseCode, InvalidMessage, MessageTooLarge, ProtoError, RequestTimeout,
 )
-from .bell import SILENT, Bell
+from .bell import SILENT, Bell, apart
 from .live import HANDING, HELD, IDLE, LiveSession, Stage
 
 if TYPE_CHECKING:
@@ -202,8 +202,14 @@ class SessionPort:
     # -- Transport: what the registry and the session layer call ---------------------------
 
     def close(self, code: int, reason: str) -> None:
-        if self._writer is not None:
-            self._writer.close(code, reason)
+        writer = self._writer
+        if writer is None:
+            return
+        if self.live.transport is self:  # it writes what is pending first, now
+            writer.close(code, reason)
+        else:  # superseded: nothing more to write; no frame of the port under its close,
+            # and the resume is not held by the old socket's write (bell.apart)
+            apart(writer.close, code, reason)
 
     # -- upstream --------------------------------------------------------------------------
 
