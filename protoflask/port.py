@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .core.messages import Outbound
     from .core.replay import ReplayWindow
     from .core.settings import SessionSettings
-    from .tools import Report, ToolRegistry
+    from .tools import Report, ToolContext, ToolRegistry
     from .engine import Engine
     from .turns import Pacer
 
@@ -430,7 +430,7 @@ class AdapterPorts(Protocol):
     limits: Limits
     config: "ServerConfig"
     tools: "ToolRegistry"
-    tool_context: Any  # the fourth argument of a tool's execute
+    tool_context: "ToolContext | None"  # the fourth argument of a tool's execute
 
     def user(self, token: str | None, ticket: str | None = None) -> str:
         """The user of a token, or of a connect ticket (redeemed), or the contract's 401."""
