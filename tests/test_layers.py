@@ -8,7 +8,8 @@
 (c) no file is longer than MAX_LINES;
 (d) importing protoflask.core and protoflask.client loads neither Flask nor gevent;
 (e) the transports and the adapters (agui/, mcp/: every module) import nothing of the
-    session layer (layers 2 and 3) but ``port``.
+    session layer (layers 2 and 3) but ``port``, nor read the port's ``live`` or
+    ``engine`` (or an engine's ``hub``) to reach past it.
 """
 
 from __future__ import annotations
@@ -189,6 +190,22 @@ def test_port_holders_import_nothing_of_the_session_layer_but_the_port():
             if reached is None or _top(reached) not in SESSION_LAYER - {PORT}:
                 continue
             wrong.append(f"{path.relative_to(ROOT)}:{line} {module} -> {reached}")
+    assert not wrong, "port holders reaching past the port:\n" + "\n".join(wrong)
+
+
+#: What a port holder would reach past its port through (``SessionPort.live`` and
+#: ``.engine`` are the port's own; the engine's ``hub``): never read outside the port.
+PAST_THE_PORT = {"live", "engine", "hub"}
+
+
+def test_port_holders_do_not_reach_past_the_port_through_its_attributes():
+    wrong = []
+    for module, path in sorted(MODULES.items()):
+        if not any(module == h or module.startswith(h + ".") for h in PORT_HOLDERS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in PAST_THE_PORT:
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
     assert not wrong, "port holders reaching past the port:\n" + "\n".join(wrong)
 
 
