@@ -16,13 +16,15 @@ of entries is a subtraction (what the resend queue counts toward the outbound bu
 The byte bound (``replayWindowBytes``) evicts the oldest entries, but the newest entry is
 always kept, so the window holds at most ``max_bytes`` plus one message.
 
-What every entry of a session repeats is kept once (issue 29: an idle session's window is
-its HELLO reply and a PING per heartbeat): the copy kept has the session id (twice in
-every envelope) as the byte 0x00, and a HELLO reply's capabilities and type list (two
-thirds of its 800 bytes, the same for every session of a worker) as 0x01 and 0x02,
-``Shared`` segments held once. JSON has no raw control character (orjson escapes every
-one), so putting them back is exact; an entry that has one anyway is kept as it came.
-Sizes, offsets and the byte bounds count the message as written, never the copy kept.
+What every entry of a small window repeats is kept once (issue 29: an idle session's
+window is its HELLO reply and a PING per heartbeat): the copy kept has the session id
+(twice in every envelope) as the byte 0x00, and a HELLO reply's capabilities and type
+list (two thirds of its ~820 bytes, the same for every session of a worker) as 0x01 and
+0x02, the segments held once (``shared``). JSON has no raw control character (orjson
+escapes every one), so putting them back is exact; an entry that has one anyway is kept
+as it came. Sizes, offsets and the byte bounds count the message as written, never the
+copy kept. A window past SMALL_WINDOW (a busy session's) keeps its new entries as
+written: the marks would cost each of its messages ~3% of a PING's instructions.
 Without a session id (``session_id=""``) nothing is compacted: the plain window
 (tests/core/test_replay.py runs the same cases over both).
 """
@@ -42,14 +44,13 @@ class Stored(NamedTuple):
 #: entries a window holds as a list before it becomes a deque (a list's popleft moves
 #: them all: cheap for a few)
 SMALL_WINDOW = 16
-#: (seq, stored_at, data, offset): data with the session id as SID_MARK; or, with a fifth
-#: item, data with the session id and that item's segments marked (``Shared``), or, when
-#: the fifth item is AS_IS, data as it came
+#: (seq, stored_at, data, offset): data as written; or, with a fifth item, data with the
+#: session id as SID_MARK and that item's segments (a ``shared`` tuple, or none) marked
 _Entry = tuple[Any, ...]
 SID_MARK = b"\x00"
-#: the marks of a ``Shared``'s segments, in order
+#: the marks of a ``shared`` tuple's segments, in order
 SEGMENT_MARKS = tuple(bytes((i,)) for i in range(1, 32))
-AS_IS: tuple[bytes, ...] = ()
+SID_ONLY: tuple[bytes, ...] = ()
 #: the distinct segment lists kept (a worker has one HELLO reply's; more only with
 #: sessions of different settings): past this many, new ones are not compacted
 MAX_SHARED = 64
@@ -93,16 +94,12 @@ class ReplayWindow:
     def _full(self, e: _Entry) -> bytes:
         """The message of an entry as it was written."""
         data: bytes = e[2]
-        if len(e) == 5:
-            segments = e[4]
-            if segments is AS_IS:
-                return data
-            for i in range(len(segments) - 1, -1, -1):
-                data = data.replace(SEGMENT_MARKS[i], segments[i])
-        sid = self._sid
-        if sid and SID_MARK in data:
-            data = data.replace(SID_MARK, sid.encode())
-        return data
+        if len(e) == 4:
+            return data
+        segments = e[4]
+        for i in range(len(segments) - 1, -1, -1):
+            data = data.replace(SEGMENT_MARKS[i], segments[i])
+        return data.replace(SID_MARK, self._sid.encode())
 
     @property
     def nbytes(self) -> int:
@@ -124,24 +121,21 @@ class ReplayWindow:
 
     def add(self, seq: int, data: bytes, now: int,
             segments: tuple[bytes, ...] | None = None) -> bytes:
-        """Keep a message (``segments``: a ``shared()`` tuple it may hold, a HELLO reply's);
+        """Keep a message (``segments``: a ``shared`` tuple it may hold, a HELLO reply's);
         returns a compact copy of it to write (the original's buffer, orjson's ~4 KiB,
         can then go at once)."""
         data = memoryview(data).tobytes()
         entries = self._entries
         added = self._added
-        sid = self._sid
-        if SID_MARK in data or not sid:  # (never in JSON) kept as it came
-            entries.append((seq, now, data, added, AS_IS) if sid else (seq, now, data, added))
-        elif segments is None:
-            # the same object back when the id is not in it: nothing more is held
-            entries.append((seq, now, data.replace(sid.encode(), SID_MARK), added))
-        else:
-            entries.append(self._with_segments(seq, now, data, added, segments))
+        if type(entries) is list:  # a small window: an idle session's, compacted
+            entries.append(self._compacted(seq, now, data, added, segments)
+                           if self._sid else (seq, now, data, added))
+            if len(entries) > SMALL_WINDOW:
+                entries = self._entries = deque(entries)
+        else:  # a busy session's: as written (the marks would cost its every message)
+            entries.append((seq, now, data, added))
         added += len(data)
         self._added = added
-        if len(entries) > SMALL_WINDOW and type(entries) is list:
-            entries = self._entries = deque(entries)
         if len(entries) > self.size:  # the usual eviction, one per message once full
             _popleft(entries)
         if self.max_bytes is not None:
@@ -151,13 +145,16 @@ class ReplayWindow:
             self.prune(now)
         return data
 
-    def _with_segments(self, seq: int, now: int, data: bytes, added: int,
-                       segments: tuple[bytes, ...]) -> _Entry:
-        marks = SEGMENT_MARKS[:len(segments)]
-        if any(mark in data for mark in marks):
-            return (seq, now, data, added, AS_IS)
+    def _compacted(self, seq: int, now: int, data: bytes, added: int,
+                   segments: tuple[bytes, ...] | None) -> _Entry:
+        """The entry of ``data`` with the session id and ``segments`` marked, or as
+        written if it has a mark byte already (never in JSON)."""
+        segments = segments or SID_ONLY
+        if SID_MARK in data or any(mark in data for mark in SEGMENT_MARKS[:len(segments)]):
+            return (seq, now, data, added)
+        # the same object back when the id is not in it: nothing more is held then
         kept = data.replace(self._sid.encode(), SID_MARK)
-        for mark, segment in zip(marks, segments, strict=True):
+        for mark, segment in zip(SEGMENT_MARKS, segments, strict=False):
             kept = kept.replace(segment, mark)
         return (seq, now, kept, added, segments)
 

@@ -160,18 +160,21 @@ def test_a_window_keeps_what_its_messages_repeat_once():
 @given(st.lists(st.one_of(
     st.tuples(st.just("add"), st.sampled_from(["ping", "hello", "marks", "plain", "other"]),
               st.binary(max_size=40)),
+    st.tuples(st.just("add"), st.just("ping"), st.binary(max_size=4)),
     st.tuples(st.just("ack"), st.integers(0, 40), st.just(b"")),
     st.tuples(st.just("prune"), st.integers(0, 400), st.just(b"")),
-), max_size=40), st.sampled_from([None, 3, 200]), st.sampled_from([SID, "s", "x" * 8]))
-def test_the_compact_window_answers_as_the_plain_one(ops, max_bytes, sid):
+), max_size=60), st.sampled_from([None, 3, 200, 4000]), st.sampled_from([SID, "s", "x" * 8]),
+       st.sampled_from([12, 40]))
+def test_the_compact_window_answers_as_the_plain_one(ops, max_bytes, sid, size):
     """The swap point: a window given its session's id (compacted) and one without
     (``session_id=""``, kept as written) give the same answers to every question, for any
     messages: with the id in them or not, with a mark byte in them (kept as they came),
-    a HELLO's segments or not."""
+    a HELLO's segments or not, in a small window and past SMALL_WINDOW (where the
+    compacted entries stay and new ones are kept as written)."""
     from protoflask.core.replay import shared
 
-    plain = ReplayWindow(12, 300, max_bytes)
-    compact = ReplayWindow(12, 300, max_bytes, session_id=sid)
+    plain = ReplayWindow(size, 300, max_bytes)
+    compact = ReplayWindow(size, 300, max_bytes, session_id=sid)
     seq, now = 0, 0
     for op, arg, extra in ops:
         now += 10
@@ -200,3 +203,20 @@ def test_the_compact_window_answers_as_the_plain_one(ops, max_bytes, sid):
             assert plain.bytes_between(lo, lo + 2) == compact.bytes_between(lo, lo + 2)
         for i in range(len(plain)):
             assert plain.entry_at(i) == compact.entry_at(i)
+
+
+def test_a_busy_window_keeps_its_new_entries_as_written():
+    """Past SMALL_WINDOW entries (a busy session) the marks are not made: they would cost
+    every message; the entries compacted before stay so, and every answer is the same."""
+    from collections import deque
+
+    from protoflask.core.replay import SMALL_WINDOW
+
+    w = ReplayWindow(100, 10_000, session_id=SID)
+    pings = [envelope(seq, b'{"nonce":"n%d"}' % seq) for seq in range(1, SMALL_WINDOW + 6)]
+    for seq, ping in enumerate(pings, 1):
+        w.add(seq, ping, 0)
+    assert type(w._entries) is deque
+    assert len(w._entries[0][2]) < len(pings[0])  # compacted while small
+    assert w._entries[-1][2] == pings[-1]  # kept as written once busy
+    assert [e.data for e in w] == pings and w.nbytes == sum(map(len, pings))
