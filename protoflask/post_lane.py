@@ -99,6 +99,9 @@ class SessionPostLane:
         self.mcp = ctx.mcp
         self.config = ctx.config
         self.origins = OriginPolicy(ctx.config.allowed_origins)
+        #: the refusal of an upgrade the worker's head lane tried (head_lane.py), by the
+        #: client socket, for gunicorn's reading of the same request to answer
+        self.refusals: dict[Any, ProtoError] = {}
         # protoflask's own hooks, as registered: anything beyond them sends requests to Flask
         self._own_hooks = {name: len(funcs.get(BLUEPRINT_NAME, ()))
                            for name, funcs in self._hook_tables().items()}
@@ -123,7 +126,7 @@ class SessionPostLane:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == WEBSOCKET_PATH and environ.get("REQUEST_METHOD") == "GET":
-            self._upgrade(environ)  # raises ConnectionTakenOver once it serves it
+            self.upgrade(environ)  # raises ConnectionTakenOver once it serves it
             return self.flask_wsgi_app(environ, start_response)
         if environ.get("PATH_INFO") == SSE_PATH and environ.get("REQUEST_METHOD") == "GET":
             opened = self._open(environ, "sse")
@@ -174,12 +177,19 @@ class SessionPostLane:
                        answer.status, time.perf_counter() - started)
         return [body]
 
-    def _upgrade(self, environ: dict[str, Any]) -> None:
+    def upgrade(self, environ: dict[str, Any]) -> None:
         """GET /proto/websocket as the route answers it: admitted and served apart (then
         ConnectionTakenOver, as the route's response raises), or refused (the refusal
-        left for the route); returns at once, leaving it to Flask, for anything else."""
-        args = plain_query(environ.get("QUERY_STRING", ""))
+        left for the route); returns at once, leaving it to Flask, for anything else.
+        An upgrade the head lane already tried on this socket is not admitted twice:
+        its refusal is the answer."""
         sock = raw_socket(environ)
+        if self.refusals:
+            refused = self.refusals.pop(sock, None)
+            if refused is not None:
+                environ[REFUSED_KEY] = refused
+                return
+        args = plain_query(environ.get("QUERY_STRING", ""))
         if args is None or sock is None or not valid_host(environ.get("HTTP_HOST")) \
                 or environ.get("HTTP_UPGRADE", "").lower() != "websocket" \
                 or not any(v.strip(" \t") == "upgrade"  # werkzeug's test for a WebSocket
