@@ -32,12 +32,13 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import socket
 import time
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import gevent
 from gunicorn.glogging import Logger
-from gunicorn.http.errors import NoMoreData
 from gunicorn.workers import ggevent
 
 from .logs import RedactTokens, redact, redacted_query
@@ -141,8 +142,8 @@ class GeventWorker(ggevent.GeventWorker):
                     self.cfg.pre_request(self, head)  # gunicorn's default: a debug line
                     self._count_request()
                     return
-            else:
-                return self._serve_head(lane, listener, head, client, addr)
+            elif self._serve_stream(lane, listener, head, client, addr):
+                return
         greenlet = gevent.getcurrent()
         self._head_deadlines[greenlet] = deadline
         try:
@@ -167,25 +168,54 @@ class GeventWorker(ggevent.GeventWorker):
             self.log.info("Autorestarting worker after current request.")
             self.alive = False
 
-    def _serve_head(self, lane: HeadLane, listener: Any, head: HeadRequest, client: Any,
-                    addr: Any) -> None:
-        """A stream opened by a head the lane read: taken off the socket and served by
-        gunicorn's ``handle_request`` (its environ, response, access log), then the rest
-        of the connection by gunicorn, as its ``AsyncWorker.handle`` would (its error
-        handling repeated here for the first request)."""
+    def _serve_stream(self, lane: HeadLane, listener: Any, head: HeadRequest, client: Any,
+                      addr: Any) -> bool:
+        """A stream opened by a head the lane read (False: left to gunicorn, nothing taken
+        off the socket): its response written as gunicorn's ``handle_request`` writes it
+        (``head_lane.LaneResponse``: gunicorn's writer, its head sent with the first
+        chunk), then the rest of the connection served by gunicorn, as its
+        ``AsyncWorker.handle`` would; its error handling repeated here."""
+        resp = None
         try:
-            lane.take_off(client, head)
-            self.handle_request(lane.server_of(listener), head, client, addr)
-        except (StopIteration, NoMoreData):
-            return
+            opened = lane.open(head, client, addr, listener)
+            if opened is None:
+                return False
+            environ, response = opened
+            self.cfg.pre_request(self, head)  # gunicorn's default: a debug line
+            self._count_request()
+            resp = lane.response(head, client)
+            if not self.alive:
+                resp.force_close()
+            started = datetime.now()
+            respiter = response(environ, resp.start_response)
+            try:
+                for item in respiter:
+                    resp.write(item)
+                resp.close()
+            finally:
+                self.log.access(resp, head, environ, datetime.now() - started)
+                if hasattr(respiter, "close"):
+                    respiter.close()
+            if resp.should_close():
+                return True
         except OSError as exc:
             if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
                 self.log.exception("Socket error processing request.")
-            return
+            return True
+        except (gevent.GreenletExit, SystemExit):
+            return True
         except Exception as exc:
+            if resp is not None and resp.headers_sent:
+                self.log.exception("Error handling request")
+                try:  # as gunicorn's handle_request: a 500 now would corrupt the stream
+                    client.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return True
             self.handle_error(head, client, addr, exc)
-            return
+            return True
         super().handle(listener, client, addr)
+        return True
 
     def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
         """Every request starts with a turn for every other greenlet. gevent switches

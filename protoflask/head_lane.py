@@ -13,11 +13,15 @@ are one whole request head of those three and nothing else, reads it here:
   socket and the WebSocket served apart as the route serves it. Refused, nothing was
   taken: the refusal is left with ``post_lane`` for that socket and gunicorn's own path
   reads the same head and answers it as before (counted once, a ticket spent once).
-- ``GET /proto/sse`` and the opening ``POST /proto/stream``: a ``HeadRequest`` in place
-  of gunicorn's ``Request``, served by gunicorn's own ``handle_request`` (its environ,
-  response writer, access log and errors as for any request).
+- ``GET /proto/sse`` and the opening ``POST /proto/stream`` (new, or resumed with
+  ``last_seq``): the environ with the body read with the head, straight to
+  ``SessionPostLane.open``; the stream's response written by gunicorn's writer
+  (``LaneResponse``: its head sent with the first chunk, one write where gunicorn makes
+  two), its access log line and errors as gunicorn's ``handle_request`` has them
+  (``gunicorn_worker.GeventWorker._serve_stream``). A refusal is left as the upgrade's.
 
-Anything else is left on the socket for gunicorn: another path or method, HTTP/1.0, a
+Anything else is left on the socket for gunicorn: another path or method (a session's
+POST batch to ``/proto/stream`` included), HTTP/1.0, a
 head not whole in the first read or with bytes after it (pipelining) or a body it does
 not carry in full, a head over the configured limits (gunicorn answers 414 / 431), one
 gunicorn would refuse (400: a bad token, control bytes, a bare LF, obsolete folding), a
@@ -38,9 +42,9 @@ import gevent
 
 from gunicorn.http.body import Body, LengthReader
 from gunicorn.http.unreader import IterUnreader
-from gunicorn.http.wsgi import base_environ
+from gunicorn.http.wsgi import Response, WSGIErrorsWrapper, base_environ
 
-from .post_lane import SSE_PATH, STREAM_PATH, WEBSOCKET_PATH, SessionPostLane
+from .post_lane import SSE_PATH, STREAM_PATH, WEBSOCKET_PATH, SessionPostLane, plain_query
 from .web import REFUSED_KEY, ConnectionTakenOver
 
 __all__ = ["HeadLane", "HeadRequest", "LANE_HEAD_MAX", "environ_for", "lane_config_ok",
@@ -90,7 +94,8 @@ class HeadRequest:
         self.is_upgrade = path == WEBSOCKET_PATH
 
     def carry_body(self, body: bytes) -> None:
-        """The body (read with the head) as gunicorn's reader of a known length."""
+        """The body (read with the head) as gunicorn's reader of a known length (gunicorn
+        gives a request without one a reader of 0 bytes)."""
         self.body = Body(LengthReader(IterUnreader([body] if body else []),
                                       self.content_length))
 
@@ -188,8 +193,7 @@ def parse_head(data: bytes, limits: HeadLimits) -> HeadRequest | None:
         return None
     head = HeadRequest(method, uri, path, query, headers, len(data), max(content_length, 0),
                        "http")
-    if has_body:
-        head.carry_body(data[body_start:])
+    head.carry_body(data[body_start:])
     return head
 
 
@@ -234,6 +238,7 @@ class HeadLane:
 
     def __init__(self, post_lane: SessionPostLane, cfg: Any) -> None:
         self.post_lane = post_lane
+        self.cfg = cfg
         self.limits = HeadLimits.of(cfg)
         set_base_environ(cfg)
         #: each listener's address (gunicorn asks the socket for it on every request)
@@ -276,6 +281,32 @@ class HeadLane:
             self.post_lane.refusals[client] = refused
         return False
 
+    def open(self, head: HeadRequest, client: Any, addr: Any, listener: Any
+             ) -> tuple[dict[str, Any], Any] | None:
+        """``GET /proto/sse`` or an opening ``POST /proto/stream``: (its environ, the
+        stream's response) once admitted, the head taken off the socket; None for
+        gunicorn's path (anything else: a session's POST batch; a refusal, left for
+        ``post_lane``)."""
+        kind = "sse" if head.method == "GET" else "stream"
+        if kind == "stream":
+            args = plain_query(head.query)
+            if args is None or args.get("session") and not args.get("last_seq"):
+                return None  # a session's upstream batch, or a query Flask decodes
+        environ = environ_for(head, client, addr, self.server_of(listener))
+        environ["wsgi.input"] = head.body
+        environ["wsgi.errors"] = WSGIErrorsWrapper(self.cfg)
+        response = self.post_lane.open(environ, kind)
+        if response is None:
+            refused = environ.pop(REFUSED_KEY, None)
+            if refused is not None:
+                self.post_lane.refusals[client] = refused
+            return None
+        self.take_off(client, head)
+        return environ, response
+
+    def response(self, head: HeadRequest, client: Any) -> LaneResponse:
+        return LaneResponse(head, client, self.cfg)
+
     @staticmethod
     def take_off(client: Any, head: HeadRequest) -> None:
         """Take the head (with its body) off the socket, where it was peeked whole."""
@@ -290,3 +321,43 @@ class HeadLane:
         """A refusal gunicorn's path did not take (it refused the head itself)."""
         if self.post_lane.refusals:
             self.post_lane.refusals.pop(client, None)
+
+
+class LaneResponse(Response):
+    """gunicorn's response writer, its head sent with the first body bytes: one write
+    where gunicorn makes two (the bytes are the same). A stream's first chunk (its
+    ``session`` event, or the HELLO reply line) is ready when the head is."""
+
+    _held = b""
+    headers_sent: bool  # gunicorn's (untyped)
+
+    def send_headers(self) -> None:
+        """gunicorn's ``send_headers``, the head held for the first body write."""
+        if self.headers_sent:
+            return
+        lines = self.default_headers()
+        lines.extend(["%s: %s\r\n" % (k, v) for k, v in self.headers])
+        self._held = ("%s\r\n" % "".join(lines)).encode("latin-1")
+        self.headers_sent = True
+
+    def _emit_body(self, data: bytes) -> None:
+        held, self._held = self._held, b""
+        if self.chunked:  # gunicorn's util.write_chunk
+            data = b"%X\r\n%s\r\n" % (len(data), data)
+        self.sock.sendall(held + data)
+
+    def flush_head(self) -> None:
+        """Send a head still held (a write that carried no body bytes: gunicorn sends the
+        head then, and so does this)."""
+        if self._held:
+            held, self._held = self._held, b""
+            self.sock.sendall(held)
+
+    def write(self, arg: bytes) -> None:
+        super().write(arg)
+        self.flush_head()
+
+    def close(self) -> None:
+        self.send_headers()
+        self.flush_head()
+        super().close()

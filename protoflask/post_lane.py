@@ -129,7 +129,7 @@ class SessionPostLane:
             self.upgrade(environ)  # raises ConnectionTakenOver once it serves it
             return self.flask_wsgi_app(environ, start_response)
         if environ.get("PATH_INFO") == SSE_PATH and environ.get("REQUEST_METHOD") == "GET":
-            opened = self._open(environ, "sse")
+            opened = self.open(environ, "sse")
             if opened is not None:
                 return opened(environ, start_response)
             return self.flask_wsgi_app(environ, start_response)
@@ -142,7 +142,7 @@ class SessionPostLane:
         origin = environ.get("HTTP_ORIGIN")
         if args is not None and environ["PATH_INFO"] == STREAM_PATH \
                 and (not args.get("session") or args.get("last_seq")):
-            opened = self._open(environ, "stream")  # a stream opened (new or resumed)
+            opened = self.open(environ, "stream")  # a stream opened (new or resumed)
             if opened is not None:
                 return opened(environ, start_response)
             return self.flask_wsgi_app(environ, start_response)
@@ -183,13 +183,10 @@ class SessionPostLane:
         left for the route); returns at once, leaving it to Flask, for anything else.
         An upgrade the head lane already tried on this socket is not admitted twice:
         its refusal is the answer."""
-        sock = raw_socket(environ)
-        if self.refusals:
-            refused = self.refusals.pop(sock, None)
-            if refused is not None:
-                environ[REFUSED_KEY] = refused
-                return
+        if self.refusals and self._refused(environ):
+            return
         args = plain_query(environ.get("QUERY_STRING", ""))
+        sock = raw_socket(environ)
         if args is None or sock is None or not valid_host(environ.get("HTTP_HOST")) \
                 or environ.get("HTTP_UPGRADE", "").lower() != "websocket" \
                 or not any(v.strip(" \t") == "upgrade"  # werkzeug's test for a WebSocket
@@ -208,10 +205,13 @@ class SessionPostLane:
         serve_apart(self.ports, admission, sock, environ, self.config.enable_compression)
         raise ConnectionTakenOver()
 
-    def _open(self, environ: dict[str, Any], kind: str) -> Any:
+    def open(self, environ: dict[str, Any], kind: str) -> Any:
         """GET /proto/sse, or a POST /proto/stream that opens a stream, as the route and
         its hooks answer it: the stream's response (with the CORS headers), or None for
-        Flask (a refusal left for the route)."""
+        Flask (a refusal left for the route). A stream the head lane already tried to open
+        on this socket is not admitted twice: its refusal is the answer."""
+        if self.refusals and self._refused(environ):
+            return None
         args = plain_query(environ.get("QUERY_STRING", ""))
         origin = environ.get("HTTP_ORIGIN")
         if args is None or raw_socket(environ) is None or not self.origins.allows(origin) \
@@ -229,6 +229,15 @@ class SessionPostLane:
         if self.config.enable_cors:
             add_cors(response, origin, self.origins)
         return response
+
+    def _refused(self, environ: dict[str, Any]) -> bool:
+        """Whether the head lane left a refusal for this request's socket (then in the
+        environ, for the route)."""
+        refused = self.refusals.pop(raw_socket(environ), None)
+        if refused is None:
+            return False
+        environ[REFUSED_KEY] = refused
+        return True
 
     def _mcp(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """POST /proto/mcp: the endpoint's Answer, with the headers Flask's cycle adds."""

@@ -58,6 +58,7 @@ def exchange(server: GunicornServer, request: bytes, done: Callable[[bytes], boo
 
 def whole(data: bytes) -> bool:
     """A head and, when it names a length, that much body; or a stream's first event/line."""
+    data = data.removeprefix(b"HTTP/1.1 100 Continue\r\n\r\n")
     head, sep, body = data.partition(b"\r\n\r\n")
     if not sep:
         return False
@@ -125,14 +126,20 @@ CASES: dict[str, tuple[Callable[[], bytes], str | None]] = {
     "sse": (lambda: sse(f"?token={token()}"), "/proto/sse"),
     "sse, its Origin allowed": (lambda: sse(f"?token={token()}", f"Origin: {ORIGIN}\r\n"),
                                 "/proto/sse"),
-    "sse, no token": (lambda: sse(""), "/proto/sse"),
+    "sse, no token": (lambda: sse(""), None),
     "sse, a bad Last-Event-ID": (lambda: sse(f"?token={token()}", "Last-Event-ID: x\r\n"),
-                                 "/proto/sse"),
+                                 None),
+    "sse, an unknown session": (lambda: sse(f"?token={token()}&session={'f' * 32}&last_seq=0"),
+                                None),
     "sse, Connection: close": (lambda: sse(f"?token={token()}", "Connection: close\r\n"),
                                "/proto/sse"),
     "sse, HTTP/1.0": (lambda: sse(f"?token={token()}").replace(b"HTTP/1.1", b"HTTP/1.0"), None),
     "stream": (lambda: stream("", BEARER.format(token=token())), "/proto/stream"),
-    "stream, no token": (lambda: stream(""), "/proto/stream"),
+    "stream, no token": (lambda: stream(""), None),
+    "stream, an unknown session resumed": (lambda: stream(
+        f"?session={'f' * 32}&last_seq=0", BEARER.format(token=token())), None),
+    "stream, a session's POST batch": (lambda: stream(
+        f"?session={'f' * 32}", BEARER.format(token=token())), None),
     "stream, not JSON": (lambda: stream("", BEARER.format(token=token()), b"nope\n"),
                          "/proto/stream"),
     "stream, a body over the lane's": (lambda: stream("", BEARER.format(token=token()),
@@ -157,10 +164,13 @@ def refusals(server: GunicornServer) -> float:
                if line.startswith("protoflask_connections_refused_total{"))
 
 
-def test_a_refusal_is_counted_once(servers: dict[str, Any]) -> None:
+@pytest.mark.parametrize("request_", [upgrade("?token=nope"), sse("?token=nope"),
+                                      stream("", "Authorization: Bearer nope\r\n")],
+                         ids=["upgrade", "sse", "stream"])
+def test_a_refusal_is_counted_once(servers: dict[str, Any], request_: bytes) -> None:
     for name in ("lane", "plain"):
         before = refusals(servers[name])
-        exchange(servers[name], upgrade("?token=nope"), whole)
+        exchange(servers[name], request_, whole)
         assert refusals(servers[name]) - before == 1, name
 
 
