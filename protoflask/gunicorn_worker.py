@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from .head_lane import HeadLane, HeadRequest
     from .server import ProtoServer
 
-__all__ = ["CLOSE_MARGIN", "GeventWorker", "RedactingLogger", "gevent_means_protoflask"]
+__all__ = ["CLOSE_MARGIN", "GeventWorker", "RedactingLogger", "gevent_means_protoflask",
+           "untrack_greenlet_tree"]
 
 #: Seconds of graceful_timeout kept for closing connections after the drain (close
 #: handshakes, the ends of streams) before gunicorn kills what is left.
@@ -65,6 +66,16 @@ def raise_open_files_limit(connections: int) -> None:
     if soft != resource.RLIM_INFINITY and soft < wanted:
         limit = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, limit), hard))
+
+
+def untrack_greenlet_tree() -> None:
+    """gevent's greenlet-tree tracking off in a worker, unless GEVENT_TRACK_GREENLET_TREE
+    says otherwise: with it on, every spawn copies the spawner's last 10 stack frames
+    into the new greenlet, which keeps them for its life (gevent's debugging tools read
+    them; protoflask does not). A WebSocket is three spawns (its request, its connection,
+    its first flush); ~7 us each here (docs/PERFORMANCE.md, p7-storm)."""
+    if "GEVENT_TRACK_GREENLET_TREE" not in os.environ:
+        gevent.config.track_greenlet_tree = False
 
 
 class GeventWorker(ggevent.GeventWorker):
@@ -116,6 +127,7 @@ class GeventWorker(ggevent.GeventWorker):
         from .head_lane import HeadLane, lane_config_ok
         from .post_lane import SessionPostLane
         from .serving import freeze_startup_heap
+        untrack_greenlet_tree()
         post_lane = getattr(self.wsgi, "wsgi_app", None)
         if self.head_lane is None and isinstance(post_lane, SessionPostLane) \
                 and lane_config_ok(self.cfg):

@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import time
 from typing import Any, NamedTuple
 
 import gevent
@@ -43,6 +44,7 @@ import gevent
 from gunicorn.http.body import Body, LengthReader
 from gunicorn.http.unreader import IterUnreader
 from gunicorn.http.wsgi import Response, WSGIErrorsWrapper, base_environ
+from gunicorn.util import http_date
 
 from .post_lane import SSE_PATH, STREAM_PATH, WEBSOCKET_PATH, SessionPostLane, plain_query
 from .web import REFUSED_KEY, ConnectionTakenOver
@@ -323,6 +325,17 @@ class HeadLane:
             self.post_lane.refusals.pop(client, None)
 
 
+_date: list[Any] = [0, ""]  # the second, its Date line
+
+
+def date_line() -> str:
+    """gunicorn's Date line (``util.http_date``) for this second."""
+    now = int(time.time())
+    if _date[0] != now:
+        _date[:] = [now, "Date: %s\r\n" % http_date(now)]
+    return str(_date[1])
+
+
 class LaneResponse(Response):
     """gunicorn's response writer, its head sent with the first body bytes: one write
     where gunicorn makes two (the bytes are the same). A stream's first chunk (its
@@ -330,6 +343,22 @@ class LaneResponse(Response):
 
     _held = b""
     headers_sent: bool  # gunicorn's (untyped)
+
+    def default_headers(self) -> list[str]:
+        """gunicorn's (``Response.default_headers``), its Date line made once a second
+        (gunicorn formats it for every response: ~8 us here)."""
+        if self.upgrade:
+            connection = "upgrade"
+        elif self.should_close():
+            connection = "close"
+        else:
+            connection = "keep-alive"
+        lines = ["HTTP/%s.%s %s\r\n" % (self.req.version[0], self.req.version[1], self.status),
+                 "Server: %s\r\n" % self.version, date_line(),
+                 "Connection: %s\r\n" % connection]
+        if self.chunked:
+            lines.append("Transfer-Encoding: chunked\r\n")
+        return lines
 
     def send_headers(self) -> None:
         """gunicorn's ``send_headers``, the head held for the first body write."""

@@ -187,3 +187,60 @@ def test_generated_heads_are_read_alike_or_left(start: str, version: str, lines:
                                                  ending: str) -> None:
     data = "\r\n".join([start + version, *lines]) + ending
     assert_read_alike(data.encode("utf-8"))
+
+
+# -- the response writer ----------------------------------------------------------------------
+
+
+class Wire:
+    """A socket that keeps what is written to it, one entry per write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+
+def written(response_class: Any, head: HeadRequest, status: str,
+            headers: list[tuple[str, str]], chunks: list[bytes]) -> list[bytes]:
+    wire = Wire()
+    resp = response_class(head, wire, Config())
+    resp.start_response(status, headers)
+    for chunk in chunks:
+        resp.write(chunk)
+    resp.close()
+    return wire.writes
+
+
+RESPONSES = {
+    "a stream's first event": ("200 OK", [("Content-Type", "text/event-stream")],
+                               [b"event: session\n\n", b"data: 1\n\n"]),
+    "an empty chunk first": ("200 OK", [("Content-Type", "application/x-ndjson")],
+                             [b"", b"{}\n"]),
+    "nothing written": ("200 OK", [("X-A", "1")], []),
+    "a length": ("401 UNAUTHORIZED", [("Content-Length", "2")], [b"{}"]),
+    "a 204": ("204 NO CONTENT", [("Content-Length", "0")], [b""]),
+}
+
+
+@pytest.mark.parametrize("connection", ["", "close", "keep-alive"])
+@pytest.mark.parametrize("case", sorted(RESPONSES))
+def test_the_lane_writes_the_bytes_gunicorns_writer_writes(case: str, connection: str) -> None:
+    """``LaneResponse`` is gunicorn's ``Response`` with the head held for the first body
+    bytes and the Date made once a second: the same bytes, in no more writes."""
+    from protoflask.head_lane import LaneResponse
+
+    data = ("GET /proto/sse HTTP/1.1\r\nHost: h\r\n"
+            + (f"Connection: {connection}\r\n" if connection else "") + "\r\n").encode()
+    for _ in range(3):  # the two in the same second
+        head = parse_head(data, HeadLimits.of(Config()))
+        assert head is not None
+        theirs = written(wsgi.Response, head, *RESPONSES[case])
+        ours = written(LaneResponse, head, *RESPONSES[case])
+        if b"".join(ours) == b"".join(theirs):
+            break
+    assert b"".join(ours) == b"".join(theirs)
+    assert len(ours) <= len(theirs)
+    if RESPONSES[case][2][:1] == [b"event: session\n\n"]:
+        assert len(ours) == len(theirs) - 1  # the head went with the first event
