@@ -10,7 +10,8 @@ are one whole request head of those three and nothing else, reads it here:
 
 - ``GET /proto/websocket``: a small environ (what ``post_lane.py`` and the handshake
   read) straight to ``SessionPostLane.upgrade``; admitted, the head is taken off the
-  socket and the WebSocket served apart as the route serves it. Refused, nothing was
+  socket and the WebSocket served apart as the route serves it, on the socket itself
+  (detached: not a duplicate, as the request's server keeps none of it). Refused, nothing was
   taken: the refusal is left with ``post_lane`` for that socket and gunicorn's own path
   reads the same head and answers it as before (counted once, a ticket spent once).
 - ``GET /proto/sse`` and the opening ``POST /proto/stream`` (new, or resumed with
@@ -273,10 +274,9 @@ class HeadLane:
         """``GET /proto/websocket``: True once admitted and served apart (the head taken off
         the socket); False for gunicorn's path, with a refusal left for ``post_lane``."""
         environ = environ_for(head, client, addr, self.server_of(listener))
-        try:
-            self.post_lane.upgrade(environ)
+        try:  # once admitted, the head is taken off and the socket handed over
+            self.post_lane.upgrade(environ, lambda: self.take_off(client, head))
         except ConnectionTakenOver:
-            self.take_off(client, head)
             return True
         refused = environ.pop(REFUSED_KEY, None)
         if refused is not None:

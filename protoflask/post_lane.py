@@ -177,12 +177,13 @@ class SessionPostLane:
                        answer.status, time.perf_counter() - started)
         return [body]
 
-    def upgrade(self, environ: dict[str, Any]) -> None:
+    def upgrade(self, environ: dict[str, Any], taking: Callable[[], Any] | None = None) -> None:
         """GET /proto/websocket as the route answers it: admitted and served apart (then
         ConnectionTakenOver, as the route's response raises), or refused (the refusal
         left for the route); returns at once, leaving it to Flask, for anything else.
         An upgrade the head lane already tried on this socket is not admitted twice:
-        its refusal is the answer."""
+        its refusal is the answer. The head lane (``taking``: it takes its request off the
+        socket once admitted) hands the socket itself over: no server closes it after."""
         if self.refusals and self._refused(environ):
             return
         args = plain_query(environ.get("QUERY_STRING", ""))
@@ -202,7 +203,10 @@ class SessionPostLane:
         except ProtoError as exc:
             environ[REFUSED_KEY] = exc
             return
-        serve_apart(self.ports, admission, sock, environ, self.config.enable_compression)
+        if taking is not None:
+            taking()  # the head lane takes the request's bytes off: the socket is the WebSocket's
+        serve_apart(self.ports, admission, sock, environ, self.config.enable_compression,
+                    handed_over=taking is not None)
         raise ConnectionTakenOver()
 
     def open(self, environ: dict[str, Any], kind: str) -> Any:
