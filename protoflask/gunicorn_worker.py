@@ -72,8 +72,9 @@ def untrack_greenlet_tree() -> None:
     """gevent's greenlet-tree tracking off in a worker, unless GEVENT_TRACK_GREENLET_TREE
     says otherwise: with it on, every spawn copies the spawner's last 10 stack frames
     into the new greenlet, which keeps them for its life (gevent's debugging tools read
-    them; protoflask does not). A WebSocket is three spawns (its request, its connection,
-    its first flush); ~7 us each here (docs/PERFORMANCE.md, p7-storm)."""
+    them; protoflask does not). A WebSocket is two spawns (its request, its connection),
+    an NDJSON stream three (its request, its body reader, its peer watcher); ~7 us each
+    here (docs/PERFORMANCE.md, p7-storm)."""
     if "GEVENT_TRACK_GREENLET_TREE" not in os.environ:
         gevent.config.track_greenlet_tree = False
 
