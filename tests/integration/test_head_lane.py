@@ -5,6 +5,8 @@ leaves; the lane took the ones it should; a refusal is counted and a ticket spen
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
 import socket
 from pathlib import Path
@@ -13,7 +15,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import requests
 
-from ..support import SECRET, GunicornServer, read_until, timeout
+from ..support import SECRET, GunicornServer, read_until, timeout, wait_for
 
 from protoflask.auth import TokenAuthority
 
@@ -25,16 +27,21 @@ ORIGIN = "http://page.example"
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    log = tmp_path_factory.mktemp("head_lane") / "taken"
+    where = tmp_path_factory.mktemp("head_lane")
+    log = where / "taken"
     env = {"ALLOWED_ORIGINS": ORIGIN, "HEAD_LANE_LOG": str(log)}
-    lane = GunicornServer(env, args=("-k", "tests.fixtures.head_lane_workers.CountingHeadWorker"))
+    workers = "tests.fixtures.head_lane_workers."
+    access = {name: where / f"{name}.access" for name in ("lane", "plain")}
+    lane = GunicornServer(env, args=("-k", workers + "CountingHeadWorker",
+                                     "--access-logfile", str(access["lane"])))
     try:
-        plain = GunicornServer(env, args=("-k", "tests.fixtures.head_lane_workers.PlainHeadWorker"))
+        plain = GunicornServer(env, args=("-k", workers + "PlainHeadWorker",
+                                          "--access-logfile", str(access["plain"])))
     except BaseException:
         lane.stop()
         raise
     try:
-        yield {"lane": lane, "plain": plain, "log": log}
+        yield {"lane": lane, "plain": plain, "log": log, "access": access}
     finally:
         lane.stop()
         plain.stop()
@@ -190,3 +197,36 @@ def test_a_ticket_is_spent_once_by_a_refused_upgrade(servers: dict[str, Any]) ->
     assert answers[0] == answers[1]
     assert b"SESSION_NOT_FOUND" in answers[0] or b"404" in answers[0].split(b"\r\n")[0], \
         answers[0]
+
+
+def access_line(servers: dict[str, Any], name: str, probe: str) -> str | None:
+    """The access line of the request marked ``probe`` (a key of its query), if written."""
+    path: Path = servers["access"][name]
+    lines = path.read_text().splitlines() if path.exists() else []
+    return next((line for line in lines if probe in line), None)
+
+
+@pytest.mark.parametrize("case", ["sse", "sse refused", "stream"])
+def test_gunicorns_access_line_is_the_same_and_keeps_no_token(servers: dict[str, Any],
+                                                              case: str) -> None:
+    """The stream's access line (written when it ends) as gunicorn's path writes it, the
+    token redacted (gunicorn_worker.RedactingLogger)."""
+    lines = {}
+    for name in ("lane", "plain"):
+        probe = f"probe{os.getpid()}x{next(PROBES)}"
+        # a key: the logger redacts every value in a query (logs.redacted_query)
+        request_ = {"sse": sse(f"?token={token()}&{probe}=1"),
+                    "sse refused": sse(f"?token=nope&{probe}=1"),
+                    "stream": stream(f"?{probe}=1", BEARER.format(token=token()))}[case]
+        exchange(servers[name], request_, whole)  # then closed: the stream ends
+        line = wait_for(lambda name=name, probe=probe: access_line(servers, name, probe),
+                        within=10, what=f"{name}'s access line")
+        line = line.replace(probe, "<probe>")
+        lines[name] = re.sub(r"\[\d\d/[^]]*\]", "[<time>]", line)
+    assert lines["lane"] == lines["plain"]
+    assert "nope" not in lines["lane"] and token() not in lines["lane"], lines["lane"]
+    if case.startswith("sse"):
+        assert "?token=[redacted]&<probe>=[redacted] " in lines["lane"], lines["lane"]
+
+
+PROBES = itertools.count()
