@@ -9,6 +9,7 @@ import itertools
 import os
 import re
 import socket
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -230,3 +231,21 @@ def test_gunicorns_access_line_is_the_same_and_keeps_no_token(servers: dict[str,
 
 
 PROBES = itertools.count()
+
+
+def test_a_head_in_two_pieces_is_left_to_gunicorn_and_served(servers: dict[str, Any]) -> None:
+    """The lane's peek sees half a head: gunicorn reads it whole (within what is left of
+    its keep-alive timeout) and the upgrade is served as ever."""
+    answers = []
+    log: Path = servers["log"]
+    taken = len(log.read_text().split()) if log.exists() else 0
+    for name in ("lane", "plain"):
+        request_ = upgrade(f"?token={token()}")
+        sock = socket.create_connection(("127.0.0.1", servers[name].port), timeout=timeout(5))
+        sock.sendall(request_[:40])
+        time.sleep(0.2)  # the lane's peek has had the first piece alone
+        sock.sendall(request_[40:])
+        answers.append(re.sub(rb"\r\nDate: [^\r]*", b"", read_until(sock, whole)))
+    assert answers[0] == answers[1]
+    assert answers[0].startswith(b"HTTP/1.1 101 "), answers[0]
+    assert len(log.read_text().split()) == taken, "the lane took half a head"
