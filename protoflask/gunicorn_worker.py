@@ -151,7 +151,12 @@ class GeventWorker(ggevent.GeventWorker):
         head = lane.read(data, addr, listener)
         if head is not None:
             if head.is_upgrade:
-                if lane.upgrade(head, client, addr, listener):
+                try:
+                    taken = lane.upgrade(head, client, addr, listener)
+                except Exception as exc:  # what gunicorn answers 500 for (EMFILE on dup...)
+                    self.handle_error(head, client, addr, exc)
+                    return
+                if taken:
                     self.cfg.pre_request(self, head)  # gunicorn's default: a debug line
                     self._count_request()
                     return
