@@ -13,6 +13,9 @@
 - in the worker, once the app is loaded: protoflask's timers started (``serving_started``)
   and the GC policy applied (``serving.freeze_startup_heap``: what exists then is frozen
   out of later full collections);
+- a new connection's first request head, when it opens a transport (``GET
+  /proto/websocket``, ``GET /proto/sse``, an opening ``POST /proto/stream``), read without
+  gunicorn's parser (``handle``, protoflask/head_lane.py: the cost of a reconnect storm);
 - every request starts with a turn for every other greenlet (``handle_request``);
 - on SIGTERM, the drain (``run``): new connections refused (503 SHUTTING_DOWN, /health 503
   draining), running tools given the graceful timeout less ``CLOSE_MARGIN``, then every
@@ -26,9 +29,12 @@ gevent and gunicorn (as gunicorn's own gevent worker does) and protoflask's stdl
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
+import socket
 import time
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import gevent
@@ -38,9 +44,11 @@ from gunicorn.workers import ggevent
 from .logs import RedactTokens, redact, redacted_query
 
 if TYPE_CHECKING:
+    from .head_lane import HeadLane, HeadRequest
     from .server import ProtoServer
 
-__all__ = ["CLOSE_MARGIN", "GeventWorker", "RedactingLogger", "gevent_means_protoflask"]
+__all__ = ["CLOSE_MARGIN", "GeventWorker", "RedactingLogger", "gevent_means_protoflask",
+           "untrack_greenlet_tree"]
 
 #: Seconds of graceful_timeout kept for closing connections after the drain (close
 #: handshakes, the ends of streams) before gunicorn kills what is left.
@@ -60,9 +68,29 @@ def raise_open_files_limit(connections: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, limit), hard))
 
 
+def untrack_greenlet_tree() -> None:
+    """gevent's greenlet-tree tracking off in a worker, unless GEVENT_TRACK_GREENLET_TREE
+    says otherwise: with it on, every spawn copies the spawner's last 10 stack frames
+    into the new greenlet, which keeps them for its life (gevent's debugging tools read
+    them; protoflask does not). A WebSocket is two spawns (its request, its connection),
+    an NDJSON stream three (its request, its body reader, its peer watcher); ~7 us each
+    here (docs/PERFORMANCE.md, p7-storm)."""
+    if "GEVENT_TRACK_GREENLET_TREE" not in os.environ:
+        gevent.config.track_greenlet_tree = False
+
+
 class GeventWorker(ggevent.GeventWorker):
     """gunicorn's gevent worker, hosting a protoflask app (the module doc says what it adds).
     An app without protoflask is served as gunicorn's own worker would serve it."""
+
+    #: The swap point of a new connection's first request head (head_lane.py): the lane
+    #: for protoflask's own app where gunicorn's settings allow it (``load_wsgi``), None
+    #: (gunicorn's parser for every request) otherwise, or when a subclass sets False.
+    head_lane: HeadLane | None | bool = None
+    #: where a connection the lane left to gunicorn must have its first head by (the
+    #: keep-alive timeout counted from its accept, as gunicorn counts it), by greenlet
+    _head_deadlines: dict[Any, float]
+    alive: bool  # gunicorn's (untyped)
 
     @classmethod
     def check_config(cls, cfg: Any, log: Any) -> None:
@@ -97,8 +125,115 @@ class GeventWorker(ggevent.GeventWorker):
             raise SystemExit(WORKER_BOOT_ERROR)
         server.serving_started()
         # imported here, in the worker with its app loaded: the master never imports it
+        from .head_lane import HeadLane, lane_config_ok
+        from .post_lane import SessionPostLane
         from .serving import freeze_startup_heap
+        untrack_greenlet_tree()
+        post_lane = getattr(self.wsgi, "wsgi_app", None)
+        if self.head_lane is None and isinstance(post_lane, SessionPostLane) \
+                and lane_config_ok(self.cfg):
+            self.head_lane = HeadLane(post_lane, self.cfg)
+            self._head_deadlines = {}
         freeze_startup_heap()
+
+    def handle(self, listener: Any, client: Any, addr: Any) -> None:
+        """A new connection: its first request head through the lane when it is one the
+        lane reads (head_lane.py), else (and for every later request) gunicorn's."""
+        lane = self.head_lane
+        if not lane:
+            return super().handle(listener, client, addr)
+        assert not isinstance(lane, bool)
+        client.setblocking(1)
+        deadline = time.monotonic() + self.cfg.keepalive
+        data = lane.peek(client, self.cfg.keepalive)
+        if not data:
+            return  # nothing within keepalive, or the client left: gunicorn closes it too
+        head = lane.read(data, addr, listener)
+        if head is not None:
+            if head.is_upgrade:
+                try:
+                    taken = lane.upgrade(head, client, addr, listener)
+                except Exception as exc:  # what gunicorn answers 500 for (EMFILE on dup...)
+                    self.handle_error(head, client, addr, exc)
+                    return
+                if taken:
+                    self.cfg.pre_request(self, head)  # gunicorn's default: a debug line
+                    self._count_request()
+                    return
+            elif self._serve_stream(lane, listener, head, client, addr):
+                return
+        greenlet = gevent.getcurrent()
+        self._head_deadlines[greenlet] = deadline
+        try:
+            super().handle(listener, client, addr)
+        finally:
+            self._head_deadlines.pop(greenlet, None)
+            lane.forget(client)
+
+    def timeout_ctx(self) -> Any:
+        """gunicorn's keep-alive timeout, less what the lane's peek already waited of the
+        connection's first one."""
+        deadline = self._head_deadlines.pop(gevent.getcurrent(), None) \
+            if self.head_lane else None
+        if deadline is None:
+            return super().timeout_ctx()
+        return gevent.Timeout(max(deadline - time.monotonic(), 0.001), False)
+
+    def _count_request(self) -> None:
+        """gunicorn's count of requests towards ``max_requests`` (its handle_request's)."""
+        self.nr += 1
+        if self.nr >= self.max_requests and self.alive:
+            self.log.info("Autorestarting worker after current request.")
+            self.alive = False
+
+    def _serve_stream(self, lane: HeadLane, listener: Any, head: HeadRequest, client: Any,
+                      addr: Any) -> bool:
+        """A stream opened by a head the lane read (False: left to gunicorn, nothing taken
+        off the socket): its response written as gunicorn's ``handle_request`` writes it
+        (``head_lane.LaneResponse``: gunicorn's writer, its head sent with the first
+        chunk), then the rest of the connection served by gunicorn, as its
+        ``AsyncWorker.handle`` would; its error handling repeated here."""
+        resp = None
+        try:
+            opened = lane.open(head, client, addr, listener)
+            if opened is None:
+                return False
+            environ, response = opened
+            self.cfg.pre_request(self, head)  # gunicorn's default: a debug line
+            self._count_request()
+            resp = lane.response(head, client)
+            if not self.alive:
+                resp.force_close()
+            started = datetime.now()
+            respiter = response(environ, resp.start_response)
+            try:
+                for item in respiter:
+                    resp.write(item)
+                resp.close()
+            finally:
+                self.log.access(resp, head, environ, datetime.now() - started)
+                if hasattr(respiter, "close"):
+                    respiter.close()
+            if resp.should_close():
+                return True
+        except OSError as exc:
+            if exc.errno not in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                self.log.exception("Socket error processing request.")
+            return True
+        except (gevent.GreenletExit, SystemExit):
+            return True
+        except Exception as exc:
+            if resp is not None and resp.headers_sent:
+                self.log.exception("Error handling request")
+                try:  # as gunicorn's handle_request: a 500 now would corrupt the stream
+                    client.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return True
+            self.handle_error(head, client, addr, exc)
+            return True
+        super().handle(listener, client, addr)
+        return True
 
     def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
         """Every request starts with a turn for every other greenlet. gevent switches

@@ -99,6 +99,9 @@ class SessionPostLane:
         self.mcp = ctx.mcp
         self.config = ctx.config
         self.origins = OriginPolicy(ctx.config.allowed_origins)
+        #: the refusal of an upgrade the worker's head lane tried (head_lane.py), by the
+        #: client socket, for gunicorn's reading of the same request to answer
+        self.refusals: dict[Any, ProtoError] = {}
         # protoflask's own hooks, as registered: anything beyond them sends requests to Flask
         self._own_hooks = {name: len(funcs.get(BLUEPRINT_NAME, ()))
                            for name, funcs in self._hook_tables().items()}
@@ -123,10 +126,10 @@ class SessionPostLane:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == WEBSOCKET_PATH and environ.get("REQUEST_METHOD") == "GET":
-            self._upgrade(environ)  # raises ConnectionTakenOver once it serves it
+            self.upgrade(environ)  # raises ConnectionTakenOver once it serves it
             return self.flask_wsgi_app(environ, start_response)
         if environ.get("PATH_INFO") == SSE_PATH and environ.get("REQUEST_METHOD") == "GET":
-            opened = self._open(environ, "sse")
+            opened = self.open(environ, "sse")
             if opened is not None:
                 return opened(environ, start_response)
             return self.flask_wsgi_app(environ, start_response)
@@ -139,7 +142,7 @@ class SessionPostLane:
         origin = environ.get("HTTP_ORIGIN")
         if args is not None and environ["PATH_INFO"] == STREAM_PATH \
                 and (not args.get("session") or args.get("last_seq")):
-            opened = self._open(environ, "stream")  # a stream opened (new or resumed)
+            opened = self.open(environ, "stream")  # a stream opened (new or resumed)
             if opened is not None:
                 return opened(environ, start_response)
             return self.flask_wsgi_app(environ, start_response)
@@ -174,10 +177,15 @@ class SessionPostLane:
                        answer.status, time.perf_counter() - started)
         return [body]
 
-    def _upgrade(self, environ: dict[str, Any]) -> None:
+    def upgrade(self, environ: dict[str, Any], taking: Callable[[], Any] | None = None) -> None:
         """GET /proto/websocket as the route answers it: admitted and served apart (then
         ConnectionTakenOver, as the route's response raises), or refused (the refusal
-        left for the route); returns at once, leaving it to Flask, for anything else."""
+        left for the route); returns at once, leaving it to Flask, for anything else.
+        An upgrade the head lane already tried on this socket is not admitted twice:
+        its refusal is the answer. The head lane (``taking``: it takes its request off the
+        socket once admitted) hands the socket itself over: no server closes it after."""
+        if self.refusals and self._refused(environ):
+            return
         args = plain_query(environ.get("QUERY_STRING", ""))
         sock = raw_socket(environ)
         if args is None or sock is None or not valid_host(environ.get("HTTP_HOST")) \
@@ -195,13 +203,19 @@ class SessionPostLane:
         except ProtoError as exc:
             environ[REFUSED_KEY] = exc
             return
-        serve_apart(self.ports, admission, sock, environ, self.config.enable_compression)
+        if taking is not None:
+            taking()  # the head lane takes the request's bytes off: the socket is the WebSocket's
+        serve_apart(self.ports, admission, sock, environ, self.config.enable_compression,
+                    handed_over=taking is not None)
         raise ConnectionTakenOver()
 
-    def _open(self, environ: dict[str, Any], kind: str) -> Any:
+    def open(self, environ: dict[str, Any], kind: str) -> Any:
         """GET /proto/sse, or a POST /proto/stream that opens a stream, as the route and
         its hooks answer it: the stream's response (with the CORS headers), or None for
-        Flask (a refusal left for the route)."""
+        Flask (a refusal left for the route). A stream the head lane already tried to open
+        on this socket is not admitted twice: its refusal is the answer."""
+        if self.refusals and self._refused(environ):
+            return None
         args = plain_query(environ.get("QUERY_STRING", ""))
         origin = environ.get("HTTP_ORIGIN")
         if args is None or raw_socket(environ) is None or not self.origins.allows(origin) \
@@ -219,6 +233,15 @@ class SessionPostLane:
         if self.config.enable_cors:
             add_cors(response, origin, self.origins)
         return response
+
+    def _refused(self, environ: dict[str, Any]) -> bool:
+        """Whether the head lane left a refusal for this request's socket (then in the
+        environ, for the route)."""
+        refused = self.refusals.pop(raw_socket(environ), None)
+        if refused is None:
+            return False
+        environ[REFUSED_KEY] = refused
+        return True
 
     def _mcp(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """POST /proto/mcp: the endpoint's Answer, with the headers Flask's cycle adds."""

@@ -274,20 +274,28 @@ _HANDSHAKE_KEYS = ("PATH_INFO", "QUERY_STRING")
 
 
 def serve_apart(ports: Ports, admission: Any, sock: Any, environ: dict[str, Any],
-                 compression: bool) -> None:
+                 compression: bool, handed_over: bool = False) -> None:
     """Serve an admitted WebSocket in a greenlet of its own, on a duplicate of the
     socket, and let the request end: the WSGI server's request, Flask's context and the
     request greenlet's deep stack are not held for the life of the connection (about a
     third of an idle session's memory: docs/PERFORMANCE.md). The WSGI server closes its
     own descriptor when the request ends; the connection lives on the duplicate. The
     greenlet starts once the request has ended, so the upgrade is answered only then.
-    A TLS socket (gunicorn's certfile) cannot be duplicated: it is served in the request."""
+    A TLS socket (gunicorn's certfile) cannot be duplicated: it is served in the request.
+    A socket ``handed_over`` (the head lane's: no request of the server's is left on it)
+    is not duplicated but detached: its descriptor goes to the connection, and the
+    server's close of the emptied object does nothing (a dup and a close saved)."""
     handshake = {k: v for k, v in environ.items()
                  if k.startswith("HTTP_") or k in _HANDSHAKE_KEYS}
     if is_tls(sock):  # TLS served by gunicorn itself: dup() refuses it, so in the request
         ws.serve(ports, admission, sock, handshake, compression)
         return
-    own = sock.dup()
+    if handed_over:
+        timeout = sock.gettimeout()
+        own = type(sock)(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        own.settimeout(timeout)
+    else:
+        own = sock.dup()
     # handed over in a box the greenlet empties: holding the dict itself would keep the
     # headers (~0.8 KB) as long as the connection lives
     box = [handshake]

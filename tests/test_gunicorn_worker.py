@@ -59,3 +59,23 @@ def test_dash_k_gevent_means_protoflask_and_nothing_else_is_touched() -> None:
         arbiter.worker_class = other
         gevent_means_protoflask(arbiter)
         assert arbiter.worker_class is other
+
+
+def test_a_worker_stops_tracking_the_greenlet_tree_unless_told(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import gevent
+
+    from protoflask.gunicorn_worker import untrack_greenlet_tree
+
+    before = gevent.config.track_greenlet_tree
+    try:
+        gevent.config.track_greenlet_tree = True
+        monkeypatch.setenv("GEVENT_TRACK_GREENLET_TREE", "1")
+        untrack_greenlet_tree()
+        assert gevent.config.track_greenlet_tree is True
+        monkeypatch.delenv("GEVENT_TRACK_GREENLET_TREE")
+        untrack_greenlet_tree()
+        assert gevent.config.track_greenlet_tree is False
+        assert getattr(gevent.spawn(lambda: None), "spawning_stack", None) is None
+    finally:
+        gevent.config.track_greenlet_tree = before

@@ -1,0 +1,246 @@
+"""protoflask/head_lane.py's reading of a request head against gunicorn's parser: every head
+the lane reads, gunicorn reads the same (method, target, headers, body, keep-alive) and
+builds the same WSGI environ from; every head gunicorn refuses, the lane leaves to it.
+(The answers byte for byte: tests/integration/test_head_lane.py.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from gunicorn.config import Config
+from gunicorn.http import wsgi
+from gunicorn.http.parser import RequestParser
+from hypothesis import given, settings, strategies as st
+
+from protoflask.head_lane import (HeadLimits, HeadRequest, environ_for, parse_head,
+                                  set_base_environ)
+
+PEER = ("127.0.0.1", 50123)
+SERVER = ("127.0.0.1", 8080)
+KEY = "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+UPGRADE = ("GET /proto/websocket?token=abc.def.ghi HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n"
+           "Upgrade: websocket\r\nConnection: Upgrade\r\n" + KEY + "\r\n")
+HELLO = b'{"type":"HELLO"}\n'
+
+
+def cfg(**settings_: Any) -> Config:
+    config = Config()
+    for name, value in settings_.items():
+        config.set(name, value)
+    return config
+
+
+def gunicorn_reads(data: bytes, config: Config) -> Any:
+    """gunicorn's Request for ``data`` (the whole connection's bytes), or the error."""
+    try:
+        return next(RequestParser(config, iter([data]), PEER))
+    except Exception as exc:  # what gunicorn answers 4xx for
+        return exc
+
+
+def assert_read_alike(data: bytes, config: Config | None = None) -> HeadRequest | None:
+    """The lane's reading of ``data``; when it reads it, gunicorn's is the same."""
+    config = config or Config()
+    head = parse_head(data, HeadLimits.of(config))
+    if head is None:
+        return None
+    theirs = gunicorn_reads(data, config)
+    assert not isinstance(theirs, Exception), (data, theirs)
+    for field in ("method", "uri", "path", "query", "fragment", "version", "headers",
+                  "scheme", "_expected_100_continue", "proxy_protocol_info"):
+        assert getattr(head, field) == getattr(theirs, field), field
+    assert head.should_close() == theirs.should_close()
+    if head.body is not None:
+        assert head.body.read() == theirs.body.read()
+    else:
+        assert theirs.body.read() == b""
+    assert theirs.unreader.read() == b"", "bytes after the request: gunicorn has more"
+    set_base_environ(config)
+    _, environ = wsgi.create(theirs, "sock", PEER, SERVER, config)
+    environ["wsgi.multithread"] = True  # gunicorn's async worker sets it after create()
+    ours = environ_for(head, "sock", PEER, SERVER)
+    left_out = {"wsgi.errors", "wsgi.input", "wsgi.early_hints"}
+    assert set(ours) == set(environ) - left_out
+    assert ours == {k: v for k, v in environ.items() if k not in left_out}
+    return head
+
+
+READ = {
+    "upgrade": UPGRADE,
+    "upgrade, no query": UPGRADE.replace("?token=abc.def.ghi", ""),
+    "upgrade, an Origin and a Bearer token":
+        UPGRADE[:-2] + "Origin: http://page.example\r\nAuthorization: Bearer x.y.z\r\n\r\n",
+    "upgrade, spaces around a value": UPGRADE.replace("Upgrade: websocket",
+                                                      "Upgrade:  websocket  "),
+    "upgrade, no space after the colon": UPGRADE.replace("Connection: ", "Connection:"),
+    "upgrade, a tab in a value": UPGRADE.replace("Upgrade: websocket", "Upgrade: web\tsocket"),
+    "sse": "GET /proto/sse?token=t HTTP/1.1\r\nHost: h\r\nAccept: text/event-stream\r\n\r\n",
+    "sse, Last-Event-ID": "GET /proto/sse?token=t HTTP/1.1\r\nHost: h\r\n"
+                          "Last-Event-ID: abc:3\r\n\r\n",
+    "sse, Connection: close": "GET /proto/sse HTTP/1.1\r\nConnection: close\r\n\r\n",
+    "sse, an escaped query": "GET /proto/sse?token=a%20b&x=1+2 HTTP/1.1\r\nHost: h\r\n\r\n",
+    "stream": "POST /proto/stream HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer t\r\n"
+              "Content-Type: application/x-ndjson\r\nContent-Length: 17\r\n\r\n"
+              + HELLO.decode(),
+    "stream, an empty body": "POST /proto/stream HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+    "stream resumed": "POST /proto/stream?session=abc&last_seq=3 HTTP/1.1\r\n"
+                      "Content-Length: 17\r\n\r\n" + HELLO.decode(),
+}
+
+LEFT = {  # the lane leaves these to gunicorn (which may well serve them)
+    "another path": UPGRADE.replace("/proto/websocket", "/proto/websocketx"),
+    "a path with an escape": UPGRADE.replace("/proto/websocket", "/proto/web%73ocket"),
+    "POST to the WebSocket": UPGRADE.replace("GET", "POST", 1),
+    "a fragment": UPGRADE.replace("ghi ", "ghi#x "),
+    "HTTP/1.0": UPGRADE.replace("HTTP/1.1", "HTTP/1.0", 1),
+    "not whole": UPGRADE[:-2],
+    "pipelined": UPGRADE + UPGRADE,
+    "bytes after": UPGRADE + "\x81",
+    "a body on a GET": UPGRADE[:-2] + "Content-Length: 2\r\n\r\nhi",
+    "a header with _": UPGRADE[:-2] + "X_Forwarded_For: 1.2.3.4\r\n\r\n",
+    "a repeated header": UPGRADE[:-2] + "Origin: a\r\nOrigin: b\r\n\r\n",
+    "a repeated Host": UPGRADE[:-2] + "Host: other\r\n\r\n",
+    "Expect": UPGRADE[:-2] + "Expect: 100-continue\r\n\r\n",
+    "Transfer-Encoding": "POST /proto/stream HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         "0\r\n\r\n",
+    "a forwarded scheme": UPGRADE[:-2] + "X-Forwarded-Proto: https\r\n\r\n",
+    "obsolete folding": UPGRADE[:-2] + "X-A: a\r\n b\r\n\r\n",
+    "a bare LF": UPGRADE.replace("Upgrade: websocket\r\n", "Upgrade: websocket\n"),
+    "a control byte": UPGRADE.replace("Upgrade: websocket", "Upgrade: web\x01socket"),
+    "non-ASCII": UPGRADE.replace("Upgrade: websocket", "Upgrade: w\xe9bsocket"),
+    "a space before the colon": UPGRADE.replace("Upgrade: ", "Upgrade : "),
+    "no colon": UPGRADE[:-2] + "Nonsense\r\n\r\n",
+    "two spaces in the request line": UPGRADE.replace(" HTTP/1.1", "  HTTP/1.1", 1),
+    "a body shorter than its length": "POST /proto/stream HTTP/1.1\r\nContent-Length: 30\r\n"
+                                      "\r\n" + HELLO.decode(),
+    "a body longer than its length": "POST /proto/stream HTTP/1.1\r\nContent-Length: 3\r\n"
+                                     "\r\n" + HELLO.decode(),
+    "a stream without a length": "POST /proto/stream HTTP/1.1\r\nHost: h\r\n\r\n",
+    "a signed length": "POST /proto/stream HTTP/1.1\r\nContent-Length: +17\r\n\r\n"
+                       + HELLO.decode(),
+    "a body over the lane's": "POST /proto/stream HTTP/1.1\r\nContent-Length: 5000\r\n\r\n"
+                              + "x" * 5000,
+    "a leading empty line": "\r\n" + UPGRADE,
+    "a lowercase method": UPGRADE.replace("GET", "get", 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(READ))
+def test_a_head_the_lane_reads_gunicorn_reads_the_same(case: str) -> None:
+    assert assert_read_alike(READ[case].encode("latin-1")) is not None
+
+
+@pytest.mark.parametrize("case", sorted(LEFT))
+def test_the_lane_leaves_the_rest_to_gunicorn(case: str) -> None:
+    assert assert_read_alike(LEFT[case].encode("latin-1")) is None
+
+
+def test_the_limits_are_gunicorns() -> None:
+    """A head over gunicorn's configured limits is left to it (414, 431 and 400 answered
+    there); one just under them is read alike."""
+    long_target = UPGRADE.replace("abc.def.ghi", "t" * 200)
+    line = len(long_target.split("\r\n")[0])
+    assert assert_read_alike(long_target.encode(), cfg(limit_request_line=line + 1))
+    assert assert_read_alike(long_target.encode(), cfg(limit_request_line=line)) is None
+    assert isinstance(gunicorn_reads(long_target.encode(), cfg(limit_request_line=line - 1)),
+                      Exception)
+    field = "X-Long: " + "v" * 100
+    head = (UPGRADE[:-2] + field + "\r\n\r\n").encode()
+    assert assert_read_alike(head, cfg(limit_request_field_size=len(field) + 2))
+    assert assert_read_alike(head, cfg(limit_request_field_size=len(field) + 1)) is None
+    assert assert_read_alike(head, cfg(limit_request_fields=6))  # 5 fields + X-Long
+    assert assert_read_alike(head, cfg(limit_request_fields=5)) is None
+    assert isinstance(gunicorn_reads(head, cfg(limit_request_fields=5)), Exception)
+
+
+# -- the same, over generated heads ---------------------------------------------------------
+
+_name = st.one_of(
+    st.sampled_from(["Host", "Origin", "Upgrade", "Connection", "X-A", "x-a", "Authorization",
+                     "Content-Length", "Sec-WebSocket-Key", "Content-Type", "Last-Event-ID"]),
+    st.sampled_from(["X_A", "Transfer-Encoding", "Expect", "X-Forwarded-Proto", "", " X",
+                     "X ", "A@B", "Script_Name", "TE"]))
+# half of the values, separators, versions and endings well formed, so that the lane reads
+# a good share of the heads
+_value = st.one_of(st.sampled_from(["a", "ab 1", " x-y ", "", "1"]),
+                   st.text(alphabet=st.sampled_from(list("ab 1-=/:.\t\x00\x7f\r\n\xe9")),
+                           max_size=8))
+_separator = st.one_of(st.just(": "), st.sampled_from([":", ": ", " :", ""]))
+_line = st.tuples(_name, _separator, _value).map("".join)
+_start = st.one_of(st.sampled_from(["GET /proto/websocket?token=a", "GET /proto/sse"]),
+                   st.sampled_from(["GET /proto/websocket", "POST /proto/stream",
+                                    "GET /proto/websocket?a=%41&b", "GET /health",
+                                    "POST /proto/stream?session=s", "GET /proto/sse#x",
+                                    "PUT /proto/stream", "GET  /proto/sse",
+                                    "GET /proto/sse?\x7f"]))
+_version = st.one_of(st.just(" HTTP/1.1"),
+                    st.sampled_from([" HTTP/1.1", " HTTP/1.0", " HTTP/2.0", " http/1.1", ""]))
+_ending = st.one_of(st.just("\r\n\r\n"), st.sampled_from(
+    ["\r\n\r\n", "\r\n\r\nx", "\n\n", "\r\n", "\r\n\r\n" + "{}\n"]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(start=_start, version=_version, ending=_ending, lines=st.lists(
+    _line, max_size=5, unique_by=lambda line: line.partition(":")[0].strip().upper()))
+def test_generated_heads_are_read_alike_or_left(start: str, version: str, lines: list[str],
+                                                 ending: str) -> None:
+    data = "\r\n".join([start + version, *lines]) + ending
+    assert_read_alike(data.encode("utf-8"))
+
+
+# -- the response writer ----------------------------------------------------------------------
+
+
+class Wire:
+    """A socket that keeps what is written to it, one entry per write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+
+def written(response_class: Any, head: HeadRequest, status: str,
+            headers: list[tuple[str, str]], chunks: list[bytes]) -> list[bytes]:
+    wire = Wire()
+    resp = response_class(head, wire, Config())
+    resp.start_response(status, headers)
+    for chunk in chunks:
+        resp.write(chunk)
+    resp.close()
+    return wire.writes
+
+
+RESPONSES = {
+    "a stream's first event": ("200 OK", [("Content-Type", "text/event-stream")],
+                               [b"event: session\n\n", b"data: 1\n\n"]),
+    "an empty chunk first": ("200 OK", [("Content-Type", "application/x-ndjson")],
+                             [b"", b"{}\n"]),
+    "nothing written": ("200 OK", [("X-A", "1")], []),
+    "a length": ("401 UNAUTHORIZED", [("Content-Length", "2")], [b"{}"]),
+    "a 204": ("204 NO CONTENT", [("Content-Length", "0")], [b""]),
+}
+
+
+@pytest.mark.parametrize("connection", ["", "close", "keep-alive"])
+@pytest.mark.parametrize("case", sorted(RESPONSES))
+def test_the_lane_writes_the_bytes_gunicorns_writer_writes(case: str, connection: str) -> None:
+    """``LaneResponse`` is gunicorn's ``Response`` with the head held for the first body
+    bytes and the Date made once a second: the same bytes, in no more writes."""
+    from protoflask.head_lane import LaneResponse
+
+    data = ("GET /proto/sse HTTP/1.1\r\nHost: h\r\n"
+            + (f"Connection: {connection}\r\n" if connection else "") + "\r\n").encode()
+    for _ in range(3):  # the two in the same second
+        head = parse_head(data, HeadLimits.of(Config()))
+        assert head is not None
+        theirs = written(wsgi.Response, head, *RESPONSES[case])
+        ours = written(LaneResponse, head, *RESPONSES[case])
+        if b"".join(ours) == b"".join(theirs):
+            break
+    assert b"".join(ours) == b"".join(theirs)
+    assert len(ours) <= len(theirs)
+    if RESPONSES[case][2][:1] == [b"event: session\n\n"]:
+        assert len(ours) == len(theirs) - 1  # the head went with the first event
