@@ -41,6 +41,16 @@ def unjournaled(live: LiveSession, ready: list[tuple[int, bytes]]) -> None:
                   live.id, ready[0][0], ready[-1][0])
 
 
+def not_sent(live: LiveSession, ready: list[tuple[int, bytes]]) -> None:
+    """Messages stamped for a session after it moved to another node (its transport's
+    close on its way): not written, since the node holding it now gives those seqs to
+    its own messages; written, they would reach the client twice under one seq with
+    different content (said, not dropped in silence)."""
+    if ready:
+        log.warning("session %s: seqs %d-%d stamped after it moved to another node are "
+                    "not sent from here", live.id, ready[0][0], ready[-1][0])
+
+
 class Follow:
     """This node's record of a session it holds or held (the ``SessionLink`` it sets on
     the LiveSession): whether its messages are journaled, up to which seq, and whether it
@@ -77,6 +87,9 @@ class Follow:
         return True
 
     def written(self, live: LiveSession, ready: list[tuple[int, bytes]], now: int) -> bool:
+        if self.moved:  # lost or let go: the node holding it now stamps its own seqs
+            not_sent(live, ready)
+            return False
         if not self.journaling:
             unjournaled(live, ready)
             return True
@@ -85,6 +98,10 @@ class Follow:
 
     def written_then(self, live: LiveSession, ready: list[tuple[int, bytes]], now: int,
                      then: Callable[[], None]) -> bool:
+        if self.moved:  # (as ``written``): the stage is released with nothing in it
+            not_sent(live, ready)
+            then()
+            return True
         if not self.journaling:
             unjournaled(live, ready)
             return False
