@@ -353,6 +353,7 @@ def main() -> None:
     step = {"ws": "ws", "sse": "sse", "stream": "stream", "resume": "resume"}[mode]
     state = {"done": 0, "failed": 0, "error": None, "last": 0.0}
     waiting = time_wait()
+    print(json.dumps({"event": "storm"}), file=sys.stderr, flush=True)  # (for a profiler)
     srv0 = server_cpu(cfg["serverPid"], cfg["clkTck"])
     cpu0, t0 = time.process_time(), time.perf_counter()
     held = storm(conns, step, cfg["inflight"], state)
