@@ -2,10 +2,9 @@
 sessions' lifecycle, upstream messages), the heartbeat ticker, and the operations the
 server's public API runs on sessions. What core events become is ``dispatch.py``'s.
 
-Transports only frame bytes, through a ``port.SessionPort`` each (``port.py``), which
-calls this. The engine knows the server above it only through the callables it is given
-(``emit``, ``emit_error``) and the tools' context (the server, opaque: the fourth
-argument of a tool's ``execute``), and hands the hub below it a ``SessionHost``.
+Transports only frame bytes, through a ``port.SessionPort`` each, which calls this. The
+engine knows the server above it only through ``emit``, ``emit_error`` and the tools'
+context (``tools.ToolContext``), and hands the hub below it a ``SessionHost``.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from functools import partial
 from typing import Any, Callable, TypeAlias
 
 from .auth import TokenAuthority
-from .bell import Bell
+from .bell import Bell, soon
 from .budget import MemoryBudget
 from .ticker import Ticker, tick_period
 from .tickets import MemoryTicketStore, TicketStore, issue_ticket
@@ -36,7 +35,8 @@ from .kept import KeptSessions
 from .limits import user_caps
 from .stats import Stats, held_of
 from .wheel import HeartbeatWheel
-from .tools import CallSink, SessionToolRunner, ToolExecution, ToolRegistry, check_call
+from .tools import (CallSink, SessionToolRunner, ToolContext, ToolExecution, ToolRegistry,
+                    check_call)
 from .turns import SLICE_MS, Pacer, give_turn
 from . import signals
 
@@ -58,11 +58,11 @@ class Engine:
 
     def __init__(self, config: ServerConfig, hub: Hub, tools: ToolRegistry,
                  authority: TokenAuthority, *, emit: Emit, emit_error: Emit,
-                 tool_context: Any = None, tickets: TicketStore | None = None) -> None:
+                 tool_context: ToolContext | None = None,
+                 tickets: TicketStore | None = None) -> None:
         self.config, self.hub, self.tools, self.authority = config, hub, tools, authority
         self._emit, self._emit_error = emit, emit_error
-        #: what every tool's ``execute(params, session_id, call_id, server)`` is given last
-        self.tool_context = tool_context
+        self.tool_context = tool_context  # every tool's execute is given it last
         self.settings = config.session_settings()
         self.stats = Stats(now_ms())
         self.shutting_down = False
@@ -86,13 +86,13 @@ class Engine:
         self._dispatch = self.dispatcher.dispatch
         hub.bind(SessionHost(settings=self.settings, adopt=self.adopt,
                              close_transport=self.close_transport,
-                             local_stats=self.local_stats,
-                             receive_body=self.receive_forwarded,
-                             settle=self.settle, released=self.budget.forget))
+                             local_stats=self.stats.figures, receive_body=self.receive_forwarded,
+                             # released: rung (bell.soon): the charge given back on the loop's stack
+                             settle=self.settle, released=partial(soon, self.budget.forget)))
 
     def local_stats(self) -> dict[str, Any]:
         """This node's statistics (docs/PROTOCOL.md §10) now, and ``errorsSent``."""
-        return {**self.stats.snapshot(now_ms()), "errorsSent": self.stats.errors_sent}
+        return self.stats.figures()
 
     # -- connections -----------------------------------------------------------------
 

@@ -35,7 +35,8 @@ class SessionHost:
     adopt: Callable[[ProtocolSession], "LiveSession"]
     close_transport: Callable[["LiveSession", int, str], None]
     #: this node's /stats figures (docs/PROTOCOL.md §10) plus ``errorsSent``, the number of
-    #: ERROR messages sent (a cluster weighs every node's error rate with it)
+    #: ERROR messages sent (a cluster weighs every node's error rate with it): the
+    #: engine's is ``Stats.figures`` (layer 1), a call down
     local_stats: Callable[[], dict[str, Any]]
     #: a body POSTed to another node for a session held here (its errors go downstream,
     #: none is raised); a cluster runs it in a greenlet of its own and waits for it
@@ -44,7 +45,8 @@ class SessionHost:
     #: cluster): a cluster runs it in a greenlet of its own (``bell.apart``), never calls it
     settle: Callable[["LiveSession"], None] = lambda live: None
     #: a session this node stopped holding (it moved to another node): what the session
-    #: layer counted for it here (its memory budget) is given back now, not at a tick
+    #: layer counted for it here (its memory budget) is given back now, not at a tick (the
+    #: engine's is a ring: ``bell.soon``, the next turn of the loop, on a stack of its own)
     released: Callable[["LiveSession"], None] = lambda live: None
 
 

@@ -38,13 +38,16 @@ from .clock import now_ms, now_ns
 from .core.errors import (
     CloseCode, InvalidMessage, MessageTooLarge, ProtoError, RequestTimeout,
 )
-from .bell import SILENT, Bell
+from .bell import SILENT, Bell, apart
 from .live import HANDING, HELD, IDLE, LiveSession, Stage
 
 if TYPE_CHECKING:
     from .config import ServerConfig
-    from .core.calls import Call
+    from .core.calls import Call, Run
+    from .core.messages import Outbound
     from .core.replay import ReplayWindow
+    from .core.settings import SessionSettings
+    from .tools import Report, ToolContext, ToolRegistry
     from .engine import Engine
     from .turns import Pacer
 
@@ -199,8 +202,14 @@ class SessionPort:
     # -- Transport: what the registry and the session layer call ---------------------------
 
     def close(self, code: int, reason: str) -> None:
-        if self._writer is not None:
-            self._writer.close(code, reason)
+        writer = self._writer
+        if writer is None:
+            return
+        if self.live.transport is self:  # it writes what is pending first, now
+            writer.close(code, reason)
+        else:  # superseded: nothing more to write; no frame of the port under its close,
+            # and the resume is not held by the old socket's write (bell.apart)
+            apart(writer.close, code, reason)
 
     # -- upstream --------------------------------------------------------------------------
 
@@ -388,3 +397,86 @@ class PostAdmission:
     user_id: str
     session_id: str
     live: LiveSession | None
+
+
+class SessionState(Protocol):
+    """What an adapter reads of a session's protocol state (``AdapterPorts.state``;
+    read-only): its runs, seqs, replay window and the extensions its client asked for."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def runs(self) -> "Mapping[str, Run]": ...
+    @property
+    def downstream_seq(self) -> int: ...
+    @property
+    def last_ack(self) -> int: ...
+    @property
+    def replay(self) -> "ReplayWindow": ...
+    @property
+    def extensions(self) -> frozenset[str]: ...
+    @property
+    def settings(self) -> "SessionSettings": ...
+
+
+class AdapterPorts(Protocol):
+    """What the adapters (``agui/``, ``mcp/``) may ask of the session layer besides a
+    transport's ``Ports``: they act for their clients on the native side. A session is
+    handed out as an unattached ``SessionPort`` of the adapter's kind (``last_seq`` None:
+    nothing replayed): ``connect`` counts it as a live transport, ``attach`` serves it and
+    ``end`` gives the count back; or it is only read and sent to. ``adapter_ports.py``
+    builds it on the engine; the server hands it to the adapters."""
+
+    limits: Limits
+    config: "ServerConfig"
+    tools: "ToolRegistry"
+    tool_context: "ToolContext | None"  # the fourth argument of a tool's execute
+
+    def user(self, token: str | None, ticket: str | None = None) -> str:
+        """The user of a token, or of a connect ticket (redeemed), or the contract's 401."""
+    def refused(self, exc: ProtoError) -> None:
+        """Count a connection refused with ``exc`` (as ``Ports.admit`` counts its own)."""
+    def open_body(self, user_id: str) -> None:
+        """Count a request body being read against the user's cap (``close_body`` after)."""
+    def close_body(self, user_id: str) -> None: ...
+    def session(self, session_id: str, user_id: str, kind: str) -> SessionPort:
+        """The user's session, taken over from another node if need be; SESSION_NOT_FOUND."""
+    def held(self, session_id: str, user_id: str, kind: str) -> SessionPort | None:
+        """The user's session if this process holds it (SESSION_NOT_FOUND: another's)."""
+    def here(self, session_id: str) -> SessionPort | None:
+        """The session if this process holds it, whoever's (a signal's receiver)."""
+    def create(self, user_id: str, kind: str, session_id: str | None = None, *,
+               connect: bool = False) -> SessionPort:
+        """A new session (named ``session_id``, else random) if the memory budget lets it
+        in; with ``connect``, counted as a live transport first (``connect``)."""
+    def connect(self, port: SessionPort) -> None:
+        """Count ``port`` as a live transport of its session (the limits' 503s); the caller
+        owes its ``end`` (or ``disconnect``)."""
+    def disconnect(self, port: SessionPort) -> None:
+        """A connected port that never attached: its count back."""
+    def state(self, port: SessionPort) -> SessionState: ...
+    def is_current(self, port: SessionPort) -> bool:
+        """Whether this process still holds the session ``port`` was made for."""
+    def serving(self, port: SessionPort) -> SessionPort | None:
+        """The port of the transport serving the session now, if any."""
+    def start_run(self, port: SessionPort, run_id: str, thread_id: str | None,
+                  metadata: dict[str, Any] | None) -> None:
+        """Start a run in the session on its client's behalf (RUN_STARTED goes out)."""
+    def note_state(self, port: SessionPort) -> None:
+        """A run's metadata changed: the cluster's record of the session is written again."""
+    def send(self, session_id: str, out: "Outbound") -> bool:
+        """Send to the session wherever it lives; False if it is gone."""
+    def open_call(self, session_id: str, call_id: str, run_id: str | None) -> bool:
+        """Open a call of the application's in a session another node holds."""
+    def report(self, session_id: str, report: "Report") -> bool:
+        """What a call run here came to, to its session wherever it lives."""
+    def lookup(self, session_id: str) -> dict[str, Any] | None:
+        """The fields of a session another node holds (docs/PROTOCOL.md §12), else None."""
+    def forward(self, session_id: str, user_id: str, body: bytes) -> None:
+        """A body of native messages for the session, to wherever it lives (a POST's)."""
+    @property
+    def node_id(self) -> str | None:
+        """This process's node id in a cluster; None alone."""
+    @property
+    def other_live_nodes(self) -> Callable[[], list[str]] | None:
+        """The other live nodes' ids, asked of the cluster; None alone."""

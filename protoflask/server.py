@@ -30,6 +30,7 @@ from .core import messages
 from .core.coalesce import DEFAULT_MAX_CHARS, DEFAULT_MAX_DELAY_MS
 from .core.errors import CloseCode, InvalidMessage, ProtoError, RunNotFound, SessionNotFound
 from .core.handoff import snapshot
+from .adapter_ports import AdapterGate
 from .engine import Engine
 from .clock import now_ms
 from .cli.devtoken import forget_dev_token, save_dev_token
@@ -64,7 +65,8 @@ class ProtoServer:
         self._own_app = False  # the app was created here: the page may take "/"
         self._listeners: list[Callable[..., Any]] = []
         self._agui_handler: Callable[[AguiRun], Any] | None = None
-        self._socket_agui = install_socket_agui(self, lambda: self.engine, self._agui_services)
+        self._socket_agui = install_socket_agui(self, lambda: self.adapter_ports,
+                                                self._agui_services)
         self._serving = EmbeddedServer()
         if app is not None:
             self.init_app(app)
@@ -102,6 +104,8 @@ class ProtoServer:
                              tool_context=self,
                              # clustered: a ticket store every worker redeems from
                              tickets=self.hub.tickets)
+        #: what the adapters (agui/, mcp/) are given of the session layer
+        self.adapter_ports = AdapterGate(self.engine)
 
     def _metrics_text(self) -> bytes:
         from prometheus_client import generate_latest
@@ -130,8 +134,8 @@ class ProtoServer:
             self._configure(loaded)
         app.extensions["protoflask"] = self
         ctx = WebContext(self.engine, self.config, self.metrics_registry, own_app=self._own_app,
-                         mcp=McpEndpoint(self.engine, self.config.allowed_origins),
-                         agui=self._agui_services)
+                         mcp=McpEndpoint(self.adapter_ports, self.config.allowed_origins),
+                         agui=self._agui_services, adapters=self.adapter_ports)
         app.register_blueprint(create_blueprint(ctx))
         if self._own_app:  # the session POSTs skip Flask's request cycle (post_lane.py)
             app.wsgi_app = SessionPostLane(app, ctx)  # type: ignore[method-assign]
@@ -279,7 +283,7 @@ class ProtoServer:
 
     def _agui_services(self) -> AguiServices:
         return agui_services(
-            self.engine, call=self._call, call_tool=self.call_tool,
+            self.adapter_ports, call=self._call, call_tool=self.call_tool,
             send_message=self.send_message, finish_run=self.finish_run, handler=self._agui_handler,
             report_error=lambda exc, session_id: self._emit_error(exc, session_id=session_id))
 

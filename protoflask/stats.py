@@ -12,6 +12,7 @@ from bisect import bisect_left
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from .clock import now_ms
 from .core.traffic import TrafficCounters
 
 if TYPE_CHECKING:
@@ -173,6 +174,12 @@ class Stats:
             buckets.popleft()
         if not buckets:  # the newest went too: the next record opens a new one
             self._bucket = _NO_BUCKET
+
+    def figures(self) -> dict[str, Any]:
+        """This node's statistics (docs/PROTOCOL.md §10) now, and ``errorsSent``: what a
+        cluster's beat reports (``SessionHost.local_stats``: a call down to here, not up
+        into the engine)."""
+        return {**self.snapshot(now_ms()), "errorsSent": self.errors_sent}
 
     def snapshot(self, now: int) -> dict[str, Any]:
         self._trim(now)

@@ -2,9 +2,9 @@
 and the per-session executor (a gevent pool bounded by maxConcurrentRuns plus a queue).
 
 The executor calls nothing above it: it calls a tool's ``execute`` with the context it
-was given (the server, opaque here), records what each call came to as ``Report``s, and
-rings its sink's bell (``bell.py``); the session layer pulls them (``take_reports``) and
-applies them to the session.
+was given (the server, as ``ToolContext`` names it; the executor only passes it on),
+records what each call came to as ``Report``s, and rings its sink's bell (``bell.py``);
+the session layer pulls them (``take_reports``) and applies them to the session.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 import gevent
 import gevent.event
@@ -24,6 +24,8 @@ from jsonschema.exceptions import SchemaError
 from .bell import Bell
 from .clock import now_ms
 from .fastschema import compile_simple
+from .streaming import StreamedText
+from .core.coalesce import DEFAULT_MAX_CHARS, DEFAULT_MAX_DELAY_MS
 from .core.errors import (
     InvalidMessage, MaxRunsExceeded, ProtoError, ToolExecutionError, ToolNotFound,
 )
@@ -248,6 +250,23 @@ def awaited_call(call_id: str) -> tuple["gevent.event.AsyncResult",
     return outcome, done
 
 
+class ToolContext(Protocol):
+    """What every ``execute(params, session_id, call_id, server)`` is given last: the
+    server (``ProtoServer``, which checks it has these). The runner, the engine and the
+    adapters only pass it on; these are what a tool reaches its session with (docs/
+    PROTOCOL.md §12; the rest of the server's public API is there too)."""
+
+    def send_tool_update(self, session_id: str, call_id: str, status: str = "RUNNING",
+                         progress: float | None = None, partial: Any = None) -> bool: ...
+    def send_message(self, session_id: str, message: Mapping[str, Any]) -> None: ...
+    def stream_text(self, session_id: str, chunks: Iterable[Any], run_id: str | None = None,
+                    content_type: str = "text/plain", *, max_chars: int = DEFAULT_MAX_CHARS,
+                    max_delay_ms: int = DEFAULT_MAX_DELAY_MS) -> StreamedText: ...
+    def call_tool(self, session_id: str, name: str, params: Mapping[str, Any] | None = None,
+                  *, run_id: str | None = None, call_id: str | None = None) -> Any: ...
+    def get_session(self, session_id: str) -> dict[str, Any] | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class CallSink:
     """What a session's tool runner is handed by the layer above it: values and a bell,
@@ -255,8 +274,8 @@ class CallSink:
 
     session_id: str
     #: the fourth argument of every ``execute(params, session_id, call_id, server)``:
-    #: the server, opaque to the runner
-    context: Any
+    #: the server, passed on by the runner (None: an engine without a server, in tests)
+    context: ToolContext | None
     #: rung when reports wait (``SessionToolRunner.take_reports``)
     bell: Bell
 

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from .config import ServerConfig
     from .engine import Engine
+    from .port import AdapterPorts
 
 access_log = logging.getLogger("protoflask.access")
 # transports/websocket.py reads websockets' internals: fail here, at start-up, if they
@@ -86,6 +87,8 @@ class WebContext:
     mcp: McpEndpoint
     #: what an AG-UI run needs of the server (docs/AGUI.md); None: no /proto/agui
     agui: Callable[[], AguiServices] | None = None
+    #: what the adapters are given of the session layer (their routes: /proto/agui)
+    adapters: "AdapterPorts | None" = None
 
 
 class ConnectionTakenOver(StopIteration):
@@ -204,8 +207,8 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
         # raising and catching a KeyError (~3% of a handshake in a reconnect storm)
         return _TakenOverResponse(content_type="text/plain")
 
-    if ctx.agui is not None:
-        add_agui_routes(bp, engine, ctx.agui)
+    if ctx.agui is not None and ctx.adapters is not None:
+        add_agui_routes(bp, ctx.adapters, ctx.agui)
 
     @bp.post("/proto/ticket")
     def ticket() -> Response:

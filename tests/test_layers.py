@@ -7,8 +7,9 @@
     of another package;
 (c) no file is longer than MAX_LINES;
 (d) importing protoflask.core and protoflask.client loads neither Flask nor gevent;
-(e) the transports and the adapters that hold a port import nothing of the session layer
-    (layers 2 and 3) but ``port``.
+(e) the transports and the adapters (agui/, mcp/: every module) import nothing of the
+    session layer (layers 2 and 3) but ``port``, nor read the port's ``live`` or
+    ``engine`` (or an engine's ``hub``) to reach past it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "options", "auth", "jwks", "signals", "tools", "logs", "origins", "tickets",
      "clock", "fastschema", "streaming", "stats", "limits", "pins", "turns", "bell"),
     ("hub", "live", "cluster"),
-    ("engine", "port", "dispatch", "kept", "budget", "ticker", "wheel"),
+    ("engine", "port", "adapter_ports", "dispatch", "kept", "budget", "ticker", "wheel"),
     ("transports",),
     ("web", "post_lane", "dashboard", "operator_actions", "metrics", "vitals", "blueprints",
      "mcp", "agui"),
@@ -171,9 +172,9 @@ def test_the_layer_table_places_every_module():
 
 
 #: What holds a ``port.SessionPort`` and nothing else of the session layer: the
-#: transports, and the adapters' live transports moved onto the port.
-PORT_HOLDERS = ("protoflask.transports", "protoflask.agui.stream", "protoflask.mcp.link",
-                "protoflask.mcp.tasks", "protoflask.mcp.task_calls")
+#: transports, and the adapters (their admission through ``port.AdapterPorts``, their live
+#: transports on the port), whole packages.
+PORT_HOLDERS = ("protoflask.transports", "protoflask.agui", "protoflask.mcp")
 #: The session layer (layers 2 and 3) and the one name of it a port holder may import.
 SESSION_LAYER = set(LAYERS[2]) | set(LAYERS[3])
 PORT = "port"
@@ -189,6 +190,22 @@ def test_port_holders_import_nothing_of_the_session_layer_but_the_port():
             if reached is None or _top(reached) not in SESSION_LAYER - {PORT}:
                 continue
             wrong.append(f"{path.relative_to(ROOT)}:{line} {module} -> {reached}")
+    assert not wrong, "port holders reaching past the port:\n" + "\n".join(wrong)
+
+
+#: What a port holder would reach past its port through (``SessionPort.live`` and
+#: ``.engine`` are the port's own; the engine's ``hub``): never read outside the port.
+PAST_THE_PORT = {"live", "engine", "hub"}
+
+
+def test_port_holders_do_not_reach_past_the_port_through_its_attributes():
+    wrong = []
+    for module, path in sorted(MODULES.items()):
+        if not any(module == h or module.startswith(h + ".") for h in PORT_HOLDERS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in PAST_THE_PORT:
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} .{node.attr}")
     assert not wrong, "port holders reaching past the port:\n" + "\n".join(wrong)
 
 

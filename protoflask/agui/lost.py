@@ -21,8 +21,7 @@ import gevent
 from ..core.errors import ProtoError
 
 if TYPE_CHECKING:
-    from ..engine import Engine
-    from ..live import LiveSession
+    from ..port import AdapterPorts, SessionPort
     from .run import AguiServices
 
 log = logging.getLogger("protoflask.agui")
@@ -33,54 +32,49 @@ HANDLER_NODE = "aguiHandler"
 WATCH_INTERVAL = 1.0
 
 
-def node_of(engine: "Engine") -> str | None:
-    """This process's node id in a cluster (the cluster hub's); None alone."""
-    node = getattr(engine.hub, "node_id", None)
-    return node if isinstance(node, str) else None
-
-
-def handler_metadata(engine: "Engine") -> dict[str, Any] | None:
+def handler_metadata(ports: "AdapterPorts") -> dict[str, Any] | None:
     """What a run records of its handler: its node, when clustered."""
-    node = node_of(engine)
+    node = ports.node_id
     return {HANDLER_NODE: node} if node else None
 
 
 class LostHandlers:
     """The watches of one server (see the module doc)."""
 
-    def __init__(self, engine: Callable[[], "Engine"],
+    def __init__(self, ports: Callable[[], "AdapterPorts"],
                  services: Callable[[], "AguiServices"]) -> None:
-        self.engine = engine
+        self.ports = ports
         self.services = services
         self.watching: set[tuple[str, str]] = set()
 
-    def attached(self, live: "LiveSession") -> None:
-        """A transport attached here: watch the runs whose handler is on another node."""
-        engine = self.engine()
-        here = node_of(engine)
+    def attached(self, port: "SessionPort") -> None:
+        """A transport attached here: watch the runs whose handler is on another node
+        (``port``: the session's, as ``AdapterPorts.here`` gives it)."""
+        ports = self.ports()
+        here = ports.node_id
         if here is None:
             return
-        for run_id, run in list(live.core.runs.items()):
+        for run_id, run in list(ports.state(port).runs.items()):
             node = run.metadata.get(HANDLER_NODE) if isinstance(run.metadata, dict) else None
-            key = (live.id, run_id)
+            key = (port.id, run_id)
             if run.status == "active" and isinstance(node, str) and node != here \
                     and key not in self.watching:
                 self.watching.add(key)
-                gevent.spawn(self._watch, engine, live, run_id, node)
+                gevent.spawn(self._watch, ports, port, run_id, node)
 
-    def _watch(self, engine: "Engine", live: "LiveSession", run_id: str, node: str) -> None:
+    def _watch(self, ports: "AdapterPorts", port: "SessionPort", run_id: str,
+               node: str) -> None:
         try:
-            live_nodes: Callable[[], list[str]] | None = \
-                getattr(engine.hub.view, "other_live_nodes", None)  # (cluster/view.py)
+            live_nodes = ports.other_live_nodes
+            state = ports.state(port)
             while live_nodes is not None:
-                run = live.core.runs.get(run_id)
-                if engine.hub.get(live.id) is not live or run is None \
-                        or run.status != "active":
+                run = state.runs.get(run_id)
+                if not ports.is_current(port) or run is None or run.status != "active":
                     return  # ended, or the session moved on (its next holder watches)
                 if node not in live_nodes():
                     log.warning("session %s: the AG-UI handler of run %s was on node %s, "
-                                "which was lost; ending the run", live.id, run_id, node)
-                    self.services().finish_run(live.id, run_id, error={
+                                "which was lost; ending the run", port.id, run_id, node)
+                    self.services().finish_run(port.id, run_id, error={
                         "code": "INTERNAL_ERROR",
                         "message": f"the run's handler was on node {node}, which was lost"})
                     return
@@ -90,4 +84,4 @@ class LostHandlers:
         except Exception:  # noqa: BLE001 - Redis unreachable: the next attach watches again
             log.exception("watching the AG-UI handler of run %s", run_id)
         finally:
-            self.watching.discard((live.id, run_id))
+            self.watching.discard((port.id, run_id))

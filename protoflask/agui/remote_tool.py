@@ -14,34 +14,24 @@ from typing import TYPE_CHECKING, Any, Callable
 
 
 from ..bell import Bell
-from ..core.errors import ProtoError
-from ..live import FailCall, OpenCall, Operation, ToolDone, ToolUpdate
 from ..tools import (
     CallSink, Report, SessionToolRunner, ToolExecution, awaited_call, check_call,
 )
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..port import AdapterPorts
 
 
-def call_tool_elsewhere(engine: "Engine", session_id: str, name: str, params: dict[str, Any],
+def call_tool_elsewhere(ports: "AdapterPorts", session_id: str, name: str, params: dict[str, Any],
                         run_id: str | None, call_id: str, *,
                         report_error: Callable[[BaseException, str], None]) -> Any:
     """Run the tool here for a session another node holds; its result, or raise like
     ``ProtoServer.call_tool``. Runs in the server's hub (the handler's greenlet)."""
-    tool = engine.tools.get(name)
+    tool = ports.tools.get(name)
     check_call(tool, name, params)
     assert tool is not None
     if tool.execute is None:
         raise ValueError(f"tool {name!r} has no execute function to call")
-    hub = engine.hub
-
-    def send(op: Operation) -> bool:
-        try:
-            return bool(hub.deliver(session_id, op))
-        except ProtoError:  # the session expired meanwhile
-            return False
-
     def reported() -> None:  # the runner's bell: its reports, to the session's node
         if runner.pulling:
             return  # the greenlet delivering takes what came meanwhile too
@@ -54,23 +44,17 @@ def call_tool_elsewhere(engine: "Engine", session_id: str, name: str, params: di
 
     def deliver(reports: list[Report]) -> None:
         for report in reports:
-            if report.kind == "update":
-                send(ToolUpdate(report.call_id, report.status))
-            elif report.kind == "done":
-                send(ToolDone(report.call_id, report.status, report.result))
-            else:
-                assert report.error is not None
-                send(FailCall(report.call_id, report.error))
+            ports.report(session_id, report)  # (False: the session expired meanwhile)
             execution = report.execution
             if execution is not None and execution.on_done is not None:
                 execution.on_done(execution, report.error)
             if report.raised is not None:
                 report_error(report.raised, session_id)
 
-    send(OpenCall(call_id, run_id))
-    runner = SessionToolRunner(CallSink(session_id, engine.tool_context,
+    ports.open_call(session_id, call_id, run_id)
+    runner = SessionToolRunner(CallSink(session_id, ports.tool_context,
                                         Bell(reported, apart=True)),  # delivering may block
-                               1, 1, engine.config.tool_timeout)
+                               1, 1, ports.config.tool_timeout)
     outcome, done = awaited_call(call_id)
     runner.submit(ToolExecution(call_id, tool.name, params, run_id=run_id, on_done=done), tool)
     reported()

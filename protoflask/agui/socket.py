@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 import gevent
 import orjson
 
 from ..core.errors import ProtoError
 from .input import parse_run_input
-from .lost import HANDLER_NODE, LostHandlers, node_of
+from .lost import HANDLER_NODE, LostHandlers
 from .mapping import (
     CONTENT_KEY, PART_HEAD, SOCKET, SOCKET_CONTENT, RunTranslator, is_part_tail,
 )
@@ -36,8 +36,7 @@ from .run import AguiServices, start_run_handler
 
 if TYPE_CHECKING:
     from ..core.calls import Run
-    from ..engine import Engine
-    from ..live import LiveSession
+    from ..port import AdapterPorts, SessionState
 
 log = logging.getLogger("protoflask.agui")
 
@@ -49,10 +48,19 @@ TRIM_EVERY = 256
 _NO_TEXTS: frozenset[bytes] = frozenset()
 
 
+class Held(Protocol):
+    """A session as the translator reads it: its id and its protocol state."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def core(self) -> "SessionState": ...
+
+
 class SocketTranslator:
     """What one session's WebSocket writes (see the module doc)."""
 
-    def __init__(self, live: "LiveSession") -> None:
+    def __init__(self, live: Held) -> None:
         self.session_id = live.id
         self.core = live.core
         self.run: RunTranslator | None = None
@@ -198,14 +206,16 @@ class SocketAgui:
     """The extension on one server: installs a session's translator on its WebSocket and
     starts the handler of a run a client started with a RunAgentInput."""
 
-    def __init__(self, engine: Callable[[], "Engine"],
+    def __init__(self, ports: Callable[[], "AdapterPorts"],
                  services: Callable[[], AguiServices]) -> None:
-        self.engine = engine  # the server's engine of the moment (init_app may remake it)
+        #: the adapters' ports of the server's engine of the moment (init_app may remake it)
+        self.ports = ports
         self.services = services
+        #: by the session's protocol state: a translator lives as long as its session here
         self.translators: "weakref.WeakKeyDictionary[Any, SocketTranslator]" = \
             weakref.WeakKeyDictionary()
         #: runs whose handler is on another node, watched (agui/lost.py)
-        self.lost = LostHandlers(engine, services)
+        self.lost = LostHandlers(ports, services)
 
     def on_attached(self, sender: Any, session_id: str, **_: Any) -> None:
         """The ``connect`` and ``handshake`` signals' receiver."""
@@ -218,27 +228,30 @@ class SocketAgui:
     def attach(self, session_id: str) -> None:
         """A transport attached, or the session's first HELLO came: a WebSocket of a session
         that asked for the extension writes through the session's translator."""
-        live = self.engine().hub.get(session_id)
-        if live is None:
+        ports = self.ports()
+        port = ports.here(session_id)
+        if port is None:
             return
-        self.lost.attached(live)
-        if EXTENSION not in live.core.extensions:
+        self.lost.attached(port)
+        state = ports.state(port)
+        if EXTENSION not in state.extensions:
             return
-        transport = live.transport
-        if transport is None or getattr(transport, "kind", None) != "websocket":
+        transport = ports.serving(port)
+        if transport is None or transport.kind != "websocket":
             return  # the extension is the WebSocket's; SSE and HTTP streams stay native
-        translator = self.translators.get(live.core)
+        translator = self.translators.get(state)
         if translator is None:
-            translator = self.translators[live.core] = SocketTranslator(live)
-        transport.translate = translator  # type: ignore[attr-defined]
+            translator = self.translators[state] = SocketTranslator(_Held(port.id, state))
+        transport.translate = translator
 
     def run_started(self, session_id: str, run: "Run") -> None:
         """A run a client started with ``metadata.agui`` (a RunAgentInput): its handler."""
         metadata = run.metadata
         if not isinstance(metadata, dict) or "agui" not in metadata:
             return
-        live = self.engine().hub.get(session_id)
-        if live is None:
+        ports = self.ports()
+        port = ports.here(session_id)
+        if port is None:
             return
         body = dict(metadata["agui"]) if isinstance(metadata["agui"], dict) else {}
         # the run's ids are the native message's: a RunAgentInput may leave them out
@@ -249,12 +262,16 @@ class SocketAgui:
         except ProtoError as exc:  # the run has started: it ends with RUN_ERROR
             gevent.spawn(_refuse, self.services(), session_id, run.run_id, exc)
             return
-        node = node_of(self.engine())
+        node = ports.node_id
         if node is not None:  # the node its handler runs on (agui/lost.py)
             metadata[HANDLER_NODE] = node
-            if live.link is not None:  # the cluster's record of the session knows it
-                live.link.note_state(live)
+            ports.note_state(port)  # the cluster's record of the session knows it
         start_run_handler(self.services(), session_id, run_input)
+
+
+class _Held(NamedTuple):
+    id: str
+    core: "SessionState"
 
 
 def _refuse(services: AguiServices, session_id: str, run_id: str, exc: ProtoError) -> None:

@@ -49,6 +49,7 @@ log = logging.getLogger("protoflask.cluster")
 
 DELIVERY_WAIT = 3.0  # s a delivery to another node waits for that node to confirm it
 MAX_HOPS = 3  # re-routing of a delivery that raced a session's move
+MOVED_REASON = "the session moved to another node; resume it"  # (its 4004's)
 
 
 def default_node_id() -> str:
@@ -479,7 +480,7 @@ class RoutingHub(LocalHub):
             log.warning("session %s is held by another node now; dropping it here", sid)
             if isinstance(live.link, Follow):
                 live.link.moved = True
-            # not 4002: no other client need have taken it; the client resumes it there
-            self.host.close_transport(live, CloseCode.MOVED, "the session moved to another "
-                                      "node; resume it")
+            # not 4002: no other client need have taken it; the client resumes it there.
+            # Apart (a greenlet of its own, no call back up): it is not this node's now
+            apart(self.host.close_transport, live, CloseCode.MOVED, MOVED_REASON)
 

@@ -1,5 +1,5 @@
-"""``/proto/mcp``: the MCP Streamable HTTP transport (docs/MCP.md) on the engine's public
-surface.
+"""``/proto/mcp``: the MCP Streamable HTTP transport (docs/MCP.md) on the adapters' ports
+(``port.AdapterPorts``).
 
     POST   /proto/mcp   one JSON-RPC message; a request is answered with JSON, or with
                         an SSE stream when a tools/call carries a progress token
@@ -26,14 +26,12 @@ from flask import Blueprint, Response, request
 from ..auth import token_from_request
 from ..core.errors import MessageTooLarge, MissingToken, ProtoError, SessionNotFound
 from ..origins import OriginPolicy, normalize_origin
-from ..port import SessionPort
 from ..transports.request_body import read_body
 from . import task_calls, wire
 from .link import McpLink
 
 if TYPE_CHECKING:
-    from ..engine import Engine
-    from ..live import LiveSession
+    from ..port import AdapterPorts, SessionPort
 
 #: How long an MCP session's link lives without a request (then the session is kept
 #: for replayWindowTime, and a request after that is 404: the client initializes again)
@@ -120,12 +118,12 @@ def call_id_for(request_id: Any) -> str:
 class McpEndpoint:
     """The MCP sessions of this process and the three routes."""
 
-    def __init__(self, engine: "Engine", allowed_origins: "Iterable[str]") -> None:
-        self.engine = engine
+    def __init__(self, ports: "AdapterPorts", allowed_origins: "Iterable[str]") -> None:
+        self.ports = ports
         self.origins = OriginPolicy(allowed_origins)
         self.links: dict[str, McpLink] = {}
         #: how long a task's result is kept: its TOOL_DONE's time in the replay window
-        self.ttl_ms = engine.config.replay_window_time
+        self.ttl_ms = ports.config.replay_window_time
         self._linking = gevent.lock.Semaphore()
 
     # -- checks every request meets ---------------------------------------------------------
@@ -151,7 +149,7 @@ class McpEndpoint:
         ticket = req.arg("ticket")
         if not token and not ticket:
             raise MissingToken("a Bearer token is required")
-        return self.engine.authenticate(token, ticket)
+        return self.ports.user(token, ticket)
 
     # -- the session's link in this process ---------------------------------------------------
 
@@ -164,10 +162,9 @@ class McpEndpoint:
                 if link.port.user_id != user_id:
                     raise SessionNotFound(f"no session {session_id!r} for this user")
                 return link
-            live = self.engine.find_session(session_id, user_id)
-            self.engine.open_connection(McpLink.kind, user_id,
-                                        replacing=live.transport is not None)
-            return self._open(live)
+            port = self.ports.session(session_id, user_id, McpLink.kind)
+            self.ports.connect(port)
+            return self._open(port)
 
     def check_session(self, session_id: str, user_id: str) -> None:
         """SESSION_NOT_FOUND unless the user's session exists here or on another node:
@@ -177,18 +174,19 @@ class McpEndpoint:
         if link is not None and not link.closed:
             if link.port.user_id == user_id:
                 return
-        elif self.engine.held_session(session_id, user_id) is not None:
+        elif self.ports.held(session_id, user_id, McpLink.kind) is not None:
             return
         else:
-            record = self.engine.hub.lookup(session_id) if session_id else None
+            record = self.ports.lookup(session_id) if session_id else None
             if record is not None and record.get("userId") == user_id:
                 return
         raise SessionNotFound(f"no session {session_id!r} for this user")
 
-    def _open(self, live: "LiveSession") -> McpLink:
-        port = SessionPort(self.engine, live, None, McpLink.kind)
+    def _open(self, port: "SessionPort") -> McpLink:
+        """The link of a session ``port`` (counted as a live transport): it serves the
+        session from now on, with nothing replayed (``last_seq`` None)."""
         link = McpLink(port, IDLE_SECONDS, self._ended)
-        self.links[live.id] = link
+        self.links[port.id] = link
         port.attach(link)  # the link serves the session from now on
         return link
 
@@ -206,8 +204,8 @@ class McpEndpoint:
                                                   "Origin not allowed"), 403)
         try:
             user_id = self.user(req)
-            config = self.engine.config
-            body = read_body(environ, config.max_message_size, config.body_timeout)
+            limits = self.ports.limits
+            body = read_body(environ, limits.max_message_size, limits.body_timeout)
         except MessageTooLarge as exc:
             return _rpc_error(None, wire.RpcError(wire.INVALID_REQUEST, exc.message), 413)
         except ProtoError as exc:
@@ -251,17 +249,12 @@ class McpEndpoint:
         if request_id is None:
             raise wire.RpcError(wire.INVALID_REQUEST, "initialize is a request")
         version = wire.negotiate(params.get("protocolVersion"))
-        self.engine.open_connection(McpLink.kind, user_id)
-        try:
-            live = self.engine.new_session(user_id)
-        except BaseException:
-            self.engine.close_connection(McpLink.kind, user_id)
-            raise
+        port = self.ports.create(user_id, McpLink.kind, connect=True)
         with self._linking:
-            link = self._open(live)
+            link = self._open(port)
         link.hello()
         return _json(wire.result(request_id, wire.initialize_result(version)),
-                     headers={SESSION_HEADER: live.id})
+                     headers={SESSION_HEADER: port.id})
 
     def _notification(self, method: str, params: dict[str, Any], session_id: str,
                       user_id: str) -> Answer:
@@ -277,7 +270,7 @@ class McpEndpoint:
             return _json(wire.result(request_id, {}))
         if method == "tools/list":
             self.check_session(session_id, user_id)
-            tools = [tool.to_dict() for tool in self.engine.tools]
+            tools = [tool.to_dict() for tool in self.ports.tools]
             return _json(wire.result(request_id, wire.tool_listing(tools, version)))
         if method == "tools/call":
             return self._call(request_id, params, session_id, user_id, version, sse)
@@ -360,7 +353,7 @@ class McpEndpoint:
         except ProtoError as exc:
             return _http_error(exc)
         changed = gevent.event.Event()
-        listeners = self.engine.tools.listeners
+        listeners = self.ports.tools.listeners
         listeners.append(changed.set)
         return Answer(200, _notifications(changed, lambda: listeners.remove(changed.set)),
                       "text/event-stream", SSE_HEADERS)
