@@ -4,7 +4,8 @@
 
 Config: {baseUrl: "http://127.0.0.1:PORT", mode, proto: "proto"|"echo", connections,
 inflight (100), secret (the server's JWT secret: one token per user, signed here before
-the clock starts), serverPid?, clkTck?, replay (10, resume modes)}. Modes:
+the clock starts), serverPid?, clkTck?, replay (10, resume modes), dropPause (s between
+the drop seen and the resume storm, for a probe: 0)}. Modes:
 
 - ``ws``: the WebSocket upgrade, then (proto) HELLO and its reply; echo: the 101 alone.
 - ``sse``: ``GET /proto/sse?token=`` until its ``event: session``.
@@ -357,6 +358,9 @@ def main() -> None:
         conns = [c for c in conns if c.session]
         for c in conns:
             c.seqs = []
+        if cfg.get("dropPause"):  # a probe may act on the worker between drop and storm
+            print(json.dumps({"event": "dropped"}), file=sys.stderr, flush=True)
+            gevent.sleep(cfg["dropPause"])
     step = {"ws": "ws", "sse": "sse", "stream": "stream", "resume": "resume"}[mode]
     state = {"done": 0, "failed": 0, "error": None, "last": 0.0}
     waiting = time_wait()
