@@ -9,7 +9,7 @@ import gc
 import resource
 from typing import TYPE_CHECKING, Any
 
-import gevent
+from greenlet import greenlet
 
 from .clock import now_ms
 
@@ -32,10 +32,11 @@ def peak_rss_bytes() -> int:
 
 
 def greenlets() -> tuple[int, int]:
-    """(gevent Greenlet objects alive, of which not finished), after a full collection.
+    """(greenlets alive, of which not finished), after a full collection: gevent's
+    Greenlets and raw ones (a WebSocket connection's reader is one: web.serve_apart).
     Objects frozen by gc.freeze() at start-up are not seen: compare counts, not totals."""
     gc.collect()
-    found = [o for o in gc.get_objects() if isinstance(o, gevent.Greenlet)]
+    found = [o for o in gc.get_objects() if isinstance(o, greenlet)]
     return len(found), sum(1 for g in found if not g.dead)
 
 

@@ -288,20 +288,25 @@ def serve_apart(ports: Ports, admission: Any, sock: Any, environ: dict[str, Any]
         ws.serve(ports, admission, sock, handshake, compression)
         return
     own = sock.dup()
-    # handed over in a box the greenlet empties: a closure's cell would hold the headers
-    # (~0.8 KB) as long as the connection lives
+    # handed over in a box the greenlet empties: holding the dict itself would keep the
+    # headers (~0.8 KB) as long as the connection lives
     box = [handshake]
     del handshake
+    # A raw greenlet, not gevent's Greenlet: nothing joins or links the connection's
+    # greenlet, and a Greenlet keeps its spawning stack (ten frame records) and tree for
+    # its whole life: ~1 KB an idle session (docs/PERFORMANCE.md, p7-storm).
+    gevent.spawn_raw(_serve_own, ports, admission, own, box, compression)
 
-    def run() -> None:
-        try:
-            ws.serve(ports, admission, own, box.pop(), compression)
-        except Exception:  # what Flask logged as the request's 500 before
-            log.exception("WebSocket connection failed")
-        finally:
-            own.close()
 
-    gevent.spawn(run)
+def _serve_own(ports: Ports, admission: Any, own: Any, box: list[dict[str, Any]],
+               compression: bool) -> None:
+    """The connection's greenlet (``serve_apart``): serve it on the duplicate ``own``."""
+    try:
+        ws.serve(ports, admission, own, box.pop(), compression)
+    except Exception:  # what Flask logged as the request's 500 before
+        log.exception("WebSocket connection failed")
+    finally:
+        own.close()
 
 
 def _unsupported_server(what: str) -> Response:

@@ -19,7 +19,7 @@ from .envelope import CONTROL_TYPES, ENCODING
 from .errors import ReplayUnavailable
 from .events import Event, SendRefused, SlowConsumer
 from .meter import Meter
-from .replay import ReplayWindow, ResendQueue
+from .replay import ReplayWindow, ResendQueue, shared
 from .settings import SessionSettings
 from .traffic import TrafficCounters
 
@@ -47,7 +47,7 @@ class OutboundQueue:
         self._events = events
         self._connected = connected
         self.replay = ReplayWindow(settings.replay_window_size, settings.replay_window_time,
-                                   settings.replay_window_bytes)
+                                   settings.replay_window_bytes, session_id)
         self.downstream_seq = 0
         # the channels paused, each a set made on the first pause (an empty set costs 216
         # bytes an idle session, issue 29): change them with pause / resume
@@ -292,7 +292,8 @@ class OutboundQueue:
                 credits.spend(channel, len(data))
             seq += 1
             self.downstream_seq = seq
-            out.append((seq, store(seq, data, now)))
+            out.append((seq, store(seq, data, now) if mtype != "HELLO"
+                        else store(seq, data, now, _hello_shared(ob))))
             try:
                 sent[mtype] += 1
             except KeyError:  # an application's own type
@@ -395,6 +396,16 @@ class OutboundQueue:
 
 
 _NONE: frozenset[str] = frozenset()
+
+
+def _hello_shared(ob: Outbound) -> tuple[bytes, ...] | None:
+    """What a HELLO reply shares with every other session's (replay.py keeps it once):
+    its capabilities and its type list, as they are encoded in it."""
+    p = ob.payload
+    caps, types = p.get("capabilities"), p.get("accept_events")
+    if not isinstance(caps, dict) or not isinstance(types, list):
+        return None  # an application's own HELLO
+    return shared(dumps(caps, option=ENCODING), dumps(types, option=ENCODING))
 
 
 def _with(channels: AbstractSet[str], channel: str) -> AbstractSet[str]:

@@ -15,12 +15,24 @@ of entries is a subtraction (what the resend queue counts toward the outbound bu
 
 The byte bound (``replayWindowBytes``) evicts the oldest entries, but the newest entry is
 always kept, so the window holds at most ``max_bytes`` plus one message.
+
+What every entry of a small window repeats is kept once (issue 29: an idle session's
+window is its HELLO reply and a PING per heartbeat): the copy kept has the session id
+(twice in every envelope) as the byte 0x00, and a HELLO reply's capabilities and type
+list (two thirds of its ~820 bytes, the same for every session of a worker) as 0x01 and
+0x02, the segments held once (``shared``). JSON has no raw control character (orjson
+escapes every one), so putting them back is exact; an entry that has one anyway is kept
+as it came. Sizes, offsets and the byte bounds count the message as written, never the
+copy kept. A window past SMALL_WINDOW (a busy session's) keeps its new entries as
+written: the marks would cost each of its messages ~3% of a PING's instructions.
+Without a session id (``session_id=""``) nothing is compacted: the plain window
+(tests/core/test_replay.py runs the same cases over both).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 
 class Stored(NamedTuple):
@@ -32,16 +44,41 @@ class Stored(NamedTuple):
 #: entries a window holds as a list before it becomes a deque (a list's popleft moves
 #: them all: cheap for a few)
 SMALL_WINDOW = 16
-_Entry = tuple[int, int, bytes, int]
+#: (seq, stored_at, data, offset): data as written; or, with a fifth item, data with the
+#: session id as SID_MARK and that item's segments (a ``shared`` tuple, or none) marked
+_Entry = tuple[Any, ...]
+SID_MARK = b"\x00"
+#: the marks of a ``shared`` tuple's segments, in order
+SEGMENT_MARKS = tuple(bytes((i,)) for i in range(1, 32))
+SID_ONLY: tuple[bytes, ...] = ()
+#: the distinct segment lists kept (a worker has one HELLO reply's; more only with
+#: sessions of different settings): past this many, new ones are not compacted
+MAX_SHARED = 64
+_SHARED: dict[tuple[bytes, ...], tuple[bytes, ...]] = {}
+
+
+def shared(*segments: bytes) -> tuple[bytes, ...] | None:
+    """The one tuple of these segments every window's entries point to (None once
+    MAX_SHARED lists were seen, or for an empty segment, which would match anywhere)."""
+    got = _SHARED.get(segments)
+    if got is None:
+        if len(_SHARED) >= MAX_SHARED or not segments or not all(segments) \
+                or len(segments) > len(SEGMENT_MARKS):
+            return None
+        got = _SHARED[segments] = segments
+    return got
 
 
 class ReplayWindow:
-    __slots__ = ("size", "time_ms", "max_bytes", "_entries", "_added")
+    __slots__ = ("size", "time_ms", "max_bytes", "_entries", "_added", "_sid")
 
-    def __init__(self, size: int, time_ms: int, max_bytes: int | None = None) -> None:
+    def __init__(self, size: int, time_ms: int, max_bytes: int | None = None,
+                 session_id: str = "") -> None:
         self.size = size
         self.time_ms = time_ms
         self.max_bytes = max_bytes
+        # the session's own str (no bytes copy kept: that would cost what a PING saves)
+        self._sid = session_id
         self._entries: deque[_Entry] | list[_Entry] = []
         # bytes ever added: the next entry's offset; what the window holds is this minus
         # the first entry's offset (no running total to keep as entries come and go)
@@ -51,7 +88,18 @@ class ReplayWindow:
         return len(self._entries)
 
     def __iter__(self) -> Iterator[Stored]:
-        return (Stored(*e[:3]) for e in list(self._entries))
+        full = self._full
+        return (Stored(e[0], e[1], full(e)) for e in list(self._entries))
+
+    def _full(self, e: _Entry) -> bytes:
+        """The message of an entry as it was written."""
+        data: bytes = e[2]
+        if len(e) == 4:
+            return data
+        segments = e[4]
+        for i in range(len(segments) - 1, -1, -1):
+            data = data.replace(SEGMENT_MARKS[i], segments[i])
+        return data.replace(SID_MARK, self._sid.encode())
 
     @property
     def nbytes(self) -> int:
@@ -71,17 +119,23 @@ class ReplayWindow:
     def last_seq(self) -> int | None:
         return self._entries[-1][0] if self._entries else None
 
-    def add(self, seq: int, data: bytes, now: int) -> bytes:
-        """Keep a message; returns the compact copy kept (write that one: the original's
-        buffer can then go at once)."""
+    def add(self, seq: int, data: bytes, now: int,
+            segments: tuple[bytes, ...] | None = None) -> bytes:
+        """Keep a message (``segments``: a ``shared`` tuple it may hold, a HELLO reply's);
+        returns a compact copy of it to write (the original's buffer, orjson's ~4 KiB,
+        can then go at once)."""
         data = memoryview(data).tobytes()
         entries = self._entries
         added = self._added
-        entries.append((seq, now, data, added))
+        if type(entries) is list:  # a small window: an idle session's, compacted
+            entries.append(self._compacted(seq, now, data, added, segments)
+                           if self._sid else (seq, now, data, added))
+            if len(entries) > SMALL_WINDOW:
+                entries = self._entries = deque(entries)
+        else:  # a busy session's: as written (the marks would cost its every message)
+            entries.append((seq, now, data, added))
         added += len(data)
         self._added = added
-        if len(entries) > SMALL_WINDOW and type(entries) is list:
-            entries = self._entries = deque(entries)
         if len(entries) > self.size:  # the usual eviction, one per message once full
             _popleft(entries)
         if self.max_bytes is not None:
@@ -90,6 +144,19 @@ class ReplayWindow:
         if entries[0][1] < now - self.time_ms:
             self.prune(now)
         return data
+
+    def _compacted(self, seq: int, now: int, data: bytes, added: int,
+                   segments: tuple[bytes, ...] | None) -> _Entry:
+        """The entry of ``data`` with the session id and ``segments`` marked, or as
+        written if it has a mark byte already (never in JSON)."""
+        segments = segments or SID_ONLY
+        if SID_MARK in data or any(mark in data for mark in SEGMENT_MARKS[:len(segments)]):
+            return (seq, now, data, added)
+        # the same object back when the id is not in it: nothing more is held then
+        kept = data.replace(self._sid.encode(), SID_MARK)
+        for mark, segment in zip(SEGMENT_MARKS, segments, strict=False):
+            kept = kept.replace(segment, mark)
+        return (seq, now, kept, added, segments)
 
     def prune(self, now: int) -> None:
         """Drop entries older than the window's time."""
@@ -107,7 +174,8 @@ class ReplayWindow:
     def range(self, from_seq: int, to_seq: int | None = None) -> tuple[list[Stored], bool]:
         """Stored messages with from_seq <= seq <= to_seq, and whether the window still
         held ``from_seq`` (False means messages before the first returned one are lost)."""
-        out = [Stored(*e[:3]) for e in self._entries
+        full = self._full
+        out = [Stored(e[0], e[1], full(e)) for e in self._entries
                if e[0] >= from_seq and (to_seq is None or e[0] <= to_seq)]
         return out, self.holds(from_seq)
 
@@ -134,12 +202,14 @@ class ReplayWindow:
         i, j = self.index(from_seq), self.index(to_seq + 1)
         if i >= j:
             return 0
-        last = entries[j - 1]
-        return last[3] + len(last[2]) - entries[i][3]
+        # (the copies kept may be shorter than the messages: offsets count the messages)
+        end: int = entries[j][3] if j < len(entries) else self._added
+        start: int = entries[i][3]
+        return end - start
 
     def entry_at(self, i: int) -> tuple[int, bytes]:
         e = self._entries[i]
-        return e[0], e[2]
+        return e[0], self._full(e)
 
 
 def _popleft(entries: deque[_Entry] | list[_Entry]) -> None:

@@ -32,6 +32,7 @@ from ..core.errors import MessageTooLarge
 from ..turns import SLICE
 from .sockets import immediate_send, read_wait, shutdown
 from .ws_handshake import accept_fast, accept_plain
+from .ws_protocol import OpenUnparsed, open_protocol, open_unparsed
 
 if TYPE_CHECKING:
     from ..port import Admission, Limits, Ports, SessionPort
@@ -44,7 +45,8 @@ _OPEN, _CLOSED = State.OPEN, State.CLOSED
 _TEXT, _BINARY = Opcode.TEXT, Opcode.BINARY
 # The protocol's state, read through its property's getter: a Python call from Python code,
 # not the descriptor machinery's call from C (three reads a message: 0.25k instructions less)
-_state_of: Callable[[ServerProtocol], State] = \
+# (the stand-in of ws_protocol.py answers it too)
+_state_of: Callable[["ServerProtocol | OpenUnparsed"], State] = \
     ServerProtocol.state.fget  # type: ignore[attr-defined]
 RECV_SIZE = 65536
 #: deflated bytes handed to the protocol at a time (inflated: up to a few messages)
@@ -98,6 +100,8 @@ class WebSocketConnection:
     kind = "websocket"
     #: split the common data frames here rather than in the protocol (no extension only)
     split_frames = True
+    #: start with ws_protocol's shared stand-in, the protocol object made on first need
+    lazy_protocol = True
 
     def __init__(self, limits: "Limits", sock: socket.socket, compression: bool) -> None:
         self.limits = limits
@@ -106,7 +110,10 @@ class WebSocketConnection:
         #: a TLS socket: every write there goes the waiting way)
         self._send_now = immediate_send(sock)
         self.compression = compression
-        self.protocol = ServerProtocol(state=State.OPEN, max_size=limits.max_message_size)
+        #: the websockets protocol, or its stand-in until a frame needs it (``parser``)
+        self.protocol: ServerProtocol | OpenUnparsed = \
+            open_unparsed(limits.max_message_size) if self.lazy_protocol \
+            else open_protocol(limits.max_message_size)
         self.port: "SessionPort | None" = None
         self._fragments: list[bytes] = []
         self._fragment_opcode: Opcode | None = None
@@ -126,9 +133,20 @@ class WebSocketConnection:
         The common upgrade is answered from a template (``accept_fast``)."""
         answer = accept_fast(environ, self.compression) \
             or accept_plain(environ, self.compression)
-        chunks, self.protocol.extensions, accepted = answer
+        chunks, extensions, accepted = answer
+        if extensions:  # a deflating connection's frames all go through the protocol
+            self.parser().extensions = extensions
         self._send(chunks)
         return accepted
+
+    def parser(self) -> ServerProtocol:
+        """The websockets protocol object, made now if its stand-in was in its place
+        (ws_protocol.py): every call that gives it bytes or has it write comes here."""
+        protocol = self.protocol
+        if type(protocol) is OpenUnparsed:
+            protocol = self.protocol = open_protocol(protocol.max_message_size)
+        assert isinstance(protocol, ServerProtocol)
+        return protocol
 
     def serve(self, port: "SessionPort") -> None:
         """Attach to the session and pump until the connection ends, in the greenlet
@@ -167,14 +185,17 @@ class WebSocketConnection:
                 pacer.pause(user)
             data = sock.recv(RECV_SIZE)
             if not data:
+                protocol = self.parser()
                 if pending:  # an incomplete frame: the protocol reports the EOF in it
                     protocol.receive_data(pending)
                 protocol.receive_eof()
                 self._protocol_events()
             elif own_frames:
                 pending = self._read_frames(pending + data if pending else data)
+                protocol = self.protocol  # the real one, if a frame needed it
             else:  # deflated: fed a piece at a time, so that one read of 64 KiB (a
                 # thousand times that inflated) is never all held, nor handled, at once
+                protocol = self.parser()
                 turn = monotonic()
                 for i in range(0, len(data), FEED_SIZE):
                     protocol.receive_data(data[i:i + FEED_SIZE])
@@ -197,19 +218,23 @@ class WebSocketConnection:
         and answers those exactly as it answers when it reads every byte itself; a frame
         too large to keep here is passed on as it comes (``_owed``: the bytes of it
         still to pass)."""
-        protocol = self.protocol
+        protocol: ServerProtocol | OpenUnparsed = self.protocol
         i, n = 0, len(data)
         if self._owed:
             i = min(self._owed, n)
             self._owed -= i
+            protocol = self.parser()
             protocol.receive_data(data[:i])
             self._protocol_events()
         max_size = protocol.max_message_size
         assert self.port is not None
         receive = self.port.receive
         while i < n:
+            # read again for each frame: a message handed on may have closed the
+            # connection, which puts the real protocol in the stand-in's place
+            protocol = self.protocol
             if _state_of(protocol) is not _OPEN:
-                protocol.receive_data(data[i:])
+                self.parser().receive_data(data[i:])
                 self._protocol_events()
                 return b""
             if n - i < 2:
@@ -244,6 +269,7 @@ class WebSocketConnection:
                 elif end > n:
                     self._owed = end - n
                     end = n
+                protocol = self.parser()
                 protocol.receive_data(data[i:end])
                 self._protocol_events()
             i = end
@@ -255,7 +281,7 @@ class WebSocketConnection:
         the frames of this turn (begun at ``turn``, else now) took a SLICE, the others
         get a turn, or, if it was costly, the user pauses (turns.Pacer). Returns when
         the turn now going on began."""
-        events = self.protocol.events_received()
+        events = self.parser().events_received()
         if not events:
             return turn
         if not turn:
@@ -298,7 +324,7 @@ class WebSocketConnection:
             try:
                 data.decode("utf-8")
             except UnicodeDecodeError as exc:
-                self.protocol.fail(1007, f"invalid UTF-8 at position {exc.start}")
+                self.parser().fail(1007, f"invalid UTF-8 at position {exc.start}")
                 return
         self.port.receive(data)
 
@@ -306,13 +332,13 @@ class WebSocketConnection:
         """websockets already queued close 1009: put the ERROR frame in front of it."""
         port = self.port
         assert port is not None
-        self.protocol.parser_exc = None
-        closing = self.protocol.data_to_send()
+        protocol = self.parser()
+        protocol.parser_exc = None
+        closing = protocol.data_to_send()
         self._closing = True  # from here the reader writes; a scheduled flush must not
         port.too_large(MessageTooLarge(
             f"message exceeds maxMessageSize ({self.limits.max_message_size} bytes)"))
-        frames = [Frame(Opcode.TEXT, data).serialize(
-                      mask=False, extensions=self.protocol.extensions)
+        frames = [Frame(Opcode.TEXT, data).serialize(mask=False, extensions=protocol.extensions)
                   for _, data in port.take_final()]
         self._send(frames + closing)
 
@@ -324,7 +350,10 @@ class WebSocketConnection:
         if self._flush_scheduled:
             return
         self._flush_scheduled = True
-        gevent.spawn(self._scheduled_flush)
+        # a raw greenlet: a heartbeat tick wakes every session at once, and gevent's
+        # Greenlet (its spawning stack, its links) was ~0.9 KB each, whose peak the
+        # worker's heap keeps (docs/PERFORMANCE.md, p7-storm)
+        gevent.spawn_raw(self._scheduled_flush)
 
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = False
@@ -347,9 +376,11 @@ class WebSocketConnection:
         if self._writing or port is None:
             return
         self._writing = True
-        protocol = self.protocol
         try:
             while True:
+                # read again each pass: a close from the reader while this one waited for
+                # room may have put the real protocol in the stand-in's place
+                protocol = self.protocol
                 open_ = _state_of(protocol) is _OPEN
                 ready = port.take(open_ and not self._closing)
                 if ready and not open_:  # a batch the journal held, closed meanwhile (a
@@ -357,9 +388,9 @@ class WebSocketConnection:
                 if ready:
                     frames = self._frames(ready) if protocol.extensions else text_frames(ready)
                     if protocol.writes:
-                        frames += protocol.data_to_send()
+                        frames += self.parser().data_to_send()
                 elif protocol.writes and not port.holding:  # (held: in the journal, and
-                    frames = protocol.data_to_send()  # its release rings for the next flush)
+                    frames = self.parser().data_to_send()  # its release rings for the next flush)
                 else:
                     return
                 if not frames:
@@ -381,8 +412,8 @@ class WebSocketConnection:
 
     def _frames(self, ready: list[tuple[int, bytes]]) -> list[bytes]:
         """The frames of messages taken for the wire."""
-        protocol = self.protocol
-        if protocol.extensions:  # permessage-deflate: through the protocol
+        protocol = self.parser() if self.protocol.extensions else None
+        if protocol is not None:  # permessage-deflate: through the protocol
             for _, data in ready:
                 protocol.send_text(data)
             return protocol.data_to_send()
@@ -405,7 +436,7 @@ class WebSocketConnection:
         try:
             self.flush()
             self._closing = True
-            self.protocol.send_close(code, reason)
+            self.parser().send_close(code, reason)
             self.flush()
         except OSError:
             self._shutdown()

@@ -3,6 +3,8 @@ ranges come back in numeric seq order."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings, strategies as st
+
 from protoflask.core.replay import ReplayWindow
 
 
@@ -116,3 +118,105 @@ def test_a_small_window_is_a_list_and_a_grown_one_a_deque_with_the_same_answers(
     w.prune(1000 + 30)  # older than 30 ms before the horizon go
     assert stored_seqs(w) == list(range(30, 60))
     assert w.nbytes == sum(range(30, 60))
+
+
+# -- what every entry repeats, kept once (issue 29) ----------------------------------------
+
+SID = "0123456789abcdef0123456789abcdef"
+CAPS = b'{"flow_control":{"enabled":true},"max_concurrent_runs":10}'
+TYPES = b'["ERROR","HELLO","PING"]'
+
+
+def envelope(seq: int, body: bytes) -> bytes:
+    return (b'{"id":"%s:%d","session":"%s","seq":"%d","payload":%s}'
+            % (SID.encode(), seq, SID.encode(), seq, body))
+
+
+def test_a_window_keeps_what_its_messages_repeat_once():
+    """The copy kept has the session id and a HELLO reply's shared parts marked; what
+    comes back, and every size, is the message as written."""
+    from protoflask.core.replay import shared
+
+    hello = envelope(1, b'{"capabilities":%s,"accept_events":%s,"session":"%s"}'
+                     % (CAPS, TYPES, SID.encode()))
+    ping = envelope(2, b'{"nonce":"n1"}')
+    w = ReplayWindow(10, 1000, session_id=SID)
+    assert w.add(1, hello, 0, shared(CAPS, TYPES)) == hello
+    assert w.add(2, ping, 0) == ping
+    kept = [e[2] for e in w._entries]  # the copies held
+    assert len(kept[0]) == len(hello) - 3 * (len(SID) - 1) - (len(CAPS) - 1) - (len(TYPES) - 1)
+    assert len(kept[1]) == len(ping) - 2 * (len(SID) - 1)
+    assert [e.data for e in w] == [hello, ping]
+    assert w.entry_at(0) == (1, hello) and w.range(2)[0][0].data == ping
+    assert w.nbytes == len(hello) + len(ping) == w.bytes_between(1, 2)
+    assert w.bytes_between(1, 1) == len(hello) and w.bytes_between(2, 9) == len(ping)
+    # one segment tuple for every session's HELLO: each entry holds a pointer to it
+    other = ReplayWindow(10, 1000, session_id="another-session")
+    other.add(1, hello, 0, shared(CAPS, TYPES))
+    assert other._entries[0][4] is w._entries[0][4]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("add"), st.sampled_from(["ping", "hello", "marks", "plain", "other"]),
+              st.binary(max_size=40)),
+    st.tuples(st.just("add"), st.just("ping"), st.binary(max_size=4)),
+    st.tuples(st.just("ack"), st.integers(0, 40), st.just(b"")),
+    st.tuples(st.just("prune"), st.integers(0, 400), st.just(b"")),
+), max_size=60), st.sampled_from([None, 3, 200, 4000]), st.sampled_from([SID, "s", "x" * 8]),
+       st.sampled_from([12, 40]))
+def test_the_compact_window_answers_as_the_plain_one(ops, max_bytes, sid, size):
+    """The swap point: a window given its session's id (compacted) and one without
+    (``session_id=""``, kept as written) give the same answers to every question, for any
+    messages: with the id in them or not, with a mark byte in them (kept as they came),
+    a HELLO's segments or not, in a small window and past SMALL_WINDOW (where the
+    compacted entries stay and new ones are kept as written)."""
+    from protoflask.core.replay import shared
+
+    plain = ReplayWindow(size, 300, max_bytes)
+    compact = ReplayWindow(size, 300, max_bytes, session_id=sid)
+    seq, now = 0, 0
+    for op, arg, extra in ops:
+        now += 10
+        if op == "add":
+            seq += 1
+            body = {"ping": b'{"nonce":"%s"}' % extra.hex().encode(),
+                    "hello": b'{"c":%s,"t":%s,"s":"%s"}' % (CAPS, TYPES, sid.encode()),
+                    "marks": b'"%s\x00\x01%s"' % (extra, sid.encode()),
+                    "plain": b"%s" % extra.hex().encode(),
+                    "other": extra}[arg]
+            data = envelope(seq, body).replace(SID.encode(), sid.encode())
+            segments = shared(CAPS, TYPES) if arg in ("hello", "marks") else None
+            assert plain.add(seq, data, now) == compact.add(seq, data, now, segments) == data
+        elif op == "ack":
+            plain.ack(arg)
+            compact.ack(arg)
+        else:
+            plain.prune(arg + now - 200)
+            compact.prune(arg + now - 200)
+        assert list(plain) == list(compact)
+        assert (len(plain), plain.nbytes, plain.first_seq, plain.last_seq, plain.oldest_at) \
+            == (len(compact), compact.nbytes, compact.first_seq, compact.last_seq,
+                compact.oldest_at)
+        for lo in range(0, seq + 2):
+            assert plain.range(lo) == compact.range(lo)
+            assert plain.bytes_between(lo, lo + 2) == compact.bytes_between(lo, lo + 2)
+        for i in range(len(plain)):
+            assert plain.entry_at(i) == compact.entry_at(i)
+
+
+def test_a_busy_window_keeps_its_new_entries_as_written():
+    """Past SMALL_WINDOW entries (a busy session) the marks are not made: they would cost
+    every message; the entries compacted before stay so, and every answer is the same."""
+    from collections import deque
+
+    from protoflask.core.replay import SMALL_WINDOW
+
+    w = ReplayWindow(100, 10_000, session_id=SID)
+    pings = [envelope(seq, b'{"nonce":"n%d"}' % seq) for seq in range(1, SMALL_WINDOW + 6)]
+    for seq, ping in enumerate(pings, 1):
+        w.add(seq, ping, 0)
+    assert type(w._entries) is deque
+    assert len(w._entries[0][2]) < len(pings[0])  # compacted while small
+    assert w._entries[-1][2] == pings[-1]  # kept as written once busy
+    assert [e.data for e in w] == pings and w.nbytes == sum(map(len, pings))

@@ -1,7 +1,9 @@
 """The WebSocket reader's own frame split (the fast path for small final masked data
 frames) against the `websockets` protocol reading every byte itself: for any stream of
 frames, valid or not, cut into reads anywhere, both hand on the same messages and write
-the same bytes (pongs, close frames), and end in the same state."""
+the same bytes (pongs, close frames), and end in the same state. The split reader starts
+with the protocol object's stand-in (``lazy_protocol``, ws_protocol.py) or the object
+itself: the same again."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from websockets.server import ServerProtocol
 
 from protoflask.turns import Pacer
 from protoflask.transports.websocket import WebSocketConnection
+from protoflask.transports.ws_protocol import OpenUnparsed, open_unparsed
 
 MAX_SIZE = 100_000
 
@@ -34,9 +37,11 @@ class Reads:
 
 
 class Recording(WebSocketConnection):
-    def __init__(self, chunks: list[bytes], split: bool) -> None:  # no engine: recorded
+    def __init__(self, chunks: list[bytes], split: bool,
+                 lazy: bool = False) -> None:  # no engine: recorded
         self.sock = Reads(chunks)  # type: ignore[assignment]
-        self.protocol = ServerProtocol(state=State.OPEN, max_size=MAX_SIZE)
+        self.protocol = open_unparsed(MAX_SIZE) if lazy \
+            else ServerProtocol(state=State.OPEN, max_size=MAX_SIZE)
         self.split_frames = split
         self._fragments: list[bytes] = []
         self._fragment_opcode: Opcode | None = None
@@ -57,7 +62,7 @@ class Recording(WebSocketConnection):
             try:
                 data.decode("utf-8")
             except UnicodeDecodeError as exc:
-                self.protocol.fail(1007, f"invalid UTF-8 at position {exc.start}")
+                self.parser().fail(1007, f"invalid UTF-8 at position {exc.start}")
 
     def _report_too_large(self) -> None:
         assert isinstance(self.protocol.parser_exc, PayloadTooBig)
@@ -65,7 +70,7 @@ class Recording(WebSocketConnection):
         self.seen.append("too large")
 
     def flush(self) -> None:
-        out = b"".join(self.protocol.data_to_send())
+        out = b"".join(self.parser().data_to_send()) if self.protocol.writes else b""
         if out:
             self.seen.append(("wrote", out))
 
@@ -117,8 +122,14 @@ def test_split_reader_matches_the_protocol(stream: list[bytes], cuts: list[int],
     if i < len(data):
         chunks.append(data[i:])
     fast, slow = Recording(chunks, split=True), Recording(chunks, split=False)
+    lazy = Recording(chunks, split=True, lazy=True)
     fast._read_loop()
     slow._read_loop()
+    lazy._read_loop()
+    assert lazy.seen == fast.seen  # the stand-in changes nothing the reader does
+    assert isinstance(lazy.protocol, ServerProtocol)  # the end of the stream needed it
+    assert lazy.protocol.close_sent == fast.protocol.close_sent
+    assert lazy.protocol.state is fast.protocol.state
     if fast.protocol.close_sent is None or fast.protocol.close_rcvd is not None:
         assert fast.seen == slow.seen  # no failure: exactly the same
         assert fast.protocol.close_sent == slow.protocol.close_sent
@@ -154,3 +165,17 @@ def test_nothing_after_invalid_utf8() -> None:
     assert reader.seen[1] == ("message", Opcode.TEXT, b"\x80")
     assert reader.seen[2][0] == "wrote" and reader.seen[2][1].startswith(b"\x88")  # 1007
     assert len(reader.seen) == 3
+
+
+def test_small_text_frames_leave_the_stand_in_in_place() -> None:
+    """What an idle session's reader sees (its client's PONGs and messages) never needs
+    the protocol object; a PING frame does."""
+    stream = b"".join(frame(Opcode.TEXT, b'{"n":%d}' % n) for n in range(5))
+    reader = Recording([stream, stream], split=True, lazy=True)
+    reader._read_frames(stream)
+    assert type(reader.protocol) is OpenUnparsed
+    assert len(reader.seen) == 5
+    reader._read_frames(frame(Opcode.PING, b"p"))
+    assert isinstance(reader.protocol, ServerProtocol)
+    reader.flush()
+    assert reader.seen[-1] == ("wrote", b"\x8a\x01p")  # the PING answered
