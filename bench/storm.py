@@ -4,7 +4,8 @@
 
 Config: {baseUrl: "http://127.0.0.1:PORT", mode, proto: "proto"|"echo", connections,
 inflight (100), secret (the server's JWT secret: one token per user, signed here before
-the clock starts), serverPid?, clkTck?, replay (10, resume modes)}. Modes:
+the clock starts), serverPid?, clkTck?, replay (10, resume modes), dropPause (s between
+the drop seen and the resume storm, for a probe: 0)}. Modes:
 
 - ``ws``: the WebSocket upgrade, then (proto) HELLO and its reply; echo: the 101 alone.
 - ``sse``: ``GET /proto/sse?token=`` until its ``event: session``.
@@ -82,10 +83,13 @@ class Conn:
         self.seqs: list[int] = []  # resumed: the seqs that came after last_seq
         self.heartbeats = 0
         self.open = False
+        self.began = self.connected = self.ended = 0.0  # the timed step's clock (perf_counter)
 
     # -- the socket -----------------------------------------------------------------------
     def connect(self) -> None:
+        self.began = time.perf_counter()
         self.sock = socket.create_connection(self.cfg["addr"])
+        self.connected = time.perf_counter()
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
 
@@ -268,10 +272,43 @@ def storm(conns: list[Conn], step: str, inflight: int, state: dict) -> list[geve
                 return
             c.open = True
             state["done"] += 1
-            state["last"] = time.perf_counter()
+            state["last"] = c.ended = time.perf_counter()
         c.hold()
 
     return [gevent.spawn(one, c) for c in conns]
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    """p50, p90, p99 and max of ``values`` (seconds) in ms."""
+    if not values:
+        return {}
+    v = sorted(values)
+    at = lambda q: v[min(len(v) - 1, int(q * len(v)))]  # noqa: E731
+    return {"p50": round(at(0.5) * 1e3, 1), "p90": round(at(0.9) * 1e3, 1),
+            "p99": round(at(0.99) * 1e3, 1), "max": round(v[-1] * 1e3, 1)}
+
+
+def timeline(conns: list[Conn], t0: float) -> dict[str, object]:
+    """Where a storm's time went, from the client (a stall shows as one slow step):
+    each handshake's duration (connect() to done) and its connect() alone, and when
+    the first 50/90/99/100% were done (s from the start)."""
+    done = [c for c in conns if c.ended]
+    ends = sorted(c.ended - t0 for c in done)
+    at = {f"done_{int(q * 100)}pct_s": round(ends[min(len(ends) - 1, int(q * len(ends)))], 3)
+          for q in (0.5, 0.9, 0.99)} if ends else {}
+    return {"started_at": round(time.time() - (time.perf_counter() - t0), 3),
+            "step_ms": quantiles([c.ended - c.began for c in done]),
+            "connect_ms": quantiles([c.connected - c.began for c in done]), **at}
+
+
+def time_wait() -> int | None:
+    """Sockets in TIME_WAIT on the machine (IPv4): the rows before leave up to N each for
+    60 s, and connect() looks for a free port among them."""
+    try:
+        with open("/proc/net/tcp", "rb") as f:
+            return sum(1 for line in f if line.split()[3:4] == [b"06"])
+    except OSError:
+        return None
 
 
 def wait_for(state: dict, n: int, timeout: float) -> None:
@@ -306,16 +343,28 @@ def main() -> None:
         for c in conns:
             c.close()  # the drop: every socket at once
         gevent.killall(held, block=True, timeout=5)
-        while (active_connections(cfg["baseUrl"]) or 0) > 0 \
-                and time.perf_counter() - t0 < 60:
+        # /stats not answering (busy with the drop: a timeout, an error) is not "no
+        # transport left": the storm would start while the drop is still being handled
+        unanswered = 0
+        while time.perf_counter() - t0 < 60:
+            left = active_connections(cfg["baseUrl"])
+            if left == 0:
+                break
+            unanswered += left is None
             gevent.sleep(0.1)
         prepared = {"prepared": pstate["done"], "prepare_error": pstate["error"],
-                    "drop_seen_s": round(time.perf_counter() - t0, 3)}
+                    "drop_seen_s": round(time.perf_counter() - t0, 3),
+                    "drop_stats_unanswered": unanswered}
         conns = [c for c in conns if c.session]
         for c in conns:
             c.seqs = []
+        if cfg.get("dropPause"):  # a probe may act on the worker between drop and storm
+            print(json.dumps({"event": "dropped"}), file=sys.stderr, flush=True)
+            gevent.sleep(cfg["dropPause"])
     step = {"ws": "ws", "sse": "sse", "stream": "stream", "resume": "resume"}[mode]
     state = {"done": 0, "failed": 0, "error": None, "last": 0.0}
+    waiting = time_wait()
+    print(json.dumps({"event": "storm"}), file=sys.stderr, flush=True)  # (for a profiler)
     srv0 = server_cpu(cfg["serverPid"], cfg["clkTck"])
     cpu0, t0 = time.process_time(), time.perf_counter()
     held = storm(conns, step, cfg["inflight"], state)
@@ -333,6 +382,7 @@ def main() -> None:
         "server_us_per_connect": None if srv is None or not done
         else round(srv * 1e6 / done, 1),
         "gen_cpu_pct": round(100 * gen_cpu / seconds, 1) if seconds > 0 else None,
+        "timeline": {**timeline(conns, t0), "time_wait_before": waiting},
     }), flush=True)
     FileObject(sys.stdin.fileno(), "r", close=False).readline()  # held (a greenlet waits)
     final: dict = {"still_open": sum(1 for c in conns if c.open),

@@ -58,7 +58,7 @@ class Follow:
     here, are forwarded there)."""
 
     __slots__ = ("hub", "journaled_seq", "committed_seq", "epoch", "journaling", "moved",
-                 "delivered")
+                 "delivered", "record_due")
 
     def __init__(self, hub: "RoutingHub", journaled_seq: int, epoch: int,
                  delivered: Iterable[str] = ()) -> None:
@@ -74,6 +74,9 @@ class Follow:
         #: the ids of the last deliveries from other nodes applied to the session (here,
         #: or before it moved here: they are in the state the journal writes)
         self.delivered: deque[str] = deque(delivered, maxlen=DELIVERED_KEPT)
+        #: the record's connected / transport fields changed (an attach, a detach) and go
+        #: with the session's next journal batch (``RoutingHub.changed``)
+        self.record_due = False
 
     def first_copy(self, delivery_id: str | None) -> bool:
         """Whether a delivery from another node is to be applied: not when its id says
@@ -145,6 +148,20 @@ class Follow:
             gevent.sleep(KEEP_POLL)
         if self.journaling:  # (the state, group-committed with what the writer took)
             self.hub.journal.append(live, self, [], now_ms())
+
+
+def batch_head(live: "LiveSession") -> bytes:
+    """The session's first line in a journal batch: "epoch first_seq", then, when its
+    record is due (``Follow.record_due``, taken here), " connected transport", which the
+    batch's script writes into the record."""
+    link: Any = live.link
+    core = live.core
+    head = b"%d %d" % (getattr(link, "epoch", 0), core.replay.first_seq or 0)
+    if getattr(link, "record_due", False):
+        link.record_due = False
+        transport = live.transport
+        head += b" %d %s" % (core.connected, transport.kind.encode() if transport else b"")
+    return head
 
 
 def first_copy(live: "LiveSession", data: dict[str, Any]) -> bool:

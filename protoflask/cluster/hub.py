@@ -22,6 +22,7 @@ import gevent.event
 import orjson
 
 from ..clock import now_ms
+from .letgo import copy_over
 from .nodes import node_meta
 from .redis_client import UNAVAILABLE
 from .routing import BEAT_MS, NODE_TTL_MS, RoutingHub
@@ -104,7 +105,7 @@ class RedisHub(RoutingHub):
         next beat starts again."""
         self.journal.paused = False
         for live in self.sessions():
-            self.copy_over(live)
+            copy_over(self, live)
         self.drain_inboxes()
         if self.journal.paused:  # a write failed meanwhile (it said why)
             return

@@ -30,6 +30,7 @@ from gevent.lock import RLock
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .follow import batch_head
 from .keys import ENTRY, Keys
 from .redis_client import UNAVAILABLE, GeventConnection, pack, text
 from .state import StateLine, decode_state, encode_state, export_journaled
@@ -55,14 +56,15 @@ class Cursor(Protocol):
 # command's cost packing its arguments, so fewer, larger arguments are much cheaper).
 # KEYS: replay list and session hash of each session, in pairs. ARGV: max entries, ttl ms,
 # this node's id, then per session one blob, newline-separated (orjson never writes a raw
-# newline): "epoch first_seq", its state JSON, then its packed entries. A session another
-# node has taken over (the record names another node, or another epoch: the fence) is
-# left alone, and so is one whose record is gone (Redis lost its data): the script returns
-# the positions of the first, and of the second negated. Entries at or below the list's
-# last seq are already there (a full copy of the window raced this batch) and are
-# skipped; entries below first_seq (the oldest seq the in-memory window still holds: what
-# replayWindowBytes, replayWindowTime and ACKs left) leave the list as they left memory;
-# an empty state (one that could not be encoded) is not written.
+# newline): "epoch first_seq" (then " connected transport" when the record's fields are
+# due: an attach or a detach since), its state JSON, then its packed entries. A session
+# another node has taken over (the record names another node, or another epoch: the
+# fence) is left alone, and so is one whose record is gone (Redis lost its data): the
+# script returns the positions of the first, and of the second negated. Entries at or
+# below the list's last seq are already there (a full copy of the window raced this
+# batch) and are skipped; entries below first_seq (the oldest seq the in-memory window
+# still holds: what replayWindowBytes, replayWindowTime and ACKs left) leave the list as
+# they left memory; an empty state (one that could not be encoded) is not written.
 APPEND_SCRIPT = """
 local window, ttl, node = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local fenced = {}
@@ -70,7 +72,8 @@ for i = 4, #ARGV do
   local replay, session = KEYS[2 * i - 7], KEYS[2 * i - 6]
   local blob = ARGV[i]
   local hl = string.find(blob, "\\n", 1, true)
-  local epoch, first = string.match(string.sub(blob, 1, hl - 1), "^(%d+) (%d+)$")
+  local epoch, first, connected, transport =
+    string.match(string.sub(blob, 1, hl - 1), "^(%d+) (%d+) ?(%d*) ?([%w_-]*)$")
   local held = redis.call('HMGET', session, 'node', 'epoch')
   if not held[1] then
     fenced[#fenced + 1] = 3 - i
@@ -101,6 +104,9 @@ for i = 4, #ARGV do
     redis.call('PEXPIRE', replay, ttl)
     local state = string.sub(blob, hl + 1, (nl or #blob + 1) - 1)
     if #state > 0 then redis.call('HSET', session, 'state', state) end
+    if #connected > 0 then
+      redis.call('HSET', session, 'connected', connected, 'transport', transport)
+    end
     redis.call('PEXPIRE', session, ttl)
   end
 end
@@ -349,11 +355,7 @@ class Journal:
             _release(committed, thens)
             return
         try:
-            try:
-                fenced = self._write(batch)
-            except NoScriptError:  # SCRIPT FLUSH, or Redis restarted: load it again
-                self._sha = None
-                fenced = self._write(batch)
+            fenced = self._write(batch)
         except Exception as exc:  # noqa: BLE001 - Redis's or ours: the writers carry on
             self._failed(exc)
         else:
@@ -409,7 +411,14 @@ class Journal:
         # EVALSHA, not redis-py's Script objects: those ask SCRIPT EXISTS on each call.
         if self._sha is None:
             self._sha = text(self.redis.script_load(APPEND_SCRIPT))
-        fenced = self._evalsha(*self._command(batch, self._sha))
+        # made once: it takes the records due (``batch_head``), so a retry sends the same
+        command = self._command(batch, self._sha)
+        try:
+            fenced = self._evalsha(*command)
+        except NoScriptError:  # SCRIPT FLUSH, or Redis restarted: load it again (the SHA
+            # is the script's own: the command stays as it is)
+            self._sha = text(self.redis.script_load(APPEND_SCRIPT))
+            fenced = self._evalsha(*command)
         if not fenced:
             return set()
         sids = list(batch)
@@ -440,10 +449,8 @@ class Journal:
                     StateLine(live.core))
             keys += followed.keys
             packed_keys.append(followed.packed_keys)
-            link: Any = live.link  # the hub's cursor (routing.Follow): its epoch
-            first = live.core.replay.first_seq
-            blobs.append(b"\n".join((b"%d %d" % (getattr(link, "epoch", 0), first or 0),
-                                     self._encoded(live, followed.line), *entries)))
+            blobs.append(b"\n".join((batch_head(live), self._encoded(live, followed.line),
+                                     *entries)))
         constant = [b"%d" % self.window_size, b"%d" % self.ttl_ms, self.node_id.encode()]
         if self._constant[0] != constant:
             self._constant = (constant, pack(constant, head=False))

@@ -82,7 +82,7 @@ class LetGo:
             if not stopping:
                 return False
             try:
-                hub.copy_over(live)
+                copy_over(hub, live)
             except UNAVAILABLE as exc:
                 hub.went_down(exc)
                 return True
@@ -111,3 +111,24 @@ class LetGo:
                       live.id, epoch, live.core.downstream_seq,
                       getattr(link, "journaled_seq", -1), len(waiting))
         return True
+
+
+def copy_over(hub: "RoutingHub", live: LiveSession) -> None:
+    """Write the session's record and whole window again (after an outage, or Redis
+    losing its data), in the journal's order: after every batch taken before, before
+    any taken after (a batch with later messages written first would be wiped)."""
+    link = live.link
+    if not isinstance(link, Follow):
+        return
+    with hub.journal.ordered():
+        copied = hub.store.rewrite(
+            live.id, link.epoch, hub.record_of(live),
+            ((e.seq, e.stored_at, e.data) for e in live.core.replay))
+        if copied:
+            link.journaled_seq = link.committed_seq = live.core.downstream_seq
+    if not copied:
+        hub.lost([live.id])  # taken over while this node could not reach Redis
+        return
+    log.debug("session %s copied over at epoch %d: window %s-%s, seq %d", live.id,
+              link.epoch, live.core.replay.first_seq, live.core.replay.last_seq,
+              live.core.downstream_seq)

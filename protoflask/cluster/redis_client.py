@@ -138,8 +138,17 @@ def sentinel_client(url: str, timeout: float) -> redis.Redis:
                                          "socket_connect_timeout": timeout})
     client: redis.Redis = sentinel.master_for(
         path[0], connection_class=GeventSentinelConnection, socket_timeout=timeout,
-        socket_connect_timeout=timeout, health_check_interval=0, db=db, password=password)
+        socket_connect_timeout=timeout, health_check_interval=0, db=db, password=password,
+        max_connections=POOL_MAX)
     return client
+
+
+#: connections a worker's pool may open: as many as its greenlets have commands waiting
+#: (redis-py before 6 read None as 2**31; from 6 on None is 100, and a storm of 100
+#: handshakes in flight, each waiting on a command while the beat, the listener and the
+#: journal hold theirs, raised MaxConnectionsError, a ConnectionError: the node took
+#: itself for cut off and copied every session over again; docs/PERFORMANCE.md p7-storm)
+POOL_MAX = 2**31
 
 
 def connect(url: str, *, timeout: float = 5.0) -> redis.Redis:
@@ -149,7 +158,7 @@ def connect(url: str, *, timeout: float = 5.0) -> redis.Redis:
         return sentinel_client(url, timeout)
     pool = redis.ConnectionPool.from_url(
         url, connection_class=GeventConnection, socket_connect_timeout=timeout,
-        socket_timeout=timeout, health_check_interval=0, max_connections=None)
+        socket_timeout=timeout, health_check_interval=0, max_connections=POOL_MAX)
     return redis.Redis(connection_pool=pool)
 
 

@@ -160,8 +160,18 @@ class RoutingHub(LocalHub):
         return live
 
     def changed(self, live: LiveSession) -> None:
-        if self.get(live.id) is not None:
-            self.write_record(live)
+        """Attached or detached: the record's connected / transport fields go with the
+        session's next journal batch, fenced like it (a session taken over meanwhile is
+        ``lost`` there). An attach waits for that batch, shared by every session in it:
+        a transport is served once Redis said this node still holds the session, as
+        when the record was a write of its own, without that write's round trip."""
+        link = live.link
+        if isinstance(link, Follow) and self.get(live.id) is not None:
+            link.record_due = True
+            if live.transport is None:
+                self.journal.note_state(live)
+            else:
+                self.journal.append(live, link, [], now_ms())
 
     def hold(self, live: LiveSession, epoch: int, delivered: Iterable[str] = ()) -> None:
         """Hold the session here at ``epoch``, journaling what it writes from now on;
@@ -454,26 +464,6 @@ class RoutingHub(LocalHub):
             return False
         self.calls.moved(live)  # calls still running here report there
         return True
-
-    def copy_over(self, live: LiveSession) -> None:
-        """Write the session's record and whole window again (after an outage, or Redis
-        losing its data), in the journal's order: after every batch taken before, before
-        any taken after (a batch with later messages written first would be wiped)."""
-        link = live.link
-        if not isinstance(link, Follow):
-            return
-        with self.journal.ordered():
-            copied = self.store.rewrite(
-                live.id, link.epoch, self.record_of(live),
-                ((e.seq, e.stored_at, e.data) for e in live.core.replay))
-            if copied:
-                link.journaled_seq = link.committed_seq = live.core.downstream_seq
-        if not copied:
-            self.lost([live.id])  # taken over while this node could not reach Redis
-            return
-        log.debug("session %s copied over at epoch %d: window %s-%s, seq %d", live.id,
-                  link.epoch, live.core.replay.first_seq, live.core.replay.last_seq,
-                  live.core.downstream_seq)
 
     def _fenced(self, taken: list[str], missing: list[str]) -> None:
         self.lost(taken)
