@@ -88,7 +88,7 @@ class Dispatcher:
         self._cancel_call(live, event.call_id)
 
     def _cancel_call(self, live: LiveSession, call_id: str) -> None:
-        if not self._tool_runner(live).cancel(call_id):
+        if not self._tool_runner(live).cancel(call_id, pulled=True):
             self.hub.cancel_elsewhere(live.id, call_id)  # started on another node
         self._settle_calls(live)
 
@@ -149,5 +149,5 @@ class Dispatcher:
             live.link.note_state(live)
         self._emit(signals.tool_call, session_id=live.id, execution=execution)
         if tool.execute is not None:
-            self._tool_runner(live).submit(execution, tool)
+            self._tool_runner(live).submit(execution, tool, pulled=True)
             self._settle_calls(live)

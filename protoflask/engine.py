@@ -407,7 +407,7 @@ class Engine:
         self.budget.forget(live)
         self.hub.remove(live.id)
         if live.runner is not None:
-            live.runner.cancel_all()
+            live.runner.cancel_all(pulled=True)
             self.settle_calls(live)
 
     # -- the application's operations (ProtoServer's public API) ---------------------
@@ -425,7 +425,7 @@ class Engine:
             raise ValueError(f"tool {name!r} has no execute function to call")
         live.core.work.open_call(call_id, run_id, args)
         self.tool_runner(live).submit(ToolExecution(call_id, tool.name, args, run_id=run_id,
-                                         on_done=on_done), tool)
+                                         on_done=on_done), tool, pulled=True)
         self.settle_calls(live)
         self.settle(live)
 
@@ -471,7 +471,7 @@ class Engine:
         closing = []
         for live in self.hub.sessions():
             if live.runner is not None:
-                live.runner.cancel_all()
+                live.runner.cancel_all(pulled=True)
                 self.settle_calls(live)
             transport = live.transport
             if transport is not None:

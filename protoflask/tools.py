@@ -317,7 +317,7 @@ class SessionToolRunner:
     """
 
     __slots__ = ("sink", "on_finish", "limit", "queue_size", "default_timeout_ms", "running",
-                 "waiting", "executions", "tally", "reports", "pulling")
+                 "waiting", "executions", "tally", "reports", "pulling", "caller_pulls")
 
     def __init__(self, sink: CallSink, limit: int, queue_size: int, default_timeout_ms: int,
                  on_finish: Callable[[ToolExecution], None] | None = None,
@@ -337,6 +337,11 @@ class SessionToolRunner:
         #: the layer above is taking and applying reports (one greenlet at a time, so
         #: that a call's reports reach the session in the order they were made)
         self.pulling = False
+        #: inside a ``submit`` or ``cancel`` whose caller pulls the reports as soon as it
+        #: returns (``pulled``: the session layer's do): what they report rings no bell.
+        #: A ring there had a greenlet spawned per inline call to find nothing left
+        #: (docs/PERFORMANCE.md, "Tool calls and the runner's bell")
+        self.caller_pulls = False
 
     def take_reports(self) -> list[Report]:
         """What the calls came to since the last take, oldest first."""
@@ -348,9 +353,19 @@ class SessionToolRunner:
 
     def _report(self, report: Report) -> None:
         self.reports.append(report)
-        self.sink.bell.ring()
+        if not self.caller_pulls:
+            self.sink.bell.ring()
 
-    def submit(self, execution: ToolExecution, tool: Tool) -> None:
+    def submit(self, execution: ToolExecution, tool: Tool, *, pulled: bool = False) -> None:
+        """Start a call (or queue it, or refuse it). ``pulled``: the caller takes the
+        reports this makes (``take_reports``) as soon as it returns, so no bell rings."""
+        self.caller_pulls = pulled
+        try:
+            self._submit(execution, tool)
+        finally:
+            self.caller_pulls = False
+
+    def _submit(self, execution: ToolExecution, tool: Tool) -> None:
         self.executions[execution.call_id] = execution
         if tool.inline:
             self._run(execution, tool)  # never blocks: no greenlet, no timer
@@ -364,9 +379,16 @@ class SessionToolRunner:
             self.finish(execution, "error", MaxRunsExceeded(
                 f"{len(self.running)} tool calls running and {len(self.waiting)} queued"))
 
-    def cancel(self, call_id: str) -> bool:
+    def cancel(self, call_id: str, *, pulled: bool = False) -> bool:
         """TOOL_DONE CANCELLED now; a running execution is killed. Returns whether the
-        call was executing or waiting here."""
+        call was executing or waiting here. ``pulled`` as for ``submit``."""
+        self.caller_pulls = pulled
+        try:
+            return self._cancel(call_id)
+        finally:
+            self.caller_pulls = False
+
+    def _cancel(self, call_id: str) -> bool:
         execution = self.executions.get(call_id)
         if execution is not None:
             execution.status = "cancelled"
@@ -386,9 +408,9 @@ class SessionToolRunner:
             self.on_finish(execution)
         return execution is not None
 
-    def cancel_all(self) -> None:
+    def cancel_all(self, *, pulled: bool = False) -> None:
         for call_id in list(self.executions):
-            self.cancel(call_id)
+            self.cancel(call_id, pulled=pulled)
 
     def finish(self, execution: ToolExecution, status: str, error: ProtoError | None = None,
                result: Any = None, raised: BaseException | None = None) -> None:

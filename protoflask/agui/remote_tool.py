@@ -56,6 +56,7 @@ def call_tool_elsewhere(ports: "AdapterPorts", session_id: str, name: str, param
                                         Bell(reported, apart=True)),  # delivering may block
                                1, 1, ports.config.tool_timeout)
     outcome, done = awaited_call(call_id)
-    runner.submit(ToolExecution(call_id, tool.name, params, run_id=run_id, on_done=done), tool)
+    runner.submit(ToolExecution(call_id, tool.name, params, run_id=run_id, on_done=done), tool,
+                  pulled=True)
     reported()
     return outcome.get()

@@ -80,6 +80,29 @@ def test_an_inline_tool_is_called_with_the_context_and_reported_at_once() -> Non
     assert run.executions == {} and run.running == {}
 
 
+@pytest.mark.parametrize("pulled", [False, True])
+def test_a_caller_that_pulls_at_once_is_not_rung_for_it(pulled: bool) -> None:
+    """``pulled``: the session layer takes the reports of its own submit or cancel as it
+    returns, so what they reported rings no bell (a ring spawned a greenlet per inline
+    call, to find nothing left); a report made later, by a running call, still rings."""
+    rec = Recorder()
+    release = gevent.event.Event()
+    echo = Tool("echo", "echoes", OBJECT, inline=True, execute=lambda p, *_: p)
+    run = runner(rec, limit=1, queue_size=1)
+    run.submit(ToolExecution("c1", "echo", {"n": 1}), echo, pulled=pulled)  # done at once
+    run.submit(ToolExecution("c2", "slow", {}), blocking_tool("slow", release), pulled=pulled)
+    run.submit(ToolExecution("c3", "slow", {}), blocking_tool("slow", release), pulled=pulled)
+    run.cancel("c3", pulled=pulled)  # the queued one: its QUEUED and CANCELLED reports
+    gevent.sleep(0.01)
+    assert rec.rings == (0 if pulled else 3)
+    assert [c[:3] for c in rec.calls] == [("done", "c1", "OK"), ("update", "c3", "QUEUED"),
+                                          ("done", "c3", "CANCELLED")]
+    release.set()
+    gevent.sleep(0.01)
+    assert rec.rings == (1 if pulled else 4)  # c2's end, from its own greenlet
+    assert rec.calls[-1][:3] == ("done", "c2", "OK")
+
+
 def test_calls_beyond_the_limit_queue_then_are_refused() -> None:
     rec = Recorder()
     release = gevent.event.Event()
