@@ -24,6 +24,15 @@ def evals(rdb: redis.Redis) -> int:
     return int(stats.get("cmdstat_eval", {}).get("calls", 0))
 
 
+def alone(make_server: Callable[..., ProtoServer], private_redis: PrivateRedis
+          ) -> tuple[ProtoServer, redis.Redis, str, WSClient]:
+    """A node alone on a private Redis (whose scripts and commands a test may count or
+    flush), a client of user alice on it, and that Redis's own client."""
+    node = make_server(redisUrl=private_redis.url)
+    token = node.issue_token("alice")
+    return node, redis.Redis.from_url(private_redis.url), token, WSClient(node.base_url, token)
+
+
 def pings(client: WSClient, n: int) -> int:
     """``n`` PINGs answered; the seq of the last PONG."""
     for i in range(n):
@@ -33,10 +42,7 @@ def pings(client: WSClient, n: int) -> int:
 
 def test_a_resume_writes_its_record_with_the_batch_not_in_a_round_trip_of_its_own(
         make_server: Callable[..., ProtoServer], private_redis: PrivateRedis) -> None:
-    node = make_server(redisUrl=private_redis.url)
-    rdb = redis.Redis.from_url(private_redis.url)
-    token = node.issue_token("alice")
-    client = WSClient(node.base_url, token)
+    node, rdb, token, client = alone(make_server, private_redis)
     resumed = None
     try:
         hello = client.hello()
@@ -92,10 +98,7 @@ def test_a_resume_on_a_node_that_lost_the_session_meanwhile_is_let_go_unserved(
 
 def test_the_record_is_written_when_the_batch_is_sent_again_after_a_script_flush(
         make_server: Callable[..., ProtoServer], private_redis: PrivateRedis) -> None:
-    node = make_server(redisUrl=private_redis.url)
-    rdb = redis.Redis.from_url(private_redis.url)
-    token = node.issue_token("alice")
-    client = WSClient(node.base_url, token)
+    node, rdb, token, client = alone(make_server, private_redis)
     resumed = None
     try:
         hello = client.hello()
