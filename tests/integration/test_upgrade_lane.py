@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import os
 import re
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -34,14 +34,23 @@ def _complete(data: bytes) -> bool:
     return length is not None and len(body) >= int(length.group(1))
 
 
+def lane_then_flask(cycle: FlaskCycle, fetch: Callable[[], bytes]
+                    ) -> tuple[bytes, bytes, int, int]:
+    """``fetch``'s answer as the lane gives it, then with Flask forced; and how many
+    Flask dispatches each made."""
+    before = cycle.dispatched
+    lane = fetch()
+    lane_dispatches = cycle.dispatched - before
+    with cycle.forced():
+        flask = fetch()
+    return lane, flask, lane_dispatches, cycle.dispatched - before - lane_dispatches
+
+
 def both_ways(server: Any, cycle: FlaskCycle, query: str,
               headers: dict[str, str] | None = None) -> tuple[bytes, bytes]:
-    before = cycle.dispatched
-    lane = raw_upgrade(server.base_url, query, headers)
-    lane_taken = cycle.dispatched - before
-    with cycle.forced():
-        flask = raw_upgrade(server.base_url, query, headers)
-    assert cycle.dispatched - before == lane_taken + 1, "Flask did not answer the forced one"
+    lane, flask, _, forced = lane_then_flask(
+        cycle, lambda: raw_upgrade(server.base_url, query, headers))
+    assert forced == 1, "Flask did not answer the forced one"
     return lane, flask
 
 
@@ -129,11 +138,9 @@ def test_the_sse_lane_answers_as_flask(own, case: str) -> None:  # noqa: F811
                "bad Last-Event-ID": {"Last-Event-ID": "nonsense"},
                "resumed by Last-Event-ID": {"Last-Event-ID": f"{owner.session_id}:0"}}.get(
                    case, {})
-    before = cycle.dispatched
-    lane = raw_sse(server.base_url, query, headers)
-    lane_took_it = cycle.dispatched == before
-    with cycle.forced():
-        flask = raw_sse(server.base_url, query, headers)
+    lane, flask, lane_dispatches, _ = lane_then_flask(
+        cycle, lambda: raw_sse(server.base_url, query, headers))
+    lane_took_it = lane_dispatches == 0
     assert lane == flask
     if case in ("opened", "an Origin", "gzip asked", "resumed by Last-Event-ID"):
         assert lane.startswith(b"HTTP/1.1 200") and b"event: session" in lane, lane
@@ -170,11 +177,9 @@ def test_the_stream_lane_answers_as_flask(own, case: str) -> None:  # noqa: F811
                     "no token": {"Authorization": ""},
                     "bad token": {"Authorization": "Bearer nope"}}.get(case, {}))
     headers = {k: v for k, v in headers.items() if v}
-    before = cycle.dispatched
-    lane = raw_stream(server.base_url, query, headers)
-    lane_took_it = cycle.dispatched == before
-    with cycle.forced():
-        flask = raw_stream(server.base_url, query, headers)
+    lane, flask, lane_dispatches, _ = lane_then_flask(
+        cycle, lambda: raw_stream(server.base_url, query, headers))
+    lane_took_it = lane_dispatches == 0
     assert lane == flask
     if case in ("opened", "an Origin"):
         assert lane.startswith(b"HTTP/1.1 200") and b'"type":"HELLO"' in lane, lane
