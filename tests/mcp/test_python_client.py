@@ -208,3 +208,46 @@ def test_the_sdk_high_level_client_probes_then_initializes(app_server):
     version, added = anyio.run(main)
     assert version == "2025-11-25"
     assert added.structured_content == {"result": 3}
+
+
+def test_a_user_over_the_memory_budget_is_refused_a_new_session(make_server):
+    """A new MCP session meets the memory budget as a new WebSocket session does
+    (docs/MCP.md): while a user's sessions hold more than maxUserBytes, the SDK's
+    initialize is refused (503 USER_CONNECTION_LIMIT); another user's is not."""
+    from mcp.shared.exceptions import MCPError
+
+    from ..support import WSClient
+
+    server = make_server(allowedOrigins=["*"])
+    # the budget's review off: what alice holds stays held (it would close her session)
+    server.engine.budget.review = lambda sessions: None
+    alice = server.issue_token("alice")
+    client = WSClient(server.base_url, alice)
+    try:
+        client.hello()
+        client.send("MESSAGE_START", payload={"message_id": "t1",
+                                              "content_type": "text/plain"})
+        client.send("MESSAGE_PART", payload={"message_id": "t1", "content": "x" * 200_000})
+        client.send("PING", "SYSTEM", {"nonce": "held"})
+        client.recv_type("PONG", nonce="held")  # the open text is held now
+        server.engine.budget.user_budget = 100_000  # maxUserBytes under what alice holds
+
+        async def tools(token: str) -> Any:
+            async with mcp_session(mcp_url(server), token) as session:
+                return await session.list_tools()
+
+        with pytest.raises(Exception) as caught:
+            anyio.run(tools, alice)
+        assert isinstance(caught.value, MCPError) or caught.group_contains(MCPError)
+        refused = requests.post(
+            mcp_url(server), timeout=timeout(5),
+            json={"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                  "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                             "clientInfo": {"name": "raw", "version": "0"}}},
+            headers={"Authorization": f"Bearer {alice}",
+                     "Accept": "application/json, text/event-stream"})
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "USER_CONNECTION_LIMIT"
+        assert anyio.run(tools, server.issue_token("bob")).tools  # bob is not held to it
+    finally:
+        client.close()
