@@ -136,3 +136,32 @@ def test_cut_stream_reattached_by_httpagent_has_the_uncut_runs_events(agui_serve
     prelude = 1 + open_texts
     assert types(after)[:prelude] == ["RUN_STARTED"] + ["TEXT_MESSAGE_START"] * open_texts
     assert normalized(before + after[prelude:]) == normalized(uncut)
+
+
+def test_a_user_over_the_memory_budget_is_refused_a_new_thread(agui_server):
+    """A new AG-UI thread meets the memory budget as a new WebSocket session does
+    (docs/AGUI.md): while a user's sessions hold more than maxUserBytes, HttpAgent's run
+    on a new thread fails with the 503 before any event; another user's runs."""
+    from ..support import WSClient
+
+    # the budget's review off: what alice holds stays held (it would close her session)
+    agui_server.engine.budget.review = lambda sessions: None
+    alice = agui_server.issue_token("alice")
+    client = WSClient(agui_server.base_url, alice)
+    try:
+        client.hello()
+        client.send("MESSAGE_START", payload={"message_id": "t1",
+                                              "content_type": "text/plain"})
+        client.send("MESSAGE_PART", payload={"message_id": "t1", "content": "x" * 200_000})
+        client.send("PING", "SYSTEM", {"nonce": "held"})
+        client.recv_type("PONG", nonce="held")  # the open text is held now
+        agui_server.engine.budget.user_budget = 100_000  # maxUserBytes under what she holds
+        lines = run_node("run", agui_server.base_url, alice, "t-budget", "hello")
+        assert events(lines) == []
+        end = done(lines)
+        assert end["kind"] == "error" and "503" in end["message"], end
+        lines = run_node("run", agui_server.base_url, agui_server.issue_token("bob"),
+                         "t-budget-bob", "hello")
+        assert done(lines)["kind"] == "done"
+    finally:
+        client.close()
