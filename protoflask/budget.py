@@ -84,13 +84,14 @@ class Account:
         return None
 
     def take(self, nbytes: int) -> None:
-        why = self.over(nbytes)
-        if why is not None:
-            raise OverBudget(why)
+        budget = self.budget  # ``over``'s test written out (every tool call's params)
+        if budget.user_budget and self.held + self.window + nbytes > budget.user_budget \
+                or budget.ceiling and budget.held + budget.window + nbytes > budget.ceiling:
+            raise OverBudget(self.over(nbytes))
         self.held += nbytes
         self.worker.held += nbytes
-        if self.held + self.window > self.budget.peak:
-            self.budget.peak = self.held + self.window
+        if self.held + self.window > budget.peak:
+            budget.peak = self.held + self.window
 
     def give(self, nbytes: int) -> None:
         self.held -= nbytes

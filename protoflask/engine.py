@@ -185,13 +185,7 @@ class Engine:
         try:
             while runner.reports:
                 for report in runner.take_reports():
-                    live.report(report)
-                    self.drain(live)
-                    execution = report.execution
-                    if execution is not None and execution.on_done is not None:
-                        execution.on_done(execution, report.error)
-                    if report.raised is not None:
-                        self._emit_error(report.raised, session_id=live.id)
+                    self.dispatcher.apply_report(live, report)
         finally:
             runner.pulling = False
 

@@ -363,6 +363,10 @@ class LiveSession:
         """Apply what a tool runner reported of a call (``tools.Report``)."""
         kind = report.kind
         if kind == "done":
+            if self.link is None:  # tool_done's common case, without its call (every end)
+                done = self.core.work.tool_done(report.call_id, report.status, report.result)
+                self.notify()
+                return done
             return self.tool_done(report.call_id, report.status, report.result)
         if kind == "fail":
             assert report.error is not None

@@ -282,11 +282,10 @@ class CallSink:
 
 @dataclass(slots=True)
 class Report:
-    """What one call came to, for the session layer to apply: ``kind`` "update" (a
-    TOOL_UPDATE with ``status``: QUEUED), "done" (its TOOL_DONE with ``status`` and
-    ``result``: OK, CANCELLED) or "fail" (its TOOL_DONE ERROR with ``error``); then the
-    tool's own exception (``raised``: the ``error`` signal) and the execution whose
-    ``on_done`` hears the end (None for an update)."""
+    """What one call came to, for the session layer to apply: ``kind`` "update" (a TOOL_UPDATE
+    with ``status``: QUEUED), "done" (its TOOL_DONE with ``status`` and ``result``: OK,
+    CANCELLED) or "fail" (its TOOL_DONE ERROR with ``error``); the tool's own exception
+    (``raised``: the ``error`` signal); the execution whose ``on_done`` hears the end."""
 
     kind: str
     call_id: str
@@ -312,9 +311,7 @@ class _OwnTally:
 
 class SessionToolRunner:
     """Runs one session's tool calls: at most ``limit`` at once, ``queue_size`` waiting.
-
-    Every call it accepts ends in exactly one TOOL_DONE: a report (see the module doc).
-    """
+    Every call it accepts ends in exactly one TOOL_DONE: a report (see the module doc)."""
 
     __slots__ = ("sink", "on_finish", "limit", "queue_size", "default_timeout_ms", "running",
                  "waiting", "executions", "tally", "reports", "pulling", "caller_pulls")
@@ -337,9 +334,7 @@ class SessionToolRunner:
         #: the layer above is taking and applying reports (one greenlet at a time, so
         #: that a call's reports reach the session in the order they were made)
         self.pulling = False
-        #: inside a ``submit`` or ``cancel`` whose caller pulls the reports as soon as it
-        #: returns (``pulled``: the session layer's do): what they report rings no bell.
-        #: A ring there had a greenlet spawned per inline call to find nothing left
+        #: inside a ``submit`` or ``cancel`` whose caller pulls the reports at once: no ring
         #: (docs/PERFORMANCE.md, "Tool calls and the runner's bell")
         self.caller_pulls = False
 
@@ -364,6 +359,12 @@ class SessionToolRunner:
             self._submit(execution, tool)
         finally:
             self.caller_pulls = False
+
+    def run_inline(self, execution: ToolExecution, tool: Tool) -> Report:
+        """``submit`` of an inline tool for a caller that applies its one report at once
+        (``Dispatcher.run_call_fast``): the report is returned, not kept; no bell rings."""
+        self.executions[execution.call_id] = execution
+        return self._run(execution, tool, keep=False)
 
     def _submit(self, execution: ToolExecution, tool: Tool) -> None:
         self.executions[execution.call_id] = execution
@@ -413,18 +414,21 @@ class SessionToolRunner:
             self.cancel(call_id, pulled=pulled)
 
     def finish(self, execution: ToolExecution, status: str, error: ProtoError | None = None,
-               result: Any = None, raised: BaseException | None = None) -> None:
+               result: Any = None, raised: BaseException | None = None,
+               keep: bool = True) -> Report:
+        """End the call: its report, kept (``_report``) unless ``keep`` is False, returned."""
         execution.status = status
         execution.end_time = now_ms()
         execution.result = result
         self.executions.pop(execution.call_id, None)
         if self.on_finish is not None:
             self.on_finish(execution)
-        if error is not None:
-            self._report(Report("fail", execution.call_id, error=error, raised=raised,
-                                execution=execution))
-        else:
-            self._report(Report("done", execution.call_id, "OK", result, execution=execution))
+        failed = error is not None  # (a failure has no result; only a failure has raised)
+        report = Report("fail" if failed else "done", execution.call_id, "" if failed else "OK",
+                        result, error, raised, execution)
+        if keep:
+            self._report(report)
+        return report
 
     def _spawn(self, execution: ToolExecution, tool: Tool) -> None:
         if execution.call_id not in self.running:
@@ -458,7 +462,7 @@ class SessionToolRunner:
                 self.tally.running -= 1
             self._start_waiting()
 
-    def _run(self, execution: ToolExecution, tool: Tool) -> None:
+    def _run(self, execution: ToolExecution, tool: Tool, keep: bool = True) -> Report:
         """Execute, check the result, finish the call; a tool's exception is its failure."""
         execution.status = "running"
         execution.run_started = time.perf_counter()
@@ -468,20 +472,18 @@ class SessionToolRunner:
                                   execution.call_id, self.sink.context)
         except Exception as exc:  # a tool's own failure, reported to the client
             log.warning("tool %r failed: %s", tool.name, exc, exc_info=True)
-            self.finish(execution, "error", ToolExecutionError(
-                f"tool {tool.name!r} failed: {exc}"), raised=exc)
-            return
+            return self.finish(execution, "error", ToolExecutionError(
+                f"tool {tool.name!r} failed: {exc}"), raised=exc, keep=keep)
         accepts = tool._output_ok  # the fast yes without a list (result_errors' first step)
         if accepts is not None and accepts(result):
             problems = None
         else:
             problems = tool.result_errors(result)
         if problems:
-            self.finish(execution, "error", ToolExecutionError(
+            return self.finish(execution, "error", ToolExecutionError(
                 schema_failure("result", f"outputSchema of {tool.name!r}", problems),
-                detail=problems[:MAX_SCHEMA_ERRORS]))
-        else:
-            self.finish(execution, "completed", result=result)
+                detail=problems[:MAX_SCHEMA_ERRORS]), keep=keep)
+        return self.finish(execution, "completed", result=result, keep=keep)
 
 
 def check_call(tool: Tool | None, name: str, params: Any) -> None:

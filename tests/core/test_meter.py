@@ -9,7 +9,13 @@ from sys import getsizeof
 
 import orjson
 
-from protoflask.core.meter import JSON_FACTOR, WALK_LIMIT, Meter, OverBudget, memory_of
+from collections import OrderedDict
+
+from protoflask.core import meter
+from protoflask.core.meter import (
+    FLAT_KEYS, JSON_FACTOR, WALK_LIMIT, Meter, OverBudget, memory_of, memory_of_flat,
+    memory_of_walk,
+)
 
 from ._support import Client, errors, make_session, types
 
@@ -51,6 +57,29 @@ def test_memory_of_counts_objects_not_utf8_bytes():
     emoji = "\U0001F600" + "x" * 1000
     assert memory_of({"m": emoji}) >= 4 * 1001  # 1004 bytes of UTF-8
     assert memory_of(None) == getsizeof(None)
+
+
+def test_the_flat_count_is_the_walk_over_every_shape():
+    """The swap point (``meter.memory_of``) and both sides of it: the same number for
+    flat dicts (the fast pass), and for every value it hands to the walk."""
+    assert memory_of is meter.memory_of_flat
+    emoji = "\U0001F600" * 3
+    values = [
+        {"message": "hello from the bench"}, {}, {"a": 1, "b": 2.5, "c": None, "d": True},
+        {"m": emoji, "": "", "n": -(10 ** 30)}, {"k": (1, 2, 3)}, {"o": OrderedDict(a=[1])},
+        {"nested": {"a": 1}}, {"list": [1, "x", {"y": [2]}]}, {"a": 1, "z": []},
+        {str(i): i for i in range(FLAT_KEYS)}, {str(i): "v" * i for i in range(FLAT_KEYS + 1)},
+        OrderedDict(a=1), [1, 2, {"a": "b"}], "text", 7, None, 3.5, [],
+        {str(i): {} for i in range(WALK_LIMIT + 1)},  # beyond the walk: the JSON bound
+        orjson.loads(b'{"a":{"b":[1,2,{"c":"d"}]},"e":"' + b"x" * 500 + b'"}'),
+    ]
+    for value in values:
+        walked = memory_of_walk(value)
+        assert memory_of_flat(value) == walked, value
+        assert memory_of(value) == walked
+    flat = {"a": "x" * 100, "b": 12345}
+    assert memory_of_flat(flat) == getsizeof(flat) + getsizeof("a") + getsizeof("b") + \
+        getsizeof("x" * 100) + getsizeof(12345)
 
 
 def test_a_value_of_many_objects_is_bounded_from_its_json_without_a_walk():

@@ -76,17 +76,37 @@ class OneBatch:
     def written(self) -> None:
         pass
 
+    def has_writable(self) -> bool:
+        return bool(self.batch)
 
-def flushed(batch: list[tuple[int, bytes]]) -> list[bytes]:
+
+class ThenAnother(OneBatch):
+    """A port whose ``written`` makes another message writable (the back-pressure resume
+    a write decides queues its RESUME_CHANNEL so)."""
+
+    def written(self) -> None:
+        if not self.batch and not getattr(self, "resumed", False):
+            self.resumed = True
+            self.batch = [(9, b"resume")]
+
+
+def flushed(batch: list[tuple[int, bytes]], port: type[OneBatch] = OneBatch) -> list[bytes]:
     conn = WebSocketConnection.__new__(WebSocketConnection)
     wire = Wire()
     conn.sock = wire  # type: ignore[assignment]
     conn._send_now = wire.send
     conn.protocol = ServerProtocol(state=State.OPEN)
     conn._writing = conn._closing = False
-    conn.port = OneBatch(batch)  # type: ignore[assignment]
+    conn.port = port(batch)  # type: ignore[assignment]
     conn.flush()
     return wire.sent
+
+
+def test_a_flush_writes_what_its_write_made_writable_before_it_ends() -> None:
+    """The flush ends after a whole write only when nothing is left (its one ``take``
+    in the common case): what ``written`` queued goes in the same flush."""
+    assert flushed([(1, b"a")], ThenAnother) == [b"".join(frames_plain([(1, b"a")])),
+                                                  b"".join(frames_plain([(9, b"resume")]))]
 
 
 @pytest.mark.parametrize("frames_of", [frames_plain, frames_fast], ids=["plain", "fast"])
