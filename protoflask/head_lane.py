@@ -47,6 +47,7 @@ from gunicorn.http.unreader import IterUnreader
 from gunicorn.http.wsgi import Response, WSGIErrorsWrapper, base_environ
 from gunicorn.util import http_date
 
+from .transports.stream import CARRIED_BODY
 from .post_lane import SSE_PATH, STREAM_PATH, WEBSOCKET_PATH, SessionPostLane, plain_query
 from .web import REFUSED_KEY, ConnectionTakenOver
 
@@ -75,7 +76,7 @@ class HeadRequest:
 
     __slots__ = ("method", "uri", "path", "query", "fragment", "version", "headers",
                  "body", "scheme", "raw_length", "content_length", "must_close",
-                 "is_upgrade")
+                 "is_upgrade", "carried")
 
     proxy_protocol_info = None
     _expected_100_continue = False
@@ -93,12 +94,14 @@ class HeadRequest:
         self.content_length = content_length
         self.must_close = False
         self.body: Any = None
+        self.carried = b""  # the body's bytes, read with the head
         #: ``GET /proto/websocket``, which the lane serves itself (``HeadLane.upgrade``)
         self.is_upgrade = path == WEBSOCKET_PATH
 
     def carry_body(self, body: bytes) -> None:
         """The body (read with the head) as gunicorn's reader of a known length (gunicorn
         gives a request without one a reader of 0 bytes)."""
+        self.carried = body
         self.body = Body(LengthReader(IterUnreader([body] if body else []),
                                       self.content_length))
 
@@ -296,6 +299,8 @@ class HeadLane:
                 return None  # a session's upstream batch, or a query Flask decodes
         environ = environ_for(head, client, addr, self.server_of(listener))
         environ["wsgi.input"] = head.body
+        if kind == "stream":  # the HELLO, handed to the session without a reader greenlet
+            environ[CARRIED_BODY] = head.carried
         environ["wsgi.errors"] = WSGIErrorsWrapper(self.cfg)
         response = self.post_lane.open(environ, kind)
         if response is None:

@@ -19,6 +19,7 @@ socket's read side to notice a client that went away.
 from __future__ import annotations
 
 import logging
+from time import monotonic
 from typing import TYPE_CHECKING, Any, Mapping
 
 import gevent
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("protoflask.stream")
 
+#: The environ key under which a server that read a request's whole body with its head
+#: (protoflask's gunicorn worker, head_lane.py: an opening POST's HELLO) leaves those bytes.
+CARRIED_BODY = "protoflask.carried_body"
+
 
 class NDJSONStream(HTTPDownstream):
     kind = "stream"
@@ -50,7 +55,19 @@ class NDJSONStream(HTTPDownstream):
     def frames(self, ready: list[tuple[int, bytes]]) -> bytes:
         return b"\n".join([data for _, data in ready]) + b"\n"
 
+    #: The swap point of a body the server carried whole (``CARRIED_BODY``): its lines
+    #: handed to the session in the response's own greenlet before the first write
+    #: (``_hand_carried``), rather than read by a greenlet of their own (``_read_body``).
+    #: The same lines in the same order; the first write then carries the response's
+    #: head and what they answered (the HELLO reply) at once, where the reader's turn
+    #: made it two writes. tests/transports/test_stream_carried.py holds them equal.
+    hand_carried_body = True
+
     def started(self) -> None:
+        carried = self.environ.get(CARRIED_BODY) if self.hand_carried_body else None
+        if carried is not None:
+            self._hand_carried(carried)
+            return
         self._reader = gevent.spawn(self._read_body)
         # Let the reader make its first read before anything is written: gevent.pywsgi
         # answers ``Expect: 100-continue`` then, and that must precede the response.
@@ -86,6 +103,27 @@ class NDJSONStream(HTTPDownstream):
             log.debug("stream %s: request body ended: %r", port.id, exc)
             self.gone()
             return
+        self.watch_peer()
+
+    def _hand_carried(self, body: bytes) -> None:
+        """Upstream, for a body already in memory: ``_read_body``'s loop over its one
+        piece (it cannot stall or break its framing), and its turns: the user's pause, if
+        they owe one, before; the time the lines took told to the pacer after."""
+        port = self.port
+        pacer, user = port.pacer, port.user_id
+        pacer.pause(user)
+        started = monotonic()
+        lines = iter_lines((body,), port.limits.max_message_size)
+        while self._closing is None and not self._finished:
+            try:
+                line: bytes | MessageTooLarge | None = next(lines, None)
+            except MessageTooLarge as exc:  # its ERROR line, then the response ends
+                line = exc
+            if line is None:
+                break
+            if not self._hand_over(line):
+                return
+        pacer.took(user, monotonic() - started)
         self.watch_peer()
 
     def _hand_over(self, line: bytes | MessageTooLarge) -> bool:
