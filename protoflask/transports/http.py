@@ -33,7 +33,7 @@ from ..auth import token_from_request
 from ..core.errors import ProtoError
 from ..port import PostAnswer
 from .request_body import read_body
-from .sockets import raw_socket, shutdown
+from .sockets import PeerWatch, peer_watch, raw_socket, shutdown
 
 if TYPE_CHECKING:
     from ..port import Ports, SessionPort
@@ -124,7 +124,7 @@ class HTTPDownstream:
         self._gone = False
         self._attached = False
         self._finished = False
-        self._watcher: gevent.Greenlet | None = None
+        self._watcher: gevent.Greenlet | PeerWatch | None = None
 
     # -- framing: what subclasses define ------------------------------------------------
 
@@ -250,10 +250,16 @@ class HTTPDownstream:
         """Attached and about to write; the stream starts its body reader here."""
         self.watch_peer()
 
+    #: The swap point of the watch: a read watcher on the event loop (``PeerWatch``)
+    #: where the socket has a descriptor to peek at, else (and with False) a greenlet that
+    #: waits in ``recv(1, MSG_PEEK)``. tests/transports/test_peer_watch.py holds them equal.
+    watch_without_greenlet = True
+
     def watch_peer(self) -> None:
         """Once nothing else reads the socket: notice the client closing it."""
         if self.sock is not None and self._watcher is None and not self._finished:
-            self._watcher = gevent.spawn(self._watch_peer)
+            watch = peer_watch(self.sock, self.gone) if self.watch_without_greenlet else None
+            self._watcher = watch if watch is not None else gevent.spawn(self._watch_peer)
 
     def _watch_peer(self) -> None:
         assert self.sock is not None
