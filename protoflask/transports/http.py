@@ -28,6 +28,7 @@ import gevent
 import gevent.event
 import orjson
 from flask import Request, Response
+from werkzeug.utils import get_content_type
 
 from ..auth import token_from_request
 from ..core.errors import ProtoError
@@ -186,6 +187,22 @@ class HTTPDownstream:
             resp.headers.update(headers)
         return resp
 
+    def wsgi_app(self, extra: list[tuple[str, str]]) -> StreamApp:
+        """The response as ``response()`` is to the server (its status and headers, with
+        ``extra`` after them, as werkzeug adds new ones), without werkzeug's objects: a
+        Response and its Headers, the WSGI headers built from them, and a ClosingIterator
+        around the body (tests/transports/test_stream_app.py holds them equal)."""
+        content_type = self._content_type or self._make_content_type()
+        return StreamApp([("Content-Type", content_type), *STREAM_HEADER_LIST,
+                          ("Proto-Session", self.port.id), *extra], _Body(self))
+
+    _content_type = ""  # werkzeug's Content-Type of ``mimetype`` (the charset for text/*)
+
+    @classmethod
+    def _make_content_type(cls) -> str:
+        cls._content_type = get_content_type(cls.mimetype, "utf-8")
+        return cls._content_type
+
     def _take(self, final: bool = False) -> bytes:
         if not final and self._closing is not None:
             return b""  # close() takes what is left; the tail writes it
@@ -287,6 +304,24 @@ class HTTPDownstream:
 
     def after_response(self) -> None:
         """Called once the server wrote the end of the response."""
+
+
+#: STREAM_HEADERS in the order werkzeug's ``update`` adds them
+STREAM_HEADER_LIST = tuple(STREAM_HEADERS.items())
+
+
+class StreamApp:
+    """A stream's response as a WSGI application (``HTTPDownstream.wsgi_app``)."""
+
+    __slots__ = ("headers", "body")
+
+    def __init__(self, headers: list[tuple[str, str]], body: _Body) -> None:
+        self.headers = headers
+        self.body = body
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> _Body:
+        start_response("200 OK", self.headers)
+        return self.body
 
 
 class _Body:

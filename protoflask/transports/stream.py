@@ -172,13 +172,20 @@ def handle_post(ports: "Ports", request: Request) -> Response:
         return error_response(exc)
 
 
-def stream_response(ports: "Ports", args: Mapping[str, str], authorization: str | None,
-                    environ: dict[str, Any]) -> Response:
+def open_downstream(ports: "Ports", args: Mapping[str, str], authorization: str | None,
+                    environ: dict[str, Any]) -> NDJSONStream:
     """A POST /proto/stream that opens a stream (new, or resumed with ``last_seq``): its
-    response, or the contract's ProtoError. Flask's route and protoflask's own app's lane
-    (post_lane.py) both open streams with this."""
+    stream, or the contract's ProtoError. Flask's route (``stream_response``) and
+    protoflask's own app's lane (post_lane.py, ``NDJSONStream.wsgi_app``) both open
+    streams with this."""
     session_id = args.get("session") or None
     last_seq = parse_seq_arg(args.get("last_seq"), "last_seq")
     admission = ports.admit(token_from_request(args.get("token"), authorization), session_id,
                             last_seq, NDJSONStream.kind, ticket=args.get("ticket"))
-    return NDJSONStream(ports.port(admission, NDJSONStream.kind), environ).response()
+    return NDJSONStream(ports.port(admission, NDJSONStream.kind), environ)
+
+
+def stream_response(ports: "Ports", args: Mapping[str, str], authorization: str | None,
+                    environ: dict[str, Any]) -> Response:
+    """``open_downstream``'s stream as a Flask response."""
+    return open_downstream(ports, args, authorization, environ).response()
