@@ -244,3 +244,43 @@ def test_the_lane_writes_the_bytes_gunicorns_writer_writes(case: str, connection
     assert len(ours) <= len(theirs)
     if RESPONSES[case][2][:1] == [b"event: session\n\n"]:
         assert len(ours) == len(theirs) - 1  # the head went with the first event
+
+
+HEADER_LISTS = [
+    [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache"),
+     ("X-Accel-Buffering", "no"), ("Proto-Session", "0123456789abcdef"), ("Vary", "Origin"),
+     ("Access-Control-Allow-Origin", "*")],
+    [("Content-Length", "2"), ("Connection", "close"), ("X-A", " padded\t")],
+    [("Connection", "Upgrade"), ("Upgrade", "websocket"), ("Keep-Alive", "5"), ("Date", "x")],
+    [("Transfer-Encoding", "chunked"), ("Server", "x"), ("TE", "trailers"), ("X-B", "")],
+    [("X-A", "1"), ("Bad Name", "1")],
+    [("X-A", "1"), ("X-C", "a\r\nInjected: 1")],
+    [("X-A", "1"), (b"X-Bytes", "1")],
+    [("X-A", "1"), ("X-D", 5)],
+    [["X-List", "1"], ("X-A", "1")],
+]
+
+
+@pytest.mark.parametrize("headers", HEADER_LISTS, ids=range(len(HEADER_LISTS)))
+def test_remembered_headers_are_processed_as_gunicorn_processes_them(headers: Any) -> None:
+    """``LaneResponse.process_headers`` (a pair gunicorn passed before appended at once):
+    the same headers, length, upgrade and refusals as gunicorn's, the first time and
+    from memory."""
+    from protoflask.head_lane import LaneResponse
+
+    head = parse_head(b"GET /proto/sse HTTP/1.1\r\nHost: h\r\n\r\n", HeadLimits.of(Config()))
+
+    def processed(response_class: Any, remember: bool = True) -> tuple[Any, ...]:
+        resp = response_class(head, Wire(), Config())
+        resp.remember_headers = remember
+        try:
+            resp.process_headers(list(headers))
+            error = None
+        except Exception as exc:  # noqa: BLE001 (the same refusal, compared)
+            error = (type(exc), str(exc))
+        return resp.headers, resp.response_length, resp.upgrade, error
+
+    theirs = processed(wsgi.Response)
+    assert processed(LaneResponse, remember=False) == theirs
+    for _ in range(3):
+        assert processed(LaneResponse) == theirs
