@@ -47,6 +47,7 @@ from gunicorn.http.unreader import IterUnreader
 from gunicorn.http.wsgi import Response, WSGIErrorsWrapper, base_environ
 from gunicorn.util import hop_headers, http_date
 
+from .transports.sockets import immediate_send
 from .transports.stream import CARRIED_BODY
 from .post_lane import SSE_PATH, STREAM_PATH, WEBSOCKET_PATH, SessionPostLane, plain_query
 from .web import REFUSED_KEY, ConnectionTakenOver
@@ -411,14 +412,34 @@ class LaneResponse(Response):
         held, self._held = self._held, b""
         if self.chunked:  # gunicorn's util.write_chunk
             data = b"%X\r\n%s\r\n" % (len(data), data)
-        self.sock.sendall(held + data)
+        self._send(held + data)
 
     def flush_head(self) -> None:
         """Send a head still held (a write that carried no body bytes: gunicorn sends the
         head then, and so does this)."""
         if self._held:
             held, self._held = self._held, b""
-            self.sock.sendall(held)
+            self._send(held)
+
+    #: The swap point of a write: tried at once on the socket's descriptor
+    #: (``sockets.immediate_send``), what it did not take through the socket's
+    #: ``sendall``; or with False ``sendall`` alone, as gunicorn writes. gevent's
+    #: ``sendall`` asks the kernel for the send buffer's size first, a syscall a write.
+    #: tests/test_head_lane.py holds the bytes equal, a write larger than the buffer too.
+    send_at_once = True
+
+    def _send(self, data: bytes) -> None:
+        send = immediate_send(self.sock) if self.send_at_once else None
+        if send is not None:
+            try:
+                sent = send(data)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(data):
+                return
+            self.sock.sendall(memoryview(data)[sent:])
+            return
+        self.sock.sendall(data)
 
     def write(self, arg: bytes) -> None:
         super().write(arg)

@@ -5,6 +5,7 @@ builds the same WSGI environ from; every head gunicorn refuses, the lane leaves 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -201,6 +202,10 @@ class Wire:
     def sendall(self, data: bytes) -> None:
         self.writes.append(bytes(data))
 
+    def send(self, data: bytes) -> int:  # a socket's own send (sockets.immediate_send)
+        self.sendall(data)
+        return len(data)
+
 
 def written(response_class: Any, head: HeadRequest, status: str,
             headers: list[tuple[str, str]], chunks: list[bytes]) -> list[bytes]:
@@ -284,3 +289,40 @@ def test_remembered_headers_are_processed_as_gunicorn_processes_them(headers: An
     assert processed(LaneResponse, remember=False) == theirs
     for _ in range(3):
         assert processed(LaneResponse) == theirs
+
+
+@pytest.mark.parametrize("size", [10, 4 << 20], ids=["small", "over the buffer"])
+def test_a_write_at_once_puts_the_bytes_gunicorns_writer_puts(size: int) -> None:
+    """``LaneResponse.send_at_once`` (the descriptor's send, the rest through sendall) on
+    a real gevent socket: the bytes gunicorn's writer puts on it, however much the kernel
+    takes at once."""
+    import gevent
+    import gevent.socket
+
+    from protoflask.head_lane import LaneResponse
+
+    head = parse_head(b"GET /proto/sse HTTP/1.1\r\nHost: h\r\n\r\n", HeadLimits.of(Config()))
+    chunks = [b"event: session\n\n", bytes(range(256)) * (size // 256 + 1), b"x"]
+
+    def received(response_class: Any, at_once: bool) -> bytes:
+        near, far = gevent.socket.socketpair()
+        far.settimeout(10)
+        try:
+            resp = response_class(head, near, Config())
+            resp.send_at_once = at_once
+            resp.start_response("200 OK", [("Content-Type", "text/event-stream")])
+            reader = gevent.spawn(lambda: b"".join(iter(lambda: far.recv(65536), b"")))
+            for chunk in chunks:
+                resp.write(chunk)
+            resp.close()
+            near.close()
+            data: bytes = reader.get(timeout=10)
+        finally:
+            near.close()
+            far.close()
+        return re.sub(rb"\r\nDate: [^\r]*", b"", data)
+
+    theirs = received(wsgi.Response, False)
+    assert received(LaneResponse, True) == theirs
+    assert received(LaneResponse, False) == theirs
+    assert len(theirs) > size
