@@ -34,9 +34,11 @@ bytes. ``tests/test_head_lane.py`` holds the heads read here to gunicorn's parse
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
+import sys
 import time
 from typing import Any, NamedTuple
 
@@ -240,8 +242,35 @@ def set_base_environ(cfg: Any) -> None:
     BASE_ENVIRON.update(environ)
 
 
+class LaneErrors(WSGIErrorsWrapper):
+    """gunicorn's ``wsgi.errors`` (its ``WSGIErrorsWrapper``: the error log's streams as
+    they are now), its logger looked up once: ``logging.getLogger`` takes logging's
+    module lock, under gevent a lock in Python (~3% of a stream's open). The logger of a
+    name is always the same object; its handlers are read at each request as gunicorn
+    reads them (a reopened log file is a new stream)."""
+
+    _errorlog: logging.Logger | None = None
+
+    def __init__(self, cfg: Any) -> None:  # gunicorn's, but for the lookup
+        errorlog = LaneErrors._errorlog
+        if errorlog is None:
+            errorlog = LaneErrors._errorlog = logging.getLogger("gunicorn.error")
+        handlers = errorlog.handlers
+        self.streams = []
+        if cfg.errorlog == "-":
+            self.streams.append(sys.stderr)
+            handlers = handlers[1:]
+        for h in handlers:
+            if hasattr(h, "stream"):
+                self.streams.append(h.stream)
+
+
 class HeadLane:
     """One worker's lane: the ``SessionPostLane`` of its app and gunicorn's settings."""
+
+    #: The swap point of a stream's ``wsgi.errors``: ``LaneErrors``, or with False
+    #: gunicorn's ``WSGIErrorsWrapper`` (tests/test_head_lane.py holds their streams equal)
+    lane_errors = True
 
     def __init__(self, post_lane: SessionPostLane, cfg: Any) -> None:
         self.post_lane = post_lane
@@ -302,7 +331,8 @@ class HeadLane:
         environ["wsgi.input"] = head.body
         if kind == "stream":  # the HELLO, handed to the session without a reader greenlet
             environ[CARRIED_BODY] = head.carried
-        environ["wsgi.errors"] = WSGIErrorsWrapper(self.cfg)
+        environ["wsgi.errors"] = LaneErrors(self.cfg) if self.lane_errors \
+            else WSGIErrorsWrapper(self.cfg)
         response = self.post_lane.open(environ, kind)
         if response is None:
             refused = environ.pop(REFUSED_KEY, None)

@@ -326,3 +326,28 @@ def test_a_write_at_once_puts_the_bytes_gunicorns_writer_puts(size: int) -> None
     assert received(LaneResponse, True) == theirs
     assert received(LaneResponse, False) == theirs
     assert len(theirs) > size
+
+
+@pytest.mark.parametrize("errorlog", ["-", "/some/file"])
+def test_the_lanes_wsgi_errors_are_gunicorns(errorlog: str) -> None:
+    """``LaneErrors`` (its logger looked up once): the streams gunicorn's
+    ``WSGIErrorsWrapper`` writes to, also after the error log's handlers changed (a
+    reopened file is a new stream)."""
+    import io
+    import logging
+
+    from protoflask.head_lane import LaneErrors
+
+    config = Config()
+    config.set("errorlog", errorlog)
+    log = logging.getLogger("gunicorn.error")
+    saved = log.handlers[:]
+    try:
+        for streams in ([io.StringIO()], [io.StringIO(), io.StringIO()], []):
+            log.handlers = [logging.StreamHandler(s) for s in streams] + [logging.NullHandler()]
+            ours = LaneErrors(config)
+            theirs = wsgi.WSGIErrorsWrapper(config)
+            assert ours.streams == theirs.streams
+            assert isinstance(ours, wsgi.WSGIErrorsWrapper)
+    finally:
+        log.handlers = saved
