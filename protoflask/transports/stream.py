@@ -28,6 +28,7 @@ from flask import Request, Response
 from ..auth import token_from_request
 from ..core.bodies import parse_seq_arg
 from ..core.errors import MessageTooLarge, ProtoError, RequestTimeout
+from ..turns import COSTLY
 from .http import LINGER_SECONDS, HTTPDownstream, error_response, post_messages
 from .request_body import body_pieces, iter_lines, taking_turns
 from .sockets import shutdown
@@ -107,8 +108,11 @@ class NDJSONStream(HTTPDownstream):
 
     def _hand_carried(self, body: bytes) -> None:
         """Upstream, for a body already in memory: ``_read_body``'s loop over its one
-        piece (it cannot stall or break its framing), and its turns: the user's pause, if
-        they owe one, before; the time the lines took told to the pacer after."""
+        piece (it cannot stall or break its framing), and the user's pacing: their pause,
+        if they owe one, before; after, a costly turn told to the pacer (they owe it, and
+        pay it before the first write). A cheap one gives no turn here, where the reader
+        gave one: the response writes and waits for its next wake right after, a turn
+        for every other greenlet, where the reader went on reading."""
         port = self.port
         pacer, user = port.pacer, port.user_id
         pacer.pause(user)
@@ -123,7 +127,9 @@ class NDJSONStream(HTTPDownstream):
                 break
             if not self._hand_over(line):
                 return
-        pacer.took(user, monotonic() - started)
+        spent = monotonic() - started
+        if spent >= COSTLY:
+            pacer.took(user, spent)
         self.watch_peer()
 
     def _hand_over(self, line: bytes | MessageTooLarge) -> bool:
