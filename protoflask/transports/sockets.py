@@ -120,8 +120,10 @@ class PeerWatch:
 
 def peer_watch(sock: Any, gone: Callable[[], None]) -> PeerWatch | None:
     """A ``PeerWatch`` of ``sock``, or None where it has no descriptor to peek at: a TLS
-    socket (its bytes go through its TLS layer), a socket that is not gevent's."""
-    if is_tls(sock) or not isinstance(sock, gevent.socket.socket):
+    socket (its bytes go through its TLS layer), a socket that is not gevent's. gevent's
+    own socket class exactly: its TLS socket is a subclass (and ``is_tls``'s look-ups in
+    the loaded modules would cost more than the watch)."""
+    if type(sock) is not gevent.socket.socket:
         return None
     return PeerWatch(sock, gone)
 

@@ -93,6 +93,18 @@ def test_a_socket_without_a_descriptor_to_peek_gets_the_greenlet() -> None:
             return 0
 
     assert peer_watch(Fake(), lambda: None) is None
+    import gevent.ssl
+
+    near, far = gevent.socket.socketpair()
+    try:
+        tls = gevent.ssl.SSLSocket.__new__(gevent.ssl.SSLSocket)  # the class is enough
+        assert peer_watch(tls, lambda: None) is None
+        watch = peer_watch(near, lambda: None)
+        assert isinstance(watch, PeerWatch)
+        watch.kill()
+    finally:
+        near.close()
+        far.close()
 
 
 def test_a_spurious_wake_keeps_watching() -> None:
