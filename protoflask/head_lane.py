@@ -34,9 +34,11 @@ bytes. ``tests/test_head_lane.py`` holds the heads read here to gunicorn's parse
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
+import sys
 import time
 from typing import Any, NamedTuple
 
@@ -45,8 +47,10 @@ import gevent
 from gunicorn.http.body import Body, LengthReader
 from gunicorn.http.unreader import IterUnreader
 from gunicorn.http.wsgi import Response, WSGIErrorsWrapper, base_environ
-from gunicorn.util import http_date
+from gunicorn.util import hop_headers, http_date
 
+from .transports.sockets import immediate_send
+from .transports.stream import CARRIED_BODY
 from .post_lane import SSE_PATH, STREAM_PATH, WEBSOCKET_PATH, SessionPostLane, plain_query
 from .web import REFUSED_KEY, ConnectionTakenOver
 
@@ -75,7 +79,7 @@ class HeadRequest:
 
     __slots__ = ("method", "uri", "path", "query", "fragment", "version", "headers",
                  "body", "scheme", "raw_length", "content_length", "must_close",
-                 "is_upgrade")
+                 "is_upgrade", "carried")
 
     proxy_protocol_info = None
     _expected_100_continue = False
@@ -93,12 +97,14 @@ class HeadRequest:
         self.content_length = content_length
         self.must_close = False
         self.body: Any = None
+        self.carried = b""  # the body's bytes, read with the head
         #: ``GET /proto/websocket``, which the lane serves itself (``HeadLane.upgrade``)
         self.is_upgrade = path == WEBSOCKET_PATH
 
     def carry_body(self, body: bytes) -> None:
         """The body (read with the head) as gunicorn's reader of a known length (gunicorn
         gives a request without one a reader of 0 bytes)."""
+        self.carried = body
         self.body = Body(LengthReader(IterUnreader([body] if body else []),
                                       self.content_length))
 
@@ -236,8 +242,35 @@ def set_base_environ(cfg: Any) -> None:
     BASE_ENVIRON.update(environ)
 
 
+class LaneErrors(WSGIErrorsWrapper):
+    """gunicorn's ``wsgi.errors`` (its ``WSGIErrorsWrapper``: the error log's streams as
+    they are now), its logger looked up once: ``logging.getLogger`` takes logging's
+    module lock, under gevent a lock in Python (~3% of a stream's open). The logger of a
+    name is always the same object; its handlers are read at each request as gunicorn
+    reads them (a reopened log file is a new stream)."""
+
+    _errorlog: logging.Logger | None = None
+
+    def __init__(self, cfg: Any) -> None:  # gunicorn's, but for the lookup
+        errorlog = LaneErrors._errorlog
+        if errorlog is None:
+            errorlog = LaneErrors._errorlog = logging.getLogger("gunicorn.error")
+        handlers = errorlog.handlers
+        self.streams = []
+        if cfg.errorlog == "-":
+            self.streams.append(sys.stderr)
+            handlers = handlers[1:]
+        for h in handlers:
+            if hasattr(h, "stream"):
+                self.streams.append(h.stream)
+
+
 class HeadLane:
     """One worker's lane: the ``SessionPostLane`` of its app and gunicorn's settings."""
+
+    #: The swap point of a stream's ``wsgi.errors``: ``LaneErrors``, or with False
+    #: gunicorn's ``WSGIErrorsWrapper`` (tests/test_head_lane.py holds their streams equal)
+    lane_errors = True
 
     def __init__(self, post_lane: SessionPostLane, cfg: Any) -> None:
         self.post_lane = post_lane
@@ -296,7 +329,10 @@ class HeadLane:
                 return None  # a session's upstream batch, or a query Flask decodes
         environ = environ_for(head, client, addr, self.server_of(listener))
         environ["wsgi.input"] = head.body
-        environ["wsgi.errors"] = WSGIErrorsWrapper(self.cfg)
+        if kind == "stream":  # the HELLO, handed to the session without a reader greenlet
+            environ[CARRIED_BODY] = head.carried
+        environ["wsgi.errors"] = LaneErrors(self.cfg) if self.lane_errors \
+            else WSGIErrorsWrapper(self.cfg)
         response = self.post_lane.open(environ, kind)
         if response is None:
             refused = environ.pop(REFUSED_KEY, None)
@@ -324,6 +360,9 @@ class HeadLane:
         if self.post_lane.refusals:
             self.post_lane.refusals.pop(client, None)
 
+
+#: the header names gunicorn's ``process_headers`` does more with than append the pair
+_NOT_PASSED = frozenset({"content-length", *hop_headers})
 
 _date: list[Any] = [0, ""]  # the second, its Date line
 
@@ -360,6 +399,36 @@ class LaneResponse(Response):
             lines.append("Transfer-Encoding: chunked\r\n")
         return lines
 
+    #: The swap point of ``process_headers``: gunicorn's checks of a header remembered
+    #: for the pairs they only pass through (a stream's headers are the same but for its
+    #: Proto-Session), or with False gunicorn's on every pair
+    #: (tests/test_head_lane.py holds them equal, refusals included).
+    remember_headers = True
+    #: (name, value) -> what gunicorn's ``process_headers`` appends for it, for the pairs
+    #: it appends as they are and nothing else (not Content-Length, no hop-by-hop)
+    _passed: dict[tuple[str, str], tuple[str, str]] = {}
+    PASSED_MAX = 512
+
+    def process_headers(self, headers: list[tuple[str, str]]) -> None:
+        """gunicorn's, one pair at a time, a pair it passed before appended at once
+        (its checks are two regular expressions, a strip and two lower-casings a header:
+        ~0.8 us, ten of them in a stream's head with CORS)."""
+        if not self.remember_headers:
+            return super().process_headers(headers)
+        passed, out = self._passed, self.headers
+        for pair in headers:
+            hashable = pair.__class__ is tuple
+            kept = passed.get(pair) if hashable else None
+            if kept is not None:
+                out.append(kept)
+                continue
+            before = len(out)
+            super().process_headers([pair])
+            if hashable and len(out) == before + 1 and pair[0].lower() not in _NOT_PASSED:
+                if len(passed) >= self.PASSED_MAX:
+                    passed.clear()
+                passed[pair] = out[-1]
+
     def send_headers(self) -> None:
         """gunicorn's ``send_headers``, the head held for the first body write."""
         if self.headers_sent:
@@ -373,14 +442,34 @@ class LaneResponse(Response):
         held, self._held = self._held, b""
         if self.chunked:  # gunicorn's util.write_chunk
             data = b"%X\r\n%s\r\n" % (len(data), data)
-        self.sock.sendall(held + data)
+        self._send(held + data)
 
     def flush_head(self) -> None:
         """Send a head still held (a write that carried no body bytes: gunicorn sends the
         head then, and so does this)."""
         if self._held:
             held, self._held = self._held, b""
-            self.sock.sendall(held)
+            self._send(held)
+
+    #: The swap point of a write: tried at once on the socket's descriptor
+    #: (``sockets.immediate_send``), what it did not take through the socket's
+    #: ``sendall``; or with False ``sendall`` alone, as gunicorn writes. gevent's
+    #: ``sendall`` asks the kernel for the send buffer's size first, a syscall a write.
+    #: tests/test_head_lane.py holds the bytes equal, a write larger than the buffer too.
+    send_at_once = True
+
+    def _send(self, data: bytes) -> None:
+        send = immediate_send(self.sock) if self.send_at_once else None
+        if send is not None:
+            try:
+                sent = send(data)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(data):
+                return
+            self.sock.sendall(memoryview(data)[sent:])
+            return
+        self.sock.sendall(data)
 
     def write(self, arg: bytes) -> None:
         super().write(arg)

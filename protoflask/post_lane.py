@@ -91,6 +91,12 @@ def status_line(status: int) -> str:
 class SessionPostLane:
     """WSGI middleware in front of protoflask's own Flask app (see the module doc)."""
 
+    #: The swap point of an opened stream's response: the stream's own WSGI application
+    #: (``HTTPDownstream.wsgi_app``: its headers as a list), or with True werkzeug's
+    #: Response, as the route makes it (tests/transports/test_stream_app.py, and
+    #: tests/integration/test_upgrade_lane.py against Flask's route on the wire).
+    werkzeug_streams = False
+
     def __init__(self, app: "Flask", ctx: WebContext) -> None:
         self.app = app
         self.flask_wsgi_app: WSGIApp = app.wsgi_app
@@ -223,16 +229,20 @@ class SessionPostLane:
             return None
         authorization = environ.get("HTTP_AUTHORIZATION")
         try:
-            response = sse.stream_response(
+            downstream = sse.open_downstream(
                 self.ports, args, authorization, environ.get("HTTP_LAST_EVENT_ID", ""),
-                environ) if kind == "sse" else stream.stream_response(
+                environ) if kind == "sse" else stream.open_downstream(
                 self.ports, args, authorization, environ)
         except ProtoError as exc:
             environ[REFUSED_KEY] = exc
             return None
-        if self.config.enable_cors:
-            add_cors(response, origin, self.origins)
-        return response
+        if self.werkzeug_streams:
+            response = downstream.response()
+            if self.config.enable_cors:
+                add_cors(response, origin, self.origins)
+            return response
+        return downstream.wsgi_app(cors_headers(origin, self.origins)
+                                   if self.config.enable_cors else [])
 
     def _refused(self, environ: dict[str, Any]) -> bool:
         """Whether the head lane left a refusal for this request's socket (then in the

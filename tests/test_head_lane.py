@@ -5,6 +5,7 @@ builds the same WSGI environ from; every head gunicorn refuses, the lane leaves 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -201,6 +202,10 @@ class Wire:
     def sendall(self, data: bytes) -> None:
         self.writes.append(bytes(data))
 
+    def send(self, data: bytes) -> int:  # a socket's own send (sockets.immediate_send)
+        self.sendall(data)
+        return len(data)
+
 
 def written(response_class: Any, head: HeadRequest, status: str,
             headers: list[tuple[str, str]], chunks: list[bytes]) -> list[bytes]:
@@ -244,3 +249,105 @@ def test_the_lane_writes_the_bytes_gunicorns_writer_writes(case: str, connection
     assert len(ours) <= len(theirs)
     if RESPONSES[case][2][:1] == [b"event: session\n\n"]:
         assert len(ours) == len(theirs) - 1  # the head went with the first event
+
+
+HEADER_LISTS = [
+    [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache"),
+     ("X-Accel-Buffering", "no"), ("Proto-Session", "0123456789abcdef"), ("Vary", "Origin"),
+     ("Access-Control-Allow-Origin", "*")],
+    [("Content-Length", "2"), ("Connection", "close"), ("X-A", " padded\t")],
+    [("Connection", "Upgrade"), ("Upgrade", "websocket"), ("Keep-Alive", "5"), ("Date", "x")],
+    [("Transfer-Encoding", "chunked"), ("Server", "x"), ("TE", "trailers"), ("X-B", "")],
+    [("X-A", "1"), ("Bad Name", "1")],
+    [("X-A", "1"), ("X-C", "a\r\nInjected: 1")],
+    [("X-A", "1"), (b"X-Bytes", "1")],
+    [("X-A", "1"), ("X-D", 5)],
+    [["X-List", "1"], ("X-A", "1")],
+]
+
+
+@pytest.mark.parametrize("headers", HEADER_LISTS, ids=range(len(HEADER_LISTS)))
+def test_remembered_headers_are_processed_as_gunicorn_processes_them(headers: Any) -> None:
+    """``LaneResponse.process_headers`` (a pair gunicorn passed before appended at once):
+    the same headers, length, upgrade and refusals as gunicorn's, the first time and
+    from memory."""
+    from protoflask.head_lane import LaneResponse
+
+    head = parse_head(b"GET /proto/sse HTTP/1.1\r\nHost: h\r\n\r\n", HeadLimits.of(Config()))
+
+    def processed(response_class: Any, remember: bool = True) -> tuple[Any, ...]:
+        resp = response_class(head, Wire(), Config())
+        resp.remember_headers = remember
+        try:
+            resp.process_headers(list(headers))
+            error = None
+        except Exception as exc:  # noqa: BLE001 (the same refusal, compared)
+            error = (type(exc), str(exc))
+        return resp.headers, resp.response_length, resp.upgrade, error
+
+    theirs = processed(wsgi.Response)
+    assert processed(LaneResponse, remember=False) == theirs
+    for _ in range(3):
+        assert processed(LaneResponse) == theirs
+
+
+@pytest.mark.parametrize("size", [10, 4 << 20], ids=["small", "over the buffer"])
+def test_a_write_at_once_puts_the_bytes_gunicorns_writer_puts(size: int) -> None:
+    """``LaneResponse.send_at_once`` (the descriptor's send, the rest through sendall) on
+    a real gevent socket: the bytes gunicorn's writer puts on it, however much the kernel
+    takes at once."""
+    import gevent
+    import gevent.socket
+
+    from protoflask.head_lane import LaneResponse
+
+    head = parse_head(b"GET /proto/sse HTTP/1.1\r\nHost: h\r\n\r\n", HeadLimits.of(Config()))
+    chunks = [b"event: session\n\n", bytes(range(256)) * (size // 256 + 1), b"x"]
+
+    def received(response_class: Any, at_once: bool) -> bytes:
+        near, far = gevent.socket.socketpair()
+        far.settimeout(10)
+        try:
+            resp = response_class(head, near, Config())
+            resp.send_at_once = at_once
+            resp.start_response("200 OK", [("Content-Type", "text/event-stream")])
+            reader = gevent.spawn(lambda: b"".join(iter(lambda: far.recv(65536), b"")))
+            for chunk in chunks:
+                resp.write(chunk)
+            resp.close()
+            near.close()
+            data: bytes = reader.get(timeout=10)
+        finally:
+            near.close()
+            far.close()
+        return re.sub(rb"\r\nDate: [^\r]*", b"", data)
+
+    theirs = received(wsgi.Response, False)
+    assert received(LaneResponse, True) == theirs
+    assert received(LaneResponse, False) == theirs
+    assert len(theirs) > size
+
+
+@pytest.mark.parametrize("errorlog", ["-", "/some/file"])
+def test_the_lanes_wsgi_errors_are_gunicorns(errorlog: str) -> None:
+    """``LaneErrors`` (its logger looked up once): the streams gunicorn's
+    ``WSGIErrorsWrapper`` writes to, also after the error log's handlers changed (a
+    reopened file is a new stream)."""
+    import io
+    import logging
+
+    from protoflask.head_lane import LaneErrors
+
+    config = Config()
+    config.set("errorlog", errorlog)
+    log = logging.getLogger("gunicorn.error")
+    saved = log.handlers[:]
+    try:
+        for streams in ([io.StringIO()], [io.StringIO(), io.StringIO()], []):
+            log.handlers = [logging.StreamHandler(s) for s in streams] + [logging.NullHandler()]
+            ours = LaneErrors(config)
+            theirs = wsgi.WSGIErrorsWrapper(config)
+            assert ours.streams == theirs.streams
+            assert isinstance(ours, wsgi.WSGIErrorsWrapper)
+    finally:
+        log.handlers = saved

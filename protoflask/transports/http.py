@@ -28,12 +28,13 @@ import gevent
 import gevent.event
 import orjson
 from flask import Request, Response
+from werkzeug.utils import get_content_type
 
 from ..auth import token_from_request
 from ..core.errors import ProtoError
 from ..port import PostAnswer
 from .request_body import read_body
-from .sockets import raw_socket, shutdown
+from .sockets import PeerWatch, peer_watch, raw_socket, shutdown
 
 if TYPE_CHECKING:
     from ..port import Ports, SessionPort
@@ -124,7 +125,7 @@ class HTTPDownstream:
         self._gone = False
         self._attached = False
         self._finished = False
-        self._watcher: gevent.Greenlet | None = None
+        self._watcher: gevent.Greenlet | PeerWatch | None = None
 
     # -- framing: what subclasses define ------------------------------------------------
 
@@ -185,6 +186,22 @@ class HTTPDownstream:
         if headers:
             resp.headers.update(headers)
         return resp
+
+    def wsgi_app(self, extra: list[tuple[str, str]]) -> StreamApp:
+        """The response as ``response()`` is to the server (its status and headers, with
+        ``extra`` after them, as werkzeug adds new ones), without werkzeug's objects: a
+        Response and its Headers, the WSGI headers built from them, and a ClosingIterator
+        around the body (tests/transports/test_stream_app.py holds them equal)."""
+        content_type = self._content_type or self._make_content_type()
+        return StreamApp([("Content-Type", content_type), *STREAM_HEADER_LIST,
+                          ("Proto-Session", self.port.id), *extra], _Body(self))
+
+    _content_type = ""  # werkzeug's Content-Type of ``mimetype`` (the charset for text/*)
+
+    @classmethod
+    def _make_content_type(cls) -> str:
+        cls._content_type = get_content_type(cls.mimetype, "utf-8")
+        return cls._content_type
 
     def _take(self, final: bool = False) -> bytes:
         if not final and self._closing is not None:
@@ -250,10 +267,16 @@ class HTTPDownstream:
         """Attached and about to write; the stream starts its body reader here."""
         self.watch_peer()
 
+    #: The swap point of the watch: a read watcher on the event loop (``PeerWatch``)
+    #: where the socket has a descriptor to peek at, else (and with False) a greenlet that
+    #: waits in ``recv(1, MSG_PEEK)``. tests/transports/test_peer_watch.py holds them equal.
+    watch_without_greenlet = True
+
     def watch_peer(self) -> None:
         """Once nothing else reads the socket: notice the client closing it."""
         if self.sock is not None and self._watcher is None and not self._finished:
-            self._watcher = gevent.spawn(self._watch_peer)
+            watch = peer_watch(self.sock, self.gone) if self.watch_without_greenlet else None
+            self._watcher = watch if watch is not None else gevent.spawn(self._watch_peer)
 
     def _watch_peer(self) -> None:
         assert self.sock is not None
@@ -281,6 +304,24 @@ class HTTPDownstream:
 
     def after_response(self) -> None:
         """Called once the server wrote the end of the response."""
+
+
+#: STREAM_HEADERS in the order werkzeug's ``update`` adds them
+STREAM_HEADER_LIST = tuple(STREAM_HEADERS.items())
+
+
+class StreamApp:
+    """A stream's response as a WSGI application (``HTTPDownstream.wsgi_app``)."""
+
+    __slots__ = ("headers", "body")
+
+    def __init__(self, headers: list[tuple[str, str]], body: _Body) -> None:
+        self.headers = headers
+        self.body = body
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> _Body:
+        start_response("200 OK", self.headers)
+        return self.body
 
 
 class _Body:

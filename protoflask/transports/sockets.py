@@ -7,6 +7,7 @@ import socket
 import sys
 from typing import Any, Callable
 
+import gevent
 import gevent.socket
 
 from ..turns import give_turn
@@ -76,6 +77,55 @@ def read_wait(sock: Any) -> tuple[Callable[[Any], None], Any] | None:
 
 def _take_a_turn(_watcher: Any) -> None:
     give_turn()
+
+
+class PeerWatch:
+    """Notices the client closing its side of a socket nothing else reads, without a
+    greenlet of its own: a read watcher on the event loop whose callback peeks at the
+    descriptor (never waits) and calls ``gone`` at the end of the read side or a reset.
+    Bytes to read (a pipelined request) are left, and the watch ends, as the greenlet's
+    ``recv(1, MSG_PEEK)`` returns on them. A greenlet per stream cost a spawn, a first
+    run and a failed read at the open, and a kill (a switch in and out) at the end."""
+
+    __slots__ = ("_io", "_peek", "_gone")
+
+    def __init__(self, sock: Any, gone: Callable[[], None]) -> None:
+        self._peek = sock._sock.recv  # the non-blocking descriptor's: EAGAIN, never a wait
+        self._gone = gone
+        self._io: Any = gevent.get_hub().loop.io(sock.fileno(), 1)
+        self._io.start(self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = self._peek(1, socket.MSG_PEEK)
+        except BlockingIOError:  # woken with nothing to read after all: keep watching
+            return
+        except OSError:
+            data = b""
+        self.kill()
+        if not data:
+            self._gone()
+
+    @property
+    def watching(self) -> bool:
+        return self._io is not None
+
+    def kill(self, block: bool = True) -> None:
+        """Stop watching (a greenlet's ``kill``, for the one who ends the stream)."""
+        watcher, self._io = self._io, None
+        if watcher is not None:
+            watcher.stop()
+            watcher.close()
+
+
+def peer_watch(sock: Any, gone: Callable[[], None]) -> PeerWatch | None:
+    """A ``PeerWatch`` of ``sock``, or None where it has no descriptor to peek at: a TLS
+    socket (its bytes go through its TLS layer), a socket that is not gevent's. gevent's
+    own socket class exactly: its TLS socket is a subclass (and ``is_tls``'s look-ups in
+    the loaded modules would cost more than the watch)."""
+    if type(sock) is not gevent.socket.socket:
+        return None
+    return PeerWatch(sock, gone)
 
 
 def is_tls(sock: Any) -> bool:

@@ -74,15 +74,21 @@ def resume_point(args: Mapping[str, str], last_event_id: str) -> tuple[str | Non
     return session_id, last_seq
 
 
-def stream_response(ports: "Ports", args: Mapping[str, str], authorization: str | None,
-                    last_event_id: str, environ: dict[str, Any]) -> Response:
+def open_downstream(ports: "Ports", args: Mapping[str, str], authorization: str | None,
+                    last_event_id: str, environ: dict[str, Any]) -> SSEStream:
     """GET /proto/sse: a new session's stream, or a resumed one; or the contract's
-    ProtoError. Flask's route and protoflask's own app's lane (post_lane.py) both open
-    streams with this."""
+    ProtoError. Flask's route (``stream_response``) and protoflask's own app's lane
+    (post_lane.py, ``SSEStream.wsgi_app``) both open streams with this."""
     session_id, last_seq = resume_point(args, last_event_id)
     admission = ports.admit(token_from_request(args.get("token"), authorization), session_id,
                             last_seq, SSEStream.kind, ticket=args.get("ticket"))
-    return SSEStream(ports.port(admission, SSEStream.kind), environ).response()
+    return SSEStream(ports.port(admission, SSEStream.kind), environ)
+
+
+def stream_response(ports: "Ports", args: Mapping[str, str], authorization: str | None,
+                    last_event_id: str, environ: dict[str, Any]) -> Response:
+    """``open_downstream``'s stream as a Flask response."""
+    return open_downstream(ports, args, authorization, last_event_id, environ).response()
 
 
 def open_stream(ports: "Ports", request: Request) -> Response:

@@ -19,6 +19,7 @@ socket's read side to notice a client that went away.
 from __future__ import annotations
 
 import logging
+from time import monotonic
 from typing import TYPE_CHECKING, Any, Mapping
 
 import gevent
@@ -27,6 +28,7 @@ from flask import Request, Response
 from ..auth import token_from_request
 from ..core.bodies import parse_seq_arg
 from ..core.errors import MessageTooLarge, ProtoError, RequestTimeout
+from ..turns import COSTLY
 from .http import LINGER_SECONDS, HTTPDownstream, error_response, post_messages
 from .request_body import body_pieces, iter_lines, taking_turns
 from .sockets import shutdown
@@ -35,6 +37,10 @@ if TYPE_CHECKING:
     from ..port import Ports
 
 log = logging.getLogger("protoflask.stream")
+
+#: The environ key under which a server that read a request's whole body with its head
+#: (protoflask's gunicorn worker, head_lane.py: an opening POST's HELLO) leaves those bytes.
+CARRIED_BODY = "protoflask.carried_body"
 
 
 class NDJSONStream(HTTPDownstream):
@@ -50,7 +56,19 @@ class NDJSONStream(HTTPDownstream):
     def frames(self, ready: list[tuple[int, bytes]]) -> bytes:
         return b"\n".join([data for _, data in ready]) + b"\n"
 
+    #: The swap point of a body the server carried whole (``CARRIED_BODY``): its lines
+    #: handed to the session in the response's own greenlet before the first write
+    #: (``_hand_carried``), rather than read by a greenlet of their own (``_read_body``).
+    #: The same lines in the same order; the first write then carries the response's
+    #: head and what they answered (the HELLO reply) at once, where the reader's turn
+    #: made it two writes. tests/transports/test_stream_carried.py holds them equal.
+    hand_carried_body = True
+
     def started(self) -> None:
+        carried = self.environ.get(CARRIED_BODY) if self.hand_carried_body else None
+        if carried is not None:
+            self._hand_carried(carried)
+            return
         self._reader = gevent.spawn(self._read_body)
         # Let the reader make its first read before anything is written: gevent.pywsgi
         # answers ``Expect: 100-continue`` then, and that must precede the response.
@@ -86,6 +104,32 @@ class NDJSONStream(HTTPDownstream):
             log.debug("stream %s: request body ended: %r", port.id, exc)
             self.gone()
             return
+        self.watch_peer()
+
+    def _hand_carried(self, body: bytes) -> None:
+        """Upstream, for a body already in memory: ``_read_body``'s loop over its one
+        piece (it cannot stall or break its framing), and the user's pacing: their pause,
+        if they owe one, before; after, a costly turn told to the pacer (they owe it, and
+        pay it before the first write). A cheap one gives no turn here, where the reader
+        gave one: the response writes and waits for its next wake right after, a turn
+        for every other greenlet, where the reader went on reading."""
+        port = self.port
+        pacer, user = port.pacer, port.user_id
+        pacer.pause(user)
+        started = monotonic()
+        lines = iter_lines((body,), port.limits.max_message_size)
+        while self._closing is None and not self._finished:
+            try:
+                line: bytes | MessageTooLarge | None = next(lines, None)
+            except MessageTooLarge as exc:  # its ERROR line, then the response ends
+                line = exc
+            if line is None:
+                break
+            if not self._hand_over(line):
+                return
+        spent = monotonic() - started
+        if spent >= COSTLY:
+            pacer.took(user, spent)
         self.watch_peer()
 
     def _hand_over(self, line: bytes | MessageTooLarge) -> bool:
@@ -134,13 +178,20 @@ def handle_post(ports: "Ports", request: Request) -> Response:
         return error_response(exc)
 
 
-def stream_response(ports: "Ports", args: Mapping[str, str], authorization: str | None,
-                    environ: dict[str, Any]) -> Response:
+def open_downstream(ports: "Ports", args: Mapping[str, str], authorization: str | None,
+                    environ: dict[str, Any]) -> NDJSONStream:
     """A POST /proto/stream that opens a stream (new, or resumed with ``last_seq``): its
-    response, or the contract's ProtoError. Flask's route and protoflask's own app's lane
-    (post_lane.py) both open streams with this."""
+    stream, or the contract's ProtoError. Flask's route (``stream_response``) and
+    protoflask's own app's lane (post_lane.py, ``NDJSONStream.wsgi_app``) both open
+    streams with this."""
     session_id = args.get("session") or None
     last_seq = parse_seq_arg(args.get("last_seq"), "last_seq")
     admission = ports.admit(token_from_request(args.get("token"), authorization), session_id,
                             last_seq, NDJSONStream.kind, ticket=args.get("ticket"))
-    return NDJSONStream(ports.port(admission, NDJSONStream.kind), environ).response()
+    return NDJSONStream(ports.port(admission, NDJSONStream.kind), environ)
+
+
+def stream_response(ports: "Ports", args: Mapping[str, str], authorization: str | None,
+                    environ: dict[str, Any]) -> Response:
+    """``open_downstream``'s stream as a Flask response."""
+    return open_downstream(ports, args, authorization, environ).response()
