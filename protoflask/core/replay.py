@@ -155,7 +155,12 @@ class ReplayWindow:
         # the same object back when the id is not in it: nothing more is held then
         kept = data.replace(self._sid.encode(), SID_MARK)
         for mark, segment in zip(SEGMENT_MARKS, segments, strict=False):
-            kept = kept.replace(segment, mark)
+            # its first occurrence (a HELLO reply has each once; another would stay as
+            # written, and ``_full`` puts a mark back wherever it is): one scan up to it,
+            # where replace() scans the whole message twice (count, then copy)
+            at = kept.find(segment)
+            if at >= 0:
+                kept = b"".join((kept[:at], mark, kept[at + len(segment):]))
         return (seq, now, kept, added, segments)
 
     def prune(self, now: int) -> None:
