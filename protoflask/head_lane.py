@@ -40,8 +40,6 @@ import socket
 import time
 from typing import Any, NamedTuple
 
-import gevent
-
 from gunicorn.http.body import Body, LengthReader
 from gunicorn.http.unreader import IterUnreader
 from gunicorn.http.wsgi import Response, WSGIErrorsWrapper, base_environ
@@ -271,11 +269,15 @@ class HeadLane:
         """The connection's first bytes, left on the socket (b"" when nothing came within
         ``timeout`` or the client left: gunicorn's read would close it then too)."""
         data = b""
+        # the socket's own timeout, not a gevent.Timeout around the call: gevent makes
+        # one only if the read has to wait (the head is most often there already)
+        client.settimeout(timeout)
         try:
-            with gevent.Timeout(timeout, False):
-                data = client.recv(LANE_HEAD_MAX, socket.MSG_PEEK)
-        except OSError:
+            data = client.recv(LANE_HEAD_MAX, socket.MSG_PEEK)
+        except OSError:  # socket.timeout among them
             pass
+        finally:
+            client.settimeout(None)  # blocking again, as the worker set it
         return data
 
     def read(self, data: bytes, addr: Any, listener: Any) -> HeadRequest | None:
