@@ -46,7 +46,7 @@ from gunicorn.http.wsgi import Response, WSGIErrorsWrapper, base_environ
 from gunicorn.util import http_date
 
 from .post_lane import SSE_PATH, STREAM_PATH, WEBSOCKET_PATH, SessionPostLane, plain_query
-from .web import REFUSED_KEY, ConnectionTakenOver
+from .web import REFUSED_KEY
 
 __all__ = ["HeadLane", "HeadRequest", "LANE_HEAD_MAX", "environ_for", "lane_config_ok",
            "parse_head"]
@@ -290,9 +290,8 @@ class HeadLane:
         """``GET /proto/websocket``: True once admitted and served apart (the head taken off
         the socket); False for gunicorn's path, with a refusal left for ``post_lane``."""
         environ = environ_for(head, client, addr, self.server_of(listener))
-        try:  # once admitted, the head is taken off and the socket handed over
-            self.post_lane.upgrade(environ, lambda: self.take_off(client, head))
-        except ConnectionTakenOver:
+        # once admitted, the head is taken off and the socket handed over
+        if self.post_lane.upgrade(environ, lambda: self.take_off(client, head)):
             return True
         refused = environ.pop(REFUSED_KEY, None)
         if refused is not None:

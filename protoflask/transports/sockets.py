@@ -85,6 +85,8 @@ def is_tls(sock: Any) -> bool:
     """Whether ``sock`` is a TLS socket (gevent's or the standard library's). Looked up
     among the loaded modules: importing ssl here, before gevent patches it, would make
     gevent warn; and if ssl was never loaded no socket is a TLS one."""
+    if type(sock) is gevent.socket.socket:  # the common case: a TLS socket is a subclass
+        return False
     for name in ("gevent.ssl", "ssl"):
         module = sys.modules.get(name)
         if module is not None and isinstance(sock, module.SSLSocket):
