@@ -2,7 +2,7 @@
 valgrind's callgrind (issue 29): repeatable to well under 1% whatever the neighbours do,
 where the storm rows' CPU per connection moves by 20-30% on a shared machine.
 
-    python bench/storm_instructions.py sse|stream|ws [--n1 100] [--n2 600] [--root DIR]
+    python bench/storm_instructions.py ws|sse|stream|resume [--n1 100] [--n2 600] [--root DIR]
 
 Starts ``gunicorn -c DIR/gunicorn.conf.py wsgi:app`` (DIR: this checkout, or another
 one, e.g. ``git archive main | tar -x -C DIR``) under callgrind with instrumentation off,
@@ -67,7 +67,8 @@ def worker_instructions(root: Path, mode: str, n: int) -> int:
                                 text=True).stdout.split()[0]
         subprocess.run(["callgrind_control", "-i", "on", worker], capture_output=True)
         cfg = {"baseUrl": f"http://127.0.0.1:{port}", "mode": mode, "connections": n,
-               "proto": "proto", "inflight": 100, "secret": SECRET, "timeout": 900}
+               "proto": "proto", "inflight": 100, "secret": SECRET, "timeout": 900,
+               "serverPid": 0, "replay": 10}
         storm = subprocess.Popen([sys.executable, str(BENCH / "storm.py"), json.dumps(cfg)],
                                  cwd=BENCH, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=subprocess.DEVNULL, text=True)
@@ -89,7 +90,7 @@ def worker_instructions(root: Path, mode: str, n: int) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=["ws", "sse", "stream"])
+    p.add_argument("mode", choices=["ws", "sse", "stream", "resume"])
     p.add_argument("--n1", type=int, default=100)
     p.add_argument("--n2", type=int, default=600)
     p.add_argument("--root", type=Path, default=BENCH.parent)

@@ -60,6 +60,10 @@ class AdapterGate(Ports):
         live = self._engine.hub.get(session_id)
         return self._port(live, "") if live is not None else None
 
+    def state_here(self, session_id: str) -> SessionState | None:
+        live = self._engine.hub.get(session_id)
+        return live.core if live is not None else None
+
     def create(self, user_id: str, kind: str, session_id: str | None = None, *,
                connect: bool = False) -> SessionPort:
         engine = self._engine

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import binascii
-import hashlib
 import hmac
 import time
 import warnings
@@ -44,6 +42,13 @@ USER_CLAIMS = ("sub", "userId", "user_id")
 #: a reconnect storm brings every user's token back at once (docs/PERFORMANCE.md,
 #: "p7-storm"). Bounded: when full, the oldest half is forgotten (~150 B a token).
 VERIFIED_CACHE_SIZE = 65536
+#: JWT header segments whose check ``_hs256_claims`` remembers (a server sees one or two:
+#: its issuer's); past this many, new ones are checked every time
+HEADERS_KEPT = 64
+#: the base64url alphabet's two letters as the standard alphabet's (urlsafe_b64decode's)
+_URLSAFE = bytes.maketrans(b"-_", b"+/")
+#: the JWT headers of the common HS256 token
+_HS256_HEADERS = ({"alg": "HS256", "typ": "JWT"}, {"alg": "HS256"})
 
 
 class TokenAuthority:
@@ -76,6 +81,10 @@ class TokenAuthority:
         self.fast_hs256: Callable[[str], dict[str, Any] | None] | None = (
             self._hs256_claims if "HS256" in self._hmac and audience is None
             and issuer is None and _hmac_key_ok(secret) else None)
+        #: a header segment -> whether it is the common HS256 token's (``_hs256_claims``:
+        #: the same string always decodes the same way)
+        self._headers: dict[str, bool] = {}
+        self._key = secret.encode() if secret else b""
 
     @property
     def can_issue(self) -> bool:
@@ -135,12 +144,16 @@ class TokenAuthority:
         no ``aud``. Held equal to PyJWT by tests/test_auth.py ``TestFastHs256``."""
         try:
             head, body, sig = token.split(".")
-            header = orjson.loads(_b64(head))
-            if header != {"alg": "HS256", "typ": "JWT"} and header != {"alg": "HS256"}:
+            common = self._headers.get(head)
+            if common is None:
+                common = orjson.loads(_b64(head)) in _HS256_HEADERS
+                if len(self._headers) < HEADERS_KEPT:
+                    self._headers[head] = common
+            if not common:
                 return None
-            assert self._secret is not None
-            mac = hmac.new(self._secret.encode(), f"{head}.{body}".encode(), hashlib.sha256)
-            if not hmac.compare_digest(mac.digest(), _b64(sig)):
+            # hmac.digest: OpenSSL's one-shot HMAC, the bytes of hmac.new(...).digest()
+            mac = hmac.digest(self._key, f"{head}.{body}".encode(), "sha256")
+            if not hmac.compare_digest(mac, _b64(sig)):
                 return None
             claims = orjson.loads(_b64(body))
         except (ValueError, binascii.Error, UnicodeError, orjson.JSONDecodeError):
@@ -224,8 +237,11 @@ def _hmac_key_ok(secret: str | None) -> bool:
 
 
 def _b64(segment: str) -> bytes:
-    """A base64url segment of a JWT (unpadded), strictly: what PyJWT decodes."""
-    return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+    """A base64url segment of a JWT (unpadded), as PyJWT decodes it: what
+    ``base64.urlsafe_b64decode`` answers, its steps inline (a non-ASCII segment raises
+    UnicodeEncodeError, a ValueError as base64's; held equal by tests/test_auth_storm.py)."""
+    padded = segment + "=" * (-len(segment) % 4)
+    return binascii.a2b_base64(padded.encode("ascii").translate(_URLSAFE))
 
 
 def _seconds(exp: Any) -> float | None:

@@ -10,7 +10,7 @@ context (``tools.ToolContext``), and hands the hub below it a ``SessionHost``.
 from __future__ import annotations
 
 import logging
-import uuid
+from . import ids
 from contextlib import suppress
 from functools import partial
 from typing import Any, Callable, TypeAlias
@@ -148,7 +148,7 @@ class Engine:
 
     def new_session(self, user_id: str, session_id: str | None = None) -> LiveSession:
         """A new session of the user's, named ``session_id`` (an AG-UI thread) or random."""
-        live = self.adopt(ProtocolSession(session_id or uuid.uuid4().hex, user_id,
+        live = self.adopt(ProtocolSession(session_id or ids.new_session_id(), user_id,
                                           self.settings, now_ms(), self.stats.traffic))
         self.hub.add(live)
         return live

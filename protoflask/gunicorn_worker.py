@@ -90,6 +90,8 @@ class GeventWorker(ggevent.GeventWorker):
     #: where a connection the lane left to gunicorn must have its first head by (the
     #: keep-alive timeout counted from its accept, as gunicorn counts it), by greenlet
     _head_deadlines: dict[Any, float]
+    _keepalive: float  # gunicorn's keepalive and pre_request settings, read once (with
+    _pre_request: Any  # the lane)
     alive: bool  # gunicorn's (untyped)
 
     @classmethod
@@ -134,6 +136,9 @@ class GeventWorker(ggevent.GeventWorker):
                 and lane_config_ok(self.cfg):
             self.head_lane = HeadLane(post_lane, self.cfg)
             self._head_deadlines = {}
+            # read once: a setting is a lookup through gunicorn's Config.__getattr__
+            self._keepalive = self.cfg.keepalive
+            self._pre_request = self.cfg.pre_request  # the default (lane_config_ok)
         freeze_startup_heap()
 
     def handle(self, listener: Any, client: Any, addr: Any) -> None:
@@ -144,8 +149,9 @@ class GeventWorker(ggevent.GeventWorker):
             return super().handle(listener, client, addr)
         assert not isinstance(lane, bool)
         client.setblocking(1)
-        deadline = time.monotonic() + self.cfg.keepalive
-        data = lane.peek(client, self.cfg.keepalive)
+        keepalive = self._keepalive
+        deadline = time.monotonic() + keepalive
+        data = lane.peek(client, keepalive)
         if not data:
             return  # nothing within keepalive, or the client left: gunicorn closes it too
         head = lane.read(data, addr, listener)
@@ -157,7 +163,7 @@ class GeventWorker(ggevent.GeventWorker):
                     self.handle_error(head, client, addr, exc)
                     return
                 if taken:
-                    self.cfg.pre_request(self, head)  # gunicorn's default: a debug line
+                    self._pre_request(self, head)  # gunicorn's default: a debug line
                     self._count_request()
                     return
             elif self._serve_stream(lane, listener, head, client, addr):

@@ -42,8 +42,6 @@ import sys
 import time
 from typing import Any, NamedTuple
 
-import gevent
-
 from gunicorn.http.body import Body, LengthReader
 from gunicorn.http.unreader import IterUnreader
 from gunicorn.http.wsgi import Response, WSGIErrorsWrapper, base_environ
@@ -52,7 +50,7 @@ from gunicorn.util import hop_headers, http_date
 from .transports.sockets import immediate_send
 from .transports.stream import CARRIED_BODY
 from .post_lane import SSE_PATH, STREAM_PATH, WEBSOCKET_PATH, SessionPostLane, plain_query
-from .web import REFUSED_KEY, ConnectionTakenOver
+from .web import REFUSED_KEY
 
 __all__ = ["HeadLane", "HeadRequest", "LANE_HEAD_MAX", "environ_for", "lane_config_ok",
            "parse_head"]
@@ -67,8 +65,11 @@ LANE_TARGETS = {("GET", WEBSOCKET_PATH): False, ("GET", SSE_PATH): False,
 #: gunicorn's RFC 9110 token, its forbidden request-target and field-value bytes
 #: (gunicorn/http/message.py: TOKEN_RE, RFC9112_TARGET_INVALID,
 #: RFC9110_5_5_INVALID_AND_DANGEROUS), the lane's subset: "_" is refused too
-_TOKEN = re.compile(r"[!#$%&'*+\-.^`|~0-9a-zA-Z]+")
-_VALUE_INVALID = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_TOKEN = r"[!#$%&'*+\-.^`|~0-9a-zA-Z]+"
+_VALUE = r"[^\x00-\x08\x0a-\x1f\x7f]*"
+#: a head's header lines (CRLF between them): each a _TOKEN, a colon and a _VALUE (CR
+#: and LF are not in one, so no line runs into the next): every line checked in one match
+_FIELDS = re.compile(f"{_TOKEN}:{_VALUE}(?:\r\n{_TOKEN}:{_VALUE})*")
 #: headers whose meaning in gunicorn the lane does not reproduce
 _REFUSED_NAMES = frozenset({"EXPECT", "TRANSFER-ENCODING", "HTTP2-SETTINGS", "TE", "TRAILER"})
 
@@ -78,8 +79,8 @@ class HeadRequest:
     ``Response``, the access log), for a head the lane read."""
 
     __slots__ = ("method", "uri", "path", "query", "fragment", "version", "headers",
-                 "body", "scheme", "raw_length", "content_length", "must_close",
-                 "is_upgrade", "carried")
+                 "_body", "_raw_body", "scheme", "raw_length", "content_length", "must_close",
+                 "is_upgrade")
 
     proxy_protocol_info = None
     _expected_100_continue = False
@@ -96,17 +97,29 @@ class HeadRequest:
         self.raw_length = raw_length  # head and body, as taken off the socket
         self.content_length = content_length
         self.must_close = False
-        self.body: Any = None
-        self.carried = b""  # the body's bytes, read with the head
+        self._body: Any = None
+        self._raw_body: bytes | None = None
         #: ``GET /proto/websocket``, which the lane serves itself (``HeadLane.upgrade``)
         self.is_upgrade = path == WEBSOCKET_PATH
 
     def carry_body(self, body: bytes) -> None:
         """The body (read with the head) as gunicorn's reader of a known length (gunicorn
-        gives a request without one a reader of 0 bytes)."""
-        self.carried = body
-        self.body = Body(LengthReader(IterUnreader([body] if body else []),
-                                      self.content_length))
+        gives a request without one a reader of 0 bytes), made when first read (``body``:
+        an upgrade's never is, and gunicorn's reader costs ~2.5 us to make)."""
+        self._raw_body, self._body = body, None
+
+    @property
+    def body(self) -> Any:
+        if self._body is None and self._raw_body is not None:
+            body = self._raw_body
+            self._body = Body(LengthReader(IterUnreader([body] if body else []),
+                                           self.content_length))
+        return self._body
+
+    @property
+    def carried(self) -> bytes:
+        """The body's bytes, read with the head (empty for a request without one)."""
+        return self._raw_body or b""
 
     def should_close(self) -> bool:
         """gunicorn's ``Message.should_close`` for an HTTP/1.1 request."""
@@ -161,8 +174,9 @@ def parse_head(data: bytes, limits: HeadLimits) -> HeadRequest | None:
     end = data.find(b"\r\n\r\n")
     if end < 0 or not data.isascii():
         return None
-    lines = data[:end].decode("ascii").split("\r\n")
-    request_line = lines[0]
+    text = data[:end].decode("ascii")
+    request_end = text.find("\r\n")
+    request_line = text[:request_end] if request_end >= 0 else text
     if 0 < limits.line <= len(request_line) or request_line.count(" ") != 2:
         return None
     method, uri, version = request_line.split(" ")
@@ -172,17 +186,18 @@ def parse_head(data: bytes, limits: HeadLimits) -> HeadRequest | None:
     if has_body is None or version != "HTTP/1.1" or not uri.isprintable() or "#" in uri:
         return None
     field_limit = limits.field
-    if len(lines) - 1 > limits.fields > 0:
-        return None
+    lines = text[request_end + 2:].split("\r\n") if request_end >= 0 else []
+    if len(lines) > limits.fields > 0 \
+            or lines and not _FIELDS.fullmatch(text, request_end + 2):
+        return None  # an empty line, obsolete folding and bad names or values included
     scheme_headers = limits.scheme_headers
     headers: list[tuple[str, str]] = []
     names: set[str] = set()
     content_length = -1
-    for line in lines[1:]:
-        name, colon, value = line.partition(":")
-        if not colon or not _TOKEN.fullmatch(name) or _VALUE_INVALID.search(value) \
-                or field_limit > 0 and len(line) + 2 > field_limit:
-            return None  # an empty line, obsolete folding and bad names included
+    for line in lines:
+        name, _, value = line.partition(":")
+        if field_limit > 0 and len(line) + 2 > field_limit:
+            return None
         name = name.upper()
         if name in names or name in _REFUSED_NAMES or name in scheme_headers:
             return None
@@ -290,11 +305,15 @@ class HeadLane:
         """The connection's first bytes, left on the socket (b"" when nothing came within
         ``timeout`` or the client left: gunicorn's read would close it then too)."""
         data = b""
+        # the socket's own timeout, not a gevent.Timeout around the call: gevent makes
+        # one only if the read has to wait (the head is most often there already)
+        client.settimeout(timeout)
         try:
-            with gevent.Timeout(timeout, False):
-                data = client.recv(LANE_HEAD_MAX, socket.MSG_PEEK)
-        except OSError:
+            data = client.recv(LANE_HEAD_MAX, socket.MSG_PEEK)
+        except OSError:  # socket.timeout among them
             pass
+        finally:
+            client.settimeout(None)  # blocking again, as the worker set it
         return data
 
     def read(self, data: bytes, addr: Any, listener: Any) -> HeadRequest | None:
@@ -307,9 +326,8 @@ class HeadLane:
         """``GET /proto/websocket``: True once admitted and served apart (the head taken off
         the socket); False for gunicorn's path, with a refusal left for ``post_lane``."""
         environ = environ_for(head, client, addr, self.server_of(listener))
-        try:  # once admitted, the head is taken off and the socket handed over
-            self.post_lane.upgrade(environ, lambda: self.take_off(client, head))
-        except ConnectionTakenOver:
+        # once admitted, the head is taken off and the socket handed over
+        if self.post_lane.upgrade(environ, lambda: self.take_off(client, head)):
             return True
         refused = environ.pop(REFUSED_KEY, None)
         if refused is not None:

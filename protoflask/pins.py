@@ -83,3 +83,11 @@ def check_flask() -> None:
         raise InternalsMissing(
             f"protoflask: flask {_installed('flask')} keeps its hook tables in another "
             "form than post_lane.py reads (protoflask/pins.py)")
+
+
+def check_gevent_socket() -> None:
+    import gevent.socket
+
+    # on the class: its slots and methods (an instance would be a descriptor of its own)
+    require("gevent", gevent.socket.socket, ("_io_refs", "_decref_socketios", "_closed"),
+            "transports/sockets.py's hold_open")

@@ -446,6 +446,8 @@ class AdapterPorts(Protocol):
         """The user's session if this process holds it (SESSION_NOT_FOUND: another's)."""
     def here(self, session_id: str) -> SessionPort | None:
         """The session if this process holds it, whoever's (a signal's receiver)."""
+    def state_here(self, session_id: str) -> SessionState | None:
+        """``state(here(session_id))`` without making the port (a receiver's first look)."""
     def create(self, user_id: str, kind: str, session_id: str | None = None, *,
                connect: bool = False) -> SessionPort:
         """A new session (named ``session_id``, else random) if the memory budget lets it

@@ -183,15 +183,16 @@ class SessionPostLane:
                        answer.status, time.perf_counter() - started)
         return [body]
 
-    def upgrade(self, environ: dict[str, Any], taking: Callable[[], Any] | None = None) -> None:
+    def upgrade(self, environ: dict[str, Any], taking: Callable[[], Any] | None = None) -> bool:
         """GET /proto/websocket as the route answers it: admitted and served apart (then
         ConnectionTakenOver, as the route's response raises), or refused (the refusal
         left for the route); returns at once, leaving it to Flask, for anything else.
         An upgrade the head lane already tried on this socket is not admitted twice:
         its refusal is the answer. The head lane (``taking``: it takes its request off the
-        socket once admitted) hands the socket itself over: no server closes it after."""
+        socket once admitted) hands the socket itself over: no server closes it after,
+        and is told by True (no exception raised and caught per handshake)."""
         if self.refusals and self._refused(environ):
-            return
+            return False
         args = plain_query(environ.get("QUERY_STRING", ""))
         sock = raw_socket(environ)
         if args is None or sock is None or not valid_host(environ.get("HTTP_HOST")) \
@@ -200,7 +201,7 @@ class SessionPostLane:
                            for v in environ.get("HTTP_CONNECTION", "").lower().split(",")) \
                 or not self.origins.allows(environ.get("HTTP_ORIGIN")) \
                 or not self.app_is_plain():
-            return
+            return False
         try:
             admission = self.ports.admit(
                 token_from_request(args.get("token"), environ.get("HTTP_AUTHORIZATION")),
@@ -208,11 +209,13 @@ class SessionPostLane:
                 "websocket", ticket=args.get("ticket"))
         except ProtoError as exc:
             environ[REFUSED_KEY] = exc
-            return
+            return False
         if taking is not None:
             taking()  # the head lane takes the request's bytes off: the socket is the WebSocket's
         serve_apart(self.ports, admission, sock, environ, self.config.enable_compression,
                     handed_over=taking is not None)
+        if taking is not None:
+            return True
         raise ConnectionTakenOver()
 
     def open(self, environ: dict[str, Any], kind: str) -> Any:

@@ -36,7 +36,7 @@ from .transports import sse, stream, websocket as ws
 from .port import Ports
 from .transports.admission import admit
 from .transports.http import error_response, json_response
-from .transports.sockets import is_tls, raw_socket
+from .transports.sockets import hold_open, is_tls, let_go, raw_socket
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -269,6 +269,9 @@ def create_blueprint(ctx: WebContext) -> Blueprint:
 #: Where protoflask's own app's lane (post_lane.py) leaves the refusal of an upgrade it
 #: tried to admit, for the route to answer as its own (Flask's hooks then add the rest).
 REFUSED_KEY = "protoflask.refused"
+#: The swap point of a socket handed over (the head lane's): the object the server
+#: accepted, held open past its close (True), or its descriptor detached into a new one
+KEEP_HANDED_SOCKET = True
 #: What of the upgrade request's environ the WebSocket handshake reads.
 _HANDSHAKE_KEYS = ("PATH_INFO", "QUERY_STRING")
 
@@ -289,6 +292,10 @@ def serve_apart(ports: Ports, admission: Any, sock: Any, environ: dict[str, Any]
                  if k.startswith("HTTP_") or k in _HANDSHAKE_KEYS}
     if is_tls(sock):  # TLS served by gunicorn itself: dup() refuses it, so in the request
         ws.serve(ports, admission, sock, handshake, compression)
+        return
+    if handed_over and KEEP_HANDED_SOCKET and hold_open(sock):
+        own = sock  # closed by the connection: the server's close only marks it
+        gevent.spawn_raw(_serve_held, ports, admission, own, [handshake], compression)
         return
     if handed_over:
         timeout = sock.gettimeout()
@@ -315,6 +322,16 @@ def _serve_own(ports: Ports, admission: Any, own: Any, box: list[dict[str, Any]]
         log.exception("WebSocket connection failed")
     finally:
         own.close()
+
+
+def _serve_held(ports: Ports, admission: Any, own: Any, box: list[dict[str, Any]],
+                compression: bool) -> None:
+    """``_serve_own`` on the socket object the server accepted, held open for it
+    (``sockets.hold_open``) and let go once served."""
+    try:
+        _serve_own(ports, admission, own, box, compression)
+    finally:
+        let_go(own)
 
 
 def _unsupported_server(what: str) -> Response:

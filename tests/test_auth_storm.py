@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import time
+from typing import Callable
 
 import jwt
 import pytest
@@ -88,6 +89,40 @@ class TestFastHs256:
         plain.fast_hs256 = None
         assert _outcome(fast, token) == _outcome(plain, token)
         assert _outcome(fast, token) == _outcome(plain, token)  # remembered: the same
+
+    def test_one_authority_answers_every_token_as_pyjwt_in_turn(self) -> None:
+        """The header checks it remembers (by the header segment) are shared by all the
+        tokens it sees: each token, in any order, still answered as PyJWT answers it."""
+        fast, plain = TokenAuthority(SECRET), TokenAuthority(SECRET)
+        plain.fast_hs256 = None
+        cases = _cases()
+        for token in cases + cases[::-1]:
+            assert _outcome(fast, token) == _outcome(plain, token), token
+        assert 0 < len(fast._headers) <= auth.HEADERS_KEPT
+
+    def test_the_headers_remembered_are_bounded(self, monkeypatch: pytest.MonkeyPatch
+                                                ) -> None:
+        monkeypatch.setattr(auth, "HEADERS_KEPT", 2)
+        fast, plain = TokenAuthority(SECRET), TokenAuthority(SECRET)
+        plain.fast_hs256 = None
+        now = int(time.time())
+        for i in range(5):
+            token = sign({"sub": "alice", "exp": now + 60}, kid=f"k{i}")
+            assert _outcome(fast, token) == _outcome(plain, token)
+        assert len(fast._headers) == 2
+
+    @pytest.mark.parametrize("segment", [
+        "", "e30", "eyJhbGciOiJIUzI1NiJ9", "a-b_c", "a+b/c", "abc=", "ab", "a", "a b\nc",
+        "!!!!", "é", "ab\u0100", "YWJj" * 50])
+    def test_b64_answers_as_urlsafe_b64decode(self, segment: str) -> None:
+        def outcome(decode: Callable[[], bytes]) -> object:
+            try:
+                return decode()
+            except ValueError:  # binascii.Error and UnicodeEncodeError are ValueErrors
+                return ValueError
+        padded = segment + "=" * (-len(segment) % 4)
+        assert outcome(lambda: auth._b64(segment)) \
+            == outcome(lambda: base64.urlsafe_b64decode(padded))
 
     def test_common_tokens_take_the_fast_path(self) -> None:
         authority = TokenAuthority(SECRET)

@@ -351,3 +351,28 @@ def test_the_lanes_wsgi_errors_are_gunicorns(errorlog: str) -> None:
             assert isinstance(ours, wsgi.WSGIErrorsWrapper)
     finally:
         log.handlers = saved
+
+
+def test_the_peek_leaves_the_bytes_and_waits_at_most_its_timeout() -> None:
+    """``HeadLane.peek``: the bytes there, left on the socket; b"" once nothing came
+    within the timeout; the socket blocking again after either."""
+    import time
+
+    import gevent.socket
+
+    from protoflask.head_lane import HeadLane
+
+    peek = HeadLane.peek.__get__(object.__new__(HeadLane))
+    ours, theirs = gevent.socket.socketpair()
+    try:
+        theirs.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        assert peek(ours, 5.0) == b"GET / HTTP/1.1\r\n\r\n"
+        assert ours.gettimeout() is None
+        assert ours.recv(100) == b"GET / HTTP/1.1\r\n\r\n"  # still there: peeked
+        started = time.monotonic()
+        assert peek(ours, 0.05) == b""
+        assert 0.04 <= time.monotonic() - started < 1.0
+        assert ours.gettimeout() is None
+    finally:
+        ours.close()
+        theirs.close()

@@ -30,7 +30,7 @@ MAX_LINES = 500
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("core",),
     ("config", "options", "auth", "jwks", "signals", "tools", "logs", "origins", "tickets",
-     "clock", "fastschema", "streaming", "stats", "limits", "pins", "turns", "bell"),
+     "clock", "fastschema", "streaming", "stats", "limits", "pins", "turns", "bell", "ids"),
     ("hub", "live", "cluster"),
     ("engine", "port", "adapter_ports", "dispatch", "kept", "budget", "ticker", "wheel"),
     ("transports",),

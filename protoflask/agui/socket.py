@@ -229,6 +229,9 @@ class SocketAgui:
         """A transport attached, or the session's first HELLO came: a WebSocket of a session
         that asked for the extension writes through the session's translator."""
         ports = self.ports()
+        state = ports.state_here(session_id)
+        if state is None or EXTENSION not in state.extensions and ports.node_id is None:
+            return  # nothing to watch (alone) nor to translate: no port made (every connect)
         port = ports.here(session_id)
         if port is None:
             return

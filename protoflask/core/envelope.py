@@ -124,6 +124,10 @@ def parse_envelope_fast(raw: bytes | bytearray | memoryview | str, *,
                         break
                 else:
                     return msg
+                # no deeper than it has containers (the envelope one of them): a HELLO's
+                # few need no walk (what the counts find inside strings only adds)
+                if type(raw) is bytes and raw.count(b"{") + raw.count(b"[") <= max_depth:
+                    return msg
             return _depth_checked(msg, max_depth)
     return validate_envelope(obj, max_depth=max_depth)
 

@@ -400,12 +400,26 @@ _NONE: frozenset[str] = frozenset()
 
 def _hello_shared(ob: Outbound) -> tuple[bytes, ...] | None:
     """What a HELLO reply shares with every other session's (replay.py keeps it once):
-    its capabilities and its type list, as they are encoded in it."""
+    its capabilities and its type list, as they are encoded in it. Every reply of a
+    worker's sessions carries the same two objects (``hello.capabilities`` and
+    ``messages.sorted_types``, made once), so the last pair's segments are kept and
+    given again for the same objects (held here: an id is not reused while they live).
+    Segments that do not match the reply (a pair changed after it was encoded) would
+    only be left unmarked: the window's compaction is exact whatever it is given."""
     p = ob.payload
     caps, types = p.get("capabilities"), p.get("accept_events")
+    last = _last_shared
+    if caps is last[0] and types is last[1] and caps is not None:
+        return last[2]  # type: ignore[no-any-return]
     if not isinstance(caps, dict) or not isinstance(types, list):
         return None  # an application's own HELLO
-    return shared(dumps(caps, option=ENCODING), dumps(types, option=ENCODING))
+    segments = shared(dumps(caps, option=ENCODING), dumps(types, option=ENCODING))
+    _last_shared[:] = [caps, types, segments]
+    return segments
+
+
+#: the last HELLO reply's capabilities, type list and their segments (``_hello_shared``)
+_last_shared: list[Any] = [None, None, None]
 
 
 def _with(channels: AbstractSet[str], channel: str) -> AbstractSet[str]:

@@ -150,12 +150,20 @@ class ReplayWindow:
         """The entry of ``data`` with the session id and ``segments`` marked, or as
         written if it has a mark byte already (never in JSON)."""
         segments = segments or SID_ONLY
-        if SID_MARK in data or any(mark in data for mark in SEGMENT_MARKS[:len(segments)]):
+        # find(), not ``in``: bytes.__contains__ first tries its argument as an int and
+        # raises (and clears) a TypeError for a bytes one, ~1.8k instructions each
+        if data.find(SID_MARK) >= 0 \
+                or any(data.find(mark) >= 0 for mark in SEGMENT_MARKS[:len(segments)]):
             return (seq, now, data, added)
         # the same object back when the id is not in it: nothing more is held then
         kept = data.replace(self._sid.encode(), SID_MARK)
         for mark, segment in zip(SEGMENT_MARKS, segments, strict=False):
-            kept = kept.replace(segment, mark)
+            # its first occurrence (a HELLO reply has each once; another would stay as
+            # written, and ``_full`` puts a mark back wherever it is): one scan up to it,
+            # where replace() scans the whole message twice (count, then copy)
+            at = kept.find(segment)
+            if at >= 0:
+                kept = b"".join((kept[:at], mark, kept[at + len(segment):]))
         return (seq, now, kept, added, segments)
 
     def prune(self, now: int) -> None:

@@ -10,7 +10,10 @@ from typing import Any, Callable
 import gevent
 import gevent.socket
 
+from ..pins import check_gevent_socket
 from ..turns import give_turn
+
+check_gevent_socket()  # hold_open reads gevent's socket internals: fail here if they moved
 
 
 def raw_socket(environ: dict[str, Any]) -> socket.socket | None:
@@ -132,8 +135,28 @@ def is_tls(sock: Any) -> bool:
     """Whether ``sock`` is a TLS socket (gevent's or the standard library's). Looked up
     among the loaded modules: importing ssl here, before gevent patches it, would make
     gevent warn; and if ssl was never loaded no socket is a TLS one."""
+    if type(sock) is gevent.socket.socket:  # the common case: a TLS socket is a subclass
+        return False
     for name in ("gevent.ssl", "ssl"):
         module = sys.modules.get(name)
         if module is not None and isinstance(sock, module.SSLSocket):
             return True
     return False
+
+
+def hold_open(sock: Any) -> bool:
+    """Keep a gevent socket open past its server's ``close()``, as a file object made by
+    ``makefile()`` keeps it (``socket._io_refs``: the close then only marks it closed),
+    until ``let_go``. False (nothing held) for any other socket. The head lane's
+    WebSocket keeps the socket object gunicorn accepted, rather than detaching its
+    descriptor into a new one (four syscalls and two objects a connection)."""
+    if type(sock) is not gevent.socket.socket:
+        return False
+    sock._io_refs += 1
+    return True
+
+
+def let_go(sock: Any) -> None:
+    """Give back what ``hold_open`` held: the socket closes now if it was closed
+    meanwhile (``socket._decref_socketios``), else at its next ``close()``."""
+    sock._decref_socketios()

@@ -8,7 +8,6 @@ common 101 from a template. tests/transports/test_websocket_accept.py holds them
 
 from __future__ import annotations
 
-import base64
 import binascii
 import email.utils
 import hashlib
@@ -64,12 +63,13 @@ def accept_fast(environ: dict[str, Any], compression: bool
             or not _TOKEN_LIST.match(connection) \
             or not any(p.strip().lower() == "upgrade" for p in connection.split(",")):
         return None
-    try:
-        if len(base64.b64decode(key.encode(), validate=True)) != 16:
+    try:  # base64.b64decode(validate=True) and b64encode, their C calls direct
+        if len(binascii.a2b_base64(key.encode(), strict_mode=True)) != 16:
             return None
     except binascii.Error:
         return None
-    accept = base64.b64encode(hashlib.sha1((key + _WS_GUID).encode()).digest())
+    accept = binascii.b2a_base64(hashlib.sha1((key + _WS_GUID).encode()).digest(),
+                                 newline=False)
     now = int(time.time())
     if _date_line[0] != now:
         _date_line[:] = [now, f"Date: {email.utils.formatdate(now, usegmt=True)}\r\n"

@@ -206,6 +206,16 @@ class TestParseEnvelope:
         assert not isinstance(got, Message), "nesting past max_depth was accepted"
         assert got[1] == "INVALID_MESSAGE"
 
+    @pytest.mark.parametrize("max_depth", range(2, 8))
+    @pytest.mark.parametrize("payload", [{"a": {"b": {"c": {}}}}, {"a": [[1], {"b": []}]},
+                                         {"a": "{[{[", "b": {"c": []}}])
+    def test_at_the_edge_of_max_depth_both_answer_alike(self, max_depth, payload):
+        """Around the containers' count (the fast one skips the walk at or below it):
+        strings with braces in them count, and only make it walk."""
+        raw = wire(self.ping(payload=payload))
+        assert outcome(envelope.parse_envelope_fast, raw, max_depth=max_depth) == \
+            outcome(envelope.parse_envelope_plain, raw, max_depth=max_depth)
+
     @settings(max_examples=300, deadline=None)
     @given(envelopes | json_values, st.sampled_from([2, 3, 32]),
            st.none() | st.integers(0, 200))

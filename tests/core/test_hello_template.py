@@ -36,3 +36,28 @@ def test_the_hello_reply_is_the_same_as_built_anew() -> None:
     made = hello(session_id="s", accept_events=SERVER_TYPES,
                  capabilities=capabilities(settings, frozenset()), last_client_seq=3)
     assert made == fresh
+
+
+def test_the_replys_shared_segments_are_encoded_once_per_pair() -> None:
+    """The window's segments of a HELLO reply (outbound._hello_shared): the same tuple for
+    every reply with the same capabilities and type list, equal to encoding them anew; a
+    reply with another pair gets its own."""
+    from orjson import dumps
+
+    from protoflask.core.envelope import ENCODING
+    from protoflask.core.outbound import _hello_shared
+    from protoflask.core.replay import shared
+
+    settings = ServerConfig.load({}, environ={}).session_settings()
+    other = ServerConfig.load({"heartbeatInterval": 999}, environ={}).session_settings()
+    for caps in (capabilities(settings, frozenset()), capabilities(other, frozenset()),
+                 capabilities(settings, frozenset({"agui"}))):
+        replies = [hello(session_id=f"s{i}", accept_events=SERVER_TYPES, capabilities=caps,
+                         last_client_seq=i) for i in range(3)]
+        got = [_hello_shared(reply) for reply in replies]
+        anew = shared(dumps(caps, option=ENCODING), dumps(sorted(SERVER_TYPES),
+                                                         option=ENCODING))
+        assert got[0] == anew and all(g is got[0] for g in got)
+    assert _hello_shared(hello(session_id="s", accept_events=["HELLO"], capabilities=caps,
+                               last_client_seq=0)) == shared(
+        dumps(caps, option=ENCODING), b'["HELLO"]')

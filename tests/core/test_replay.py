@@ -158,7 +158,8 @@ def test_a_window_keeps_what_its_messages_repeat_once():
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(
-    st.tuples(st.just("add"), st.sampled_from(["ping", "hello", "marks", "plain", "other"]),
+    st.tuples(st.just("add"), st.sampled_from(["ping", "hello", "twice", "marks", "plain",
+                                                       "other"]),
               st.binary(max_size=40)),
     st.tuples(st.just("add"), st.just("ping"), st.binary(max_size=4)),
     st.tuples(st.just("ack"), st.integers(0, 40), st.just(b"")),
@@ -169,8 +170,9 @@ def test_the_compact_window_answers_as_the_plain_one(ops, max_bytes, sid, size):
     """The swap point: a window given its session's id (compacted) and one without
     (``session_id=""``, kept as written) give the same answers to every question, for any
     messages: with the id in them or not, with a mark byte in them (kept as they came),
-    a HELLO's segments or not, in a small window and past SMALL_WINDOW (where the
-    compacted entries stay and new ones are kept as written)."""
+    a HELLO's segments or not (once, or twice: the first marked), in a small window and
+    past SMALL_WINDOW (where the compacted entries stay and new ones are kept as
+    written)."""
     from protoflask.core.replay import shared
 
     plain = ReplayWindow(size, 300, max_bytes)
@@ -182,11 +184,12 @@ def test_the_compact_window_answers_as_the_plain_one(ops, max_bytes, sid, size):
             seq += 1
             body = {"ping": b'{"nonce":"%s"}' % extra.hex().encode(),
                     "hello": b'{"c":%s,"t":%s,"s":"%s"}' % (CAPS, TYPES, sid.encode()),
+                    "twice": b'{"t":%s,"c":%s,"d":%s,"u":%s}' % (TYPES, CAPS, CAPS, TYPES),
                     "marks": b'"%s\x00\x01%s"' % (extra, sid.encode()),
                     "plain": b"%s" % extra.hex().encode(),
                     "other": extra}[arg]
             data = envelope(seq, body).replace(SID.encode(), sid.encode())
-            segments = shared(CAPS, TYPES) if arg in ("hello", "marks") else None
+            segments = shared(CAPS, TYPES) if arg in ("hello", "twice", "marks") else None
             assert plain.add(seq, data, now) == compact.add(seq, data, now, segments) == data
         elif op == "ack":
             plain.ack(arg)

@@ -5,6 +5,8 @@ instead, and a non-gevent socket nothing."""
 
 from __future__ import annotations
 
+import socket
+
 import gevent
 import gevent.socket
 import gevent.ssl
@@ -87,3 +89,38 @@ def test_a_tls_socket_gets_a_turn_instead_and_other_sockets_nothing() -> None:
             return b""
 
     assert read_wait(Fake()) is None
+
+
+def test_a_held_socket_outlives_its_servers_close_until_let_go() -> None:
+    """``hold_open``: the server's close (gunicorn's, after the lane's request) only marks
+    the socket closed; it reads and writes on; ``let_go`` closes it then. Let go before
+    any close, it closes at its next ``close()``. Any other socket is not held."""
+    from protoflask.transports.sockets import hold_open, let_go
+
+    ours, peer = gevent.socket.socketpair()
+    try:
+        assert hold_open(ours)
+        ours.close()  # the server's
+        peer.sendall(b"ping")
+        assert ours.recv(4) == b"ping"
+        ours.sendall(b"pong")
+        assert peer.recv(4) == b"pong"
+        let_go(ours)
+        assert ours.fileno() == -1
+        assert peer.recv(4) == b""  # closed for real: the peer reads the end
+    finally:
+        peer.close()
+    ours, peer = gevent.socket.socketpair()
+    try:
+        assert hold_open(ours)
+        let_go(ours)
+        assert ours.fileno() != -1
+        ours.close()
+        assert ours.fileno() == -1
+    finally:
+        peer.close()
+    plain = socket.socket()
+    try:
+        assert not hold_open(plain)
+    finally:
+        plain.close()
