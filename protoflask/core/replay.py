@@ -55,6 +55,15 @@ SID_ONLY: tuple[bytes, ...] = ()
 #: sessions of different settings): past this many, new ones are not compacted
 MAX_SHARED = 64
 _SHARED: dict[tuple[bytes, ...], tuple[bytes, ...]] = {}
+#: The swap point of a segment's search: where it was found last (``_AT``) tried first,
+#: a compare of its length, before a ``find`` from the start (its ~830-byte scan was
+#: ~1.4% of a WebSocket handshake's instructions, issue 29). Every HELLO reply of a
+#: worker has its segments at the same place. Marking another occurrence than the first
+#: is as lossless (``_full`` puts a mark back wherever it is); tests/core/test_replay.py
+#: runs its cases both ways.
+HINTED = True
+_AT: dict[bytes, int] = {}
+MAX_HINTS = MAX_SHARED * 2
 
 
 def shared(*segments: bytes) -> tuple[bytes, ...] | None:
@@ -161,7 +170,11 @@ class ReplayWindow:
             # its first occurrence (a HELLO reply has each once; another would stay as
             # written, and ``_full`` puts a mark back wherever it is): one scan up to it,
             # where replace() scans the whole message twice (count, then copy)
-            at = kept.find(segment)
+            at = _AT.get(segment, -1) if HINTED else -1
+            if at < 0 or not kept.startswith(segment, at):
+                at = kept.find(segment)
+                if HINTED and at >= 0 and len(_AT) < MAX_HINTS:
+                    _AT[segment] = at
             if at >= 0:
                 kept = b"".join((kept[:at], mark, kept[at + len(segment):]))
         return (seq, now, kept, added, segments)

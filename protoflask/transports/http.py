@@ -111,6 +111,8 @@ class HTTPDownstream:
     mimetype = "application/octet-stream"
     #: no greenlet of this transport pulls after its calls: every ring is answered
     reader = None
+    #: ``started`` left its rings to the first take (``NDJSONStream.quiet_hand_over``)
+    _pull_after = False
 
     def __init__(self, port: "SessionPort", environ: dict[str, Any]) -> None:
         self.port = port
@@ -218,6 +220,10 @@ class HTTPDownstream:
             self._attached = True
             self.started()
             chunk = self.preamble() + self._take()
+            if self._pull_after:  # rings were left to this take (NDJSONStream's hand-over)
+                self._pull_after = False
+                if self.port.has_writable():  # what a ring would have woken it for
+                    self._event.set()
             if not chunk:
                 # Nothing to write yet (a caught-up resume, a new stream before its HELLO):
                 # an empty chunk makes the server send the status line and headers now, so

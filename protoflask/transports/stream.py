@@ -63,6 +63,14 @@ class NDJSONStream(HTTPDownstream):
     #: head and what they answered (the HELLO reply) at once, where the reader's turn
     #: made it two writes. tests/transports/test_stream_carried.py holds them equal.
     hand_carried_body = True
+    #: The swap point of the rings while a carried body is handed over: the response's
+    #: greenlet is the session's bell's puller then (``Bell.puller``), as it takes what
+    #: the lines answered right after (``_pump``'s first take, which sets its own event
+    #: if anything is still writable then, as a ring would have). With False every ring
+    #: is answered: an event-loop callback and a wake of the response after its first
+    #: write, to find nothing (the HELLO reply was in it). tests/transports/
+    #: test_stream_carried.py holds the two equal on the wire.
+    quiet_hand_over = True
 
     def started(self) -> None:
         carried = self.environ.get(CARRIED_BODY) if self.hand_carried_body else None
@@ -118,15 +126,23 @@ class NDJSONStream(HTTPDownstream):
         pacer.pause(user)
         started = monotonic()
         lines = iter_lines((body,), port.limits.max_message_size)
-        while self._closing is None and not self._finished:
-            try:
-                line: bytes | MessageTooLarge | None = next(lines, None)
-            except MessageTooLarge as exc:  # its ERROR line, then the response ends
-                line = exc
-            if line is None:
-                break
-            if not self._hand_over(line):
-                return
+        bell = port.bell if self.quiet_hand_over and self._attached else None
+        if bell is not None:
+            bell.puller = gevent.getcurrent()
+            self._pull_after = True
+        try:
+            while self._closing is None and not self._finished:
+                try:
+                    line: bytes | MessageTooLarge | None = next(lines, None)
+                except MessageTooLarge as exc:  # its ERROR line, then the response ends
+                    line = exc
+                if line is None:
+                    break
+                if not self._hand_over(line):
+                    return
+        finally:
+            if bell is not None:
+                bell.puller = self.reader  # None: every ring answered again
         spent = monotonic() - started
         if spent >= COSTLY:
             pacer.took(user, spent)

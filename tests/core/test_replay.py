@@ -3,6 +3,7 @@ ranges come back in numeric seq order."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from protoflask.core.replay import ReplayWindow
@@ -166,13 +167,24 @@ def test_a_window_keeps_what_its_messages_repeat_once():
     st.tuples(st.just("prune"), st.integers(0, 400), st.just(b"")),
 ), max_size=60), st.sampled_from([None, 3, 200, 4000]), st.sampled_from([SID, "s", "x" * 8]),
        st.sampled_from([12, 40]))
-def test_the_compact_window_answers_as_the_plain_one(ops, max_bytes, sid, size):
+@pytest.mark.parametrize("hinted", [True, False])
+def test_the_compact_window_answers_as_the_plain_one(hinted, ops, max_bytes, sid, size):
     """The swap point: a window given its session's id (compacted) and one without
     (``session_id=""``, kept as written) give the same answers to every question, for any
     messages: with the id in them or not, with a mark byte in them (kept as they came),
     a HELLO's segments or not (once, or twice: the first marked), in a small window and
     past SMALL_WINDOW (where the compacted entries stay and new ones are kept as
     written)."""
+    from protoflask.core import replay
+
+    old_hinted, replay.HINTED = replay.HINTED, hinted  # the segments' search's swap point
+    try:
+        compact_answers_as_plain(ops, max_bytes, sid, size)
+    finally:
+        replay.HINTED = old_hinted
+
+
+def compact_answers_as_plain(ops, max_bytes, sid, size):
     from protoflask.core.replay import shared
 
     plain = ReplayWindow(size, 300, max_bytes)
