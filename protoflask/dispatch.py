@@ -18,7 +18,8 @@ from .core.session import (
 from .hub import Hub
 from .live import LiveSession
 from .stats import Stats
-from .tools import Report, SessionToolRunner, Tool, ToolExecution, ToolRegistry, check_call
+from .tool_runner import Report, SessionToolRunner
+from .tools import Tool, ToolExecution, ToolRegistry, check_call
 from . import signals
 
 log = logging.getLogger("protoflask")

@@ -25,7 +25,7 @@ from .core.errors import ERRORS_BY_CODE, ProtoError
 from .core.session import ProtocolSession
 
 if TYPE_CHECKING:
-    from .tools import Report, SessionToolRunner
+    from .tool_runner import Report, SessionToolRunner
 
 
 class Transport(Protocol):
@@ -360,7 +360,7 @@ class LiveSession:
         return self.apply(FailCall(call_id, exc))
 
     def report(self, report: "Report") -> bool:
-        """Apply what a tool runner reported of a call (``tools.Report``)."""
+        """Apply what a tool runner reported of a call (``tool_runner.Report``)."""
         kind = report.kind
         if kind == "done":
             if self.link is None:  # tool_done's common case, without its call (every end)

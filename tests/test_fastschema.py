@@ -52,7 +52,7 @@ def test_builtin_schemas_are_in_the_subset():
     from protoflask.tools import builtin_tools
 
     for tool in builtin_tools():
-        assert tool._input_ok is not None and tool._output_ok is not None
+        assert tool._input_ok is not None and tool.output_ok is not None
 
 
 def test_integers_follow_json_schema():

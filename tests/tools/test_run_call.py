@@ -12,7 +12,8 @@ import gevent
 import pytest
 
 from protoflask.dispatch import Dispatcher
-from protoflask.tools import Report, Tool
+from protoflask.tool_runner import Report
+from protoflask.tools import Tool
 from tests.engine.test_engine import Harness
 
 
