@@ -11,7 +11,7 @@ the session layer pulls them (``take_reports``) and applies them to the session.
 from __future__ import annotations
 
 import logging
-import time
+from time import perf_counter
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -19,7 +19,7 @@ import gevent
 from gevent import Greenlet
 
 from .bell import Bell
-from .clock import now_ms
+from .clock import now_ms, now_ns
 from .core.errors import MaxRunsExceeded, ProtoError, ToolExecutionError
 from .tools import MAX_SCHEMA_ERRORS, Tool, ToolContext, ToolExecution, schema_failure
 
@@ -119,11 +119,34 @@ class SessionToolRunner:
         finally:
             self.caller_pulls = False
 
-    def run_inline(self, execution: ToolExecution, tool: Tool) -> Report:
+    def run_inline(self, execution: ToolExecution, tool: Tool) -> Report | None:
         """``submit`` of an inline tool for a caller that applies its one report at once
-        (``Dispatcher.run_call_fast``): the report is returned, not kept; no bell rings."""
-        self.executions[execution.call_id] = execution
-        return self._run(execution, tool, keep=False)
+        (``Dispatcher.run_call_fast``): the report is returned, not kept; no bell rings.
+        None for the common end, the call completed with a result its outputSchema takes:
+        its report would be ``completed_report(execution)``, which the caller builds
+        only if it must keep it (``_run`` and ``finish`` written out, without the report:
+        docs/PERFORMANCE.md, "The tool row within 5%")."""
+        call_id = execution.call_id
+        executions = self.executions
+        executions[call_id] = execution
+        execution.status = "running"
+        execution.run_started = perf_counter()
+        try:
+            assert tool.execute is not None
+            result = tool.execute(execution.arguments, self.sink.session_id, call_id,
+                                  self.sink.context)
+        except Exception as exc:  # a tool's own failure, reported to the client
+            return self._failed(execution, tool, exc, keep=False)
+        accepts = tool.output_ok
+        if accepts is None or not accepts(result):
+            return self._checked(execution, tool, result, keep=False)
+        execution.status = "completed"  # finish's steps for "completed"
+        execution.end_time = now_ns() // 1_000_000  # (now_ms, without its call)
+        execution.result = result
+        executions.pop(call_id, None)
+        if self.on_finish is not None:
+            self.on_finish(execution)
+        return None
 
     def _submit(self, execution: ToolExecution, tool: Tool) -> None:
         self.executions[execution.call_id] = execution
@@ -224,15 +247,25 @@ class SessionToolRunner:
     def _run(self, execution: ToolExecution, tool: Tool, keep: bool = True) -> Report:
         """Execute, check the result, finish the call; a tool's exception is its failure."""
         execution.status = "running"
-        execution.run_started = time.perf_counter()
+        execution.run_started = perf_counter()
         try:
             assert tool.execute is not None
             result = tool.execute(execution.arguments, self.sink.session_id,
                                   execution.call_id, self.sink.context)
         except Exception as exc:  # a tool's own failure, reported to the client
-            log.warning("tool %r failed: %s", tool.name, exc, exc_info=True)
-            return self.finish(execution, "error", ToolExecutionError(
-                f"tool {tool.name!r} failed: {exc}"), raised=exc, keep=keep)
+            return self._failed(execution, tool, exc, keep)
+        return self._checked(execution, tool, result, keep)
+
+    def _failed(self, execution: ToolExecution, tool: Tool, exc: Exception,
+                keep: bool) -> Report:
+        log.warning("tool %r failed: %s", tool.name, exc, exc_info=True)
+        return self.finish(execution, "error", ToolExecutionError(
+            f"tool {tool.name!r} failed: {exc}"), raised=exc, keep=keep)
+
+    def _checked(self, execution: ToolExecution, tool: Tool, result: Any,
+                 keep: bool) -> Report:
+        """The call finished with ``result``, or with its error if the outputSchema
+        refuses it."""
         accepts = tool.output_ok  # the fast yes without a list (result_errors' first step)
         if accepts is not None and accepts(result):
             problems = None
@@ -243,3 +276,8 @@ class SessionToolRunner:
                 schema_failure("result", f"outputSchema of {tool.name!r}", problems),
                 detail=problems[:MAX_SCHEMA_ERRORS]), keep=keep)
         return self.finish(execution, "completed", result=result, keep=keep)
+
+
+def completed_report(execution: ToolExecution) -> Report:
+    """The report ``finish`` makes of a call completed with its result."""
+    return Report("done", execution.call_id, "OK", execution.result, None, None, execution)
