@@ -19,7 +19,7 @@ from .port import Ports, SessionPort, SessionState
 if TYPE_CHECKING:
     from .core.messages import Outbound
     from .engine import Engine
-    from .tools import Report
+    from .tool_runner import Report
 
 
 class AdapterGate(Ports):

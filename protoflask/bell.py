@@ -4,7 +4,7 @@ loop, which runs it on a stack of its own, so no frame of a lower layer is ever 
 upper layer's: the upper layer then pulls what waits (as websockets' I/O loop pulls
 ``events_received()`` and ``data_to_send()``). A session rings its writer's bell
 (``live.py``), a port's write-behind stage rings it when the journal has a batch, a tool
-runner rings the session layer's when a call ended (``tools.py``); a cluster's listener
+runner rings the session layer's when a call ended (``tool_runner.py``); a cluster's listener
 has the session layer settle a session it applied another node's operation to
 (``apart``: in a greenlet of its own, as acting on events may block).
 """

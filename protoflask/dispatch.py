@@ -18,7 +18,8 @@ from .core.session import (
 from .hub import Hub
 from .live import LiveSession
 from .stats import Stats
-from .tools import Report, SessionToolRunner, Tool, ToolExecution, ToolRegistry, check_call
+from .tool_runner import Report, SessionToolRunner, completed_report
+from .tools import Tool, ToolExecution, ToolRegistry, check_call
 from . import signals
 
 log = logging.getLogger("protoflask")
@@ -167,14 +168,25 @@ class Dispatcher:
             runner.submit(execution, tool, pulled=True)
             self._settle_calls(live)
             return
-        report = runner.run_inline(execution, tool)
+        report = runner.run_inline(execution, tool)  # None: completed with its result
         if runner.pulling or runner.reports:
-            runner.reports.append(report)
+            runner.reports.append(report if report is not None
+                                  else completed_report(execution))
             self._settle_calls(live)
             return
         runner.pulling = True  # (settle_calls': one greenlet applies at a time, in order)
         try:
-            self.apply_report(live, report)
+            if report is not None or live.link is not None:
+                self.apply_report(live, report if report is not None
+                                  else completed_report(execution))
+            else:  # apply_report of the completed report, without the report: every echo
+                core = live.core
+                core.work.tool_done(execution.call_id, "OK", execution.result)
+                live.notify()  # (LiveSession.report's steps on one process)
+                if core.events:
+                    self.dispatch(live, core.take_events())
+                if execution.on_done is not None:
+                    execution.on_done(execution, None)
         finally:
             runner.pulling = False
         if runner.reports:  # made while it was applied (a signal receiver that waited)

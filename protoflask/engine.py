@@ -35,8 +35,8 @@ from .kept import KeptSessions
 from .limits import user_caps
 from .stats import Stats, held_of
 from .wheel import HeartbeatWheel
-from .tools import (CallSink, SessionToolRunner, ToolContext, ToolExecution, ToolRegistry,
-                    check_call)
+from .tool_runner import CallSink, SessionToolRunner
+from .tools import ToolContext, ToolExecution, ToolRegistry, check_call
 from .turns import SLICE_MS, Pacer, give_turn
 from . import signals
 

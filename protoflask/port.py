@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from .core.messages import Outbound
     from .core.replay import ReplayWindow
     from .core.settings import SessionSettings
-    from .tools import Report, ToolContext, ToolRegistry
+    from .tool_runner import Report
+    from .tools import ToolContext, ToolRegistry
     from .engine import Engine
     from .turns import Pacer
 

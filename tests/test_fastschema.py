@@ -52,7 +52,7 @@ def test_builtin_schemas_are_in_the_subset():
     from protoflask.tools import builtin_tools
 
     for tool in builtin_tools():
-        assert tool._input_ok is not None and tool._output_ok is not None
+        assert tool._input_ok is not None and tool.output_ok is not None
 
 
 def test_integers_follow_json_schema():
@@ -82,3 +82,20 @@ def test_object_type_refuses_other_values_with_properties():
     assert not check([]) and not check("a") and not check(None) and not check({})
     loose = compile_simple({"properties": {"a": {"type": "string"}}, "required": ["a"]})
     assert loose([]) and loose("a") and not loose({}) and loose({"a": "x", "b": 1})
+
+
+SAMPLES = [None, True, False, 0, 1, -2, 1.0, 2.5, 0.0, "", "x", [], [1], {}, {"a": 1}]
+
+
+def test_a_property_of_types_only_is_checked_as_jsonschema_checks_it():
+    """Every type name and pair of names as a property's schema (checked inline by the
+    value's Python type, ``_types_only``) over a value of every kind: jsonschema's answer."""
+    specs = [name for name in TYPES] + [[a, b] for a in TYPES for b in TYPES if a < b]
+    for spec in specs:
+        for prop in ({"type": spec}, {"type": spec, "description": "d"}):
+            schema = {"type": "object", "properties": {"a": prop}}
+            check = compile_simple(schema)
+            validator = validators.validator_for(schema)(schema)
+            assert check is not None
+            for value in SAMPLES:
+                assert check({"a": value}) == validator.is_valid({"a": value}), (spec, value)

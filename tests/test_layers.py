@@ -29,8 +29,9 @@ MAX_LINES = 500
 #: for a package, everything in it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("core",),
-    ("config", "options", "auth", "jwks", "signals", "tools", "logs", "origins", "tickets",
-     "clock", "fastschema", "streaming", "stats", "limits", "pins", "turns", "bell", "ids"),
+    ("config", "options", "auth", "jwks", "signals", "tools", "tool_runner", "logs", "origins",
+     "tickets", "clock", "fastschema", "streaming", "stats", "limits", "pins", "turns", "bell",
+     "ids"),
     ("hub", "live", "cluster"),
     ("engine", "port", "adapter_ports", "dispatch", "kept", "budget", "ticker", "wheel"),
     ("transports",),

@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 
 from ..bell import Bell
-from ..tools import (
-    CallSink, Report, SessionToolRunner, ToolExecution, awaited_call, check_call,
-)
+from ..tool_runner import CallSink, Report, SessionToolRunner
+from ..tools import ToolExecution, awaited_call, check_call
 
 if TYPE_CHECKING:
     from ..port import AdapterPorts

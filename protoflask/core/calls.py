@@ -106,12 +106,60 @@ class CallRegistry:
             raise MaxRunsExceeded(f"the tool call was refused: {exc}") from None
         self.calls[call_id].cost = cost
 
-    def end_call(self, call_id: str) -> Call | None:
-        """Close a call (None if it was not open) and give its params' bytes back."""
+    def open_charged_plain(self, call_id: str, run_id: str | None, message_id: str | None,
+                           params: Any) -> None:
+        """A client's call opened and its params charged: ``add_call`` then
+        ``charge_call`` (DuplicateCallId with nothing changed; MAX_RUNS_EXCEEDED with the
+        call open, for the caller to end). ``open_charged``'s definition."""
+        self.add_call(call_id, run_id, message_id)
+        self.charge_call(call_id, params)
+
+    def open_charged_fast(self, call_id: str, run_id: str | None, message_id: str | None,
+                          params: Any) -> None:
+        """``open_charged_plain`` in one call, ``Meter.charge`` written out: every tool
+        call takes it (docs/PERFORMANCE.md, "The tool row within 5%")."""
+        calls = self.calls
+        if call_id in calls:
+            raise DuplicateCallId(f"call_id {call_id!r} is already running")
+        call = calls[call_id] = Call(run_id, message_id)
+        cost = memory_of(params)
+        meter = self.meter
+        account = meter.account
+        if account is not None:
+            try:
+                account.take(cost)
+            except OverBudget as exc:
+                raise MaxRunsExceeded(f"the tool call was refused: {exc}") from None
+        meter.held += cost
+        call.cost = cost
+
+    #: the swap point: every client's tool call takes it (tests/core/test_call_charge.py
+    #: runs the same calls over both)
+    open_charged = open_charged_fast
+
+    def end_call_plain(self, call_id: str) -> Call | None:
+        """Close a call (None if it was not open) and give its params' bytes back.
+        ``end_call``'s definition."""
         call = self.calls.pop(call_id, None)
         if call is not None:
             self.meter.release(call.cost)
         return call
+
+    def end_call_fast(self, call_id: str) -> Call | None:
+        """``end_call_plain`` with ``Meter.release`` written out (every TOOL_DONE)."""
+        call = self.calls.pop(call_id, None)
+        if call is not None:
+            cost = call.cost
+            if cost:
+                meter = self.meter
+                meter.held -= cost
+                account = meter.account
+                if account is not None:
+                    account.give(cost)
+        return call
+
+    #: the swap point: every call's end takes it (tests/core/test_call_charge.py)
+    end_call = end_call_fast
 
     # -- moving to another node (core.handoff) --------------------------------------------
 

@@ -136,7 +136,8 @@ class OutboundQueue:
         return True
 
     def push_fast(self, out: Outbound) -> bool:
-        """``push_plain`` with ``_enqueue`` and ``check_pressure``'s first test inline."""
+        """``push_plain`` with ``_enqueue``, ``_metered`` (``Meter.queue`` in it: every
+        TOOL_DONE) and ``check_pressure``'s first test inline."""
         pending = self.pending
         if len(pending) >= self.settings.max_pending_messages or \
                 self._pending_bytes >= self._full_bytes:
@@ -146,12 +147,16 @@ class OutboundQueue:
         data = out.type not in CONTROL_TYPES
         pending_bytes = self._pending_bytes
         meter = self.meter
-        if data and meter is not None:  # _metered, inline
-            why = meter.queue(self.replay.nbytes + pending_bytes + self._resend_bytes
-                              + self.in_flight, size, data)
-            if why is not None:
-                self._events.append(SendRefused(out.type, out.channel, why))
-                return False
+        if data and meter is not None:  # _metered, inline, and Meter.queue in it
+            window = self.replay.nbytes + pending_bytes + self._resend_bytes + self.in_flight
+            account = meter.account
+            if account is not None:
+                why = account.queued(window - meter.window, size, True)
+                if why is not None:
+                    meter.window = window
+                    self._events.append(SendRefused(out.type, out.channel, why))
+                    return False
+            meter.window = window + size
         # _enqueue, inline
         pending.append(out)
         self._pending_sizes.append(size)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from .calls import CallRegistry, Run
 from .envelope import Message
-from .errors import ProtoError, RunNotFound
+from .errors import MaxRunsExceeded, ProtoError, RunNotFound
 from .events import Event, RunChanged, ToolCallReceived, ToolCancelRequested
 from .messages import (
     Outbound, run_finished, run_started, tool_done as tool_done_message,
@@ -70,13 +70,14 @@ class Work:
         p = msg.payload
         call_id = p["call_id"]
         run_id = p.get("run_id")
-        self.registry.add_call(call_id, run_id, msg.id)
-        if run_id is not None and run_id not in self.registry.runs:
+        registry = self.registry
+        if run_id is not None and run_id not in registry.runs:
+            registry.add_call(call_id, run_id, msg.id)  # (open: its TOOL_DONE ends it)
             self.fail_call(call_id, RunNotFound(f"run {run_id!r} is not active in this session"))
             return
         try:  # its params are held until its TOOL_DONE (queued calls' too)
-            self.registry.charge_call(call_id, p["params"])
-        except ProtoError as exc:
+            registry.open_charged(call_id, run_id, msg.id, p["params"])
+        except MaxRunsExceeded as exc:  # (a DuplicateCallId goes up, the call not opened)
             self.fail_call(call_id, exc)
             return
         self.events.append(ToolCallReceived(call_id, p["tool"], p["params"], run_id, msg))

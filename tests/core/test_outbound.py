@@ -13,10 +13,12 @@ from hypothesis import given, settings, strategies as st
 from protoflask.core import messages
 from protoflask.core.credits import CreditLedger
 from protoflask.core.events import Event, SendRefused, SlowConsumer
+from protoflask.core.meter import Meter
 from protoflask.core.outbound import ENVELOPE_OVERHEAD, OutboundQueue
 from protoflask.core.traffic import TrafficCounters
 
 from ._support import credit_settings, session_settings
+from .test_meter import Limit
 
 IMPLEMENTATIONS = {"plain": OutboundQueue.push_plain, "fast": OutboundQueue.push_fast}
 
@@ -26,22 +28,27 @@ class Queue:
     for whether a transport is attached."""
 
     def __init__(self, push: Callable[[OutboundQueue, messages.Outbound], bool],
-                 **overrides: Any) -> None:
+                 budget: int | None = None, **overrides: Any) -> None:
         s = session_settings(**{"credits": credit_settings(enabled=True), **overrides})
         self.events: list[Event] = []
         self.connected = True
         self.q = OutboundQueue("s", s, CreditLedger(s.credits), TrafficCounters(),
                                self.events, lambda: self.connected)
         self._push = push
+        if budget is not None:  # metered: a user's account of ``budget`` bytes, or none
+            self.q.meter = Meter()
+            self.q.meter.account = Limit(budget) if budget else None
 
     def push(self, out: messages.Outbound) -> bool:
         return self._push(self.q, out)
 
     def state(self) -> tuple[Any, ...]:
         q = self.q
+        meter = q.meter
         return ([(o.type, o.channel, o.payload) for o in q.pending], q.pending_bytes,
                 q.unsent_bytes, sorted(q.paused_by_server), q.under_load(),
-                [repr(e) for e in self.events], q.downstream_seq)
+                [repr(e) for e in self.events], q.downstream_seq,
+                meter and (meter.window, meter.account and vars(meter.account)))
 
 
 def part(text: str, channel: str = "AGENT") -> messages.Outbound:
@@ -113,12 +120,15 @@ operations = st.lists(st.one_of(
 
 
 @settings(max_examples=200, deadline=None)
-@given(operations, st.integers(1, 12), st.integers(600, 5000))
-def test_any_sequence_leaves_both_in_the_same_state(ops, max_pending, buffer) -> None:
+@given(operations, st.integers(1, 12), st.integers(600, 5000),
+       st.none() | st.just(0) | st.integers(100, 3000))
+def test_any_sequence_leaves_both_in_the_same_state(ops, max_pending, buffer,
+                                                    budget) -> None:
+    """``budget``: unmetered (None), metered without an account (0), or with one."""
     overrides = {"max_pending_messages": max_pending, "outbound_buffer_size": buffer,
                  "max_message_size": 300, "back_pressure_threshold": 0.5}
-    plain = Queue(OutboundQueue.push_plain, **overrides)
-    fast = Queue(OutboundQueue.push_fast, **overrides)
+    plain = Queue(OutboundQueue.push_plain, budget, **overrides)
+    fast = Queue(OutboundQueue.push_fast, budget, **overrides)
     for op in ops:
         for queue in (plain, fast):
             if op[0] == "push":

@@ -18,7 +18,7 @@ from protoflask.core.errors import (
 )
 from protoflask.live import FailCall, OpenCall, Operation, ToolDone, ToolUpdate
 from protoflask.port import AdapterPorts
-from protoflask.tools import Report
+from protoflask.tool_runner import Report
 
 from .test_engine import Harness
 

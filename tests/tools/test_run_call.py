@@ -11,8 +11,10 @@ from typing import Any
 import gevent
 import pytest
 
+from protoflask import signals
 from protoflask.dispatch import Dispatcher
-from protoflask.tools import Report, Tool
+from protoflask.tool_runner import Report
+from protoflask.tools import Tool
 from tests.engine.test_engine import Harness
 
 
@@ -29,9 +31,25 @@ def _slow(params: Any, *_: Any) -> Any:
     return {"echoed": "late"}
 
 
+class Listening(Harness):
+    """A harness whose ``toolCall`` listener waits for every call's end (``on_done``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended: list[tuple[str, str, str]] = []
+
+    def emit(self, signal: Any, **kwargs: Any) -> None:
+        super().emit(signal, **kwargs)
+        if signal is signals.tool_call:
+            kwargs["execution"].on_done = self.done
+
+    def done(self, execution: Any, error: Any) -> None:
+        self.ended.append((execution.call_id, execution.status, repr(error)))
+
+
 def run(how: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(Dispatcher, "run_call", getattr(Dispatcher, how))
-    h = Harness()
+    h = Listening()
     schema = h.tools.get("echo")
     assert schema is not None
     for name, fn, inline in (("raises", _raises, True), ("wrong", _wrong_result, True),
@@ -70,7 +88,8 @@ def run(how: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     text = json.dumps([written, signals, executions, errors, sorted(stats.tools.calls.items()),
                        stats.tools.running, stats.tools.queued, runner.reports,
                        runner.executions, runner.pulling, live.core.meter.held,
-                       sorted(live.core.work.registry.calls)], default=repr)
+                       sorted(live.core.work.registry.calls), h.ended, transport.wakes],
+                      default=repr)
     return json.loads(text.replace(live.id, "<sid>"))
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from protoflask.core.errors import MaxRunsExceeded, ToolExecutionError
 from protoflask.bell import Bell
-from protoflask.tools import CallSink, SessionToolRunner, Tool, ToolExecution
+from protoflask.tool_runner import CallSink, SessionToolRunner
+from protoflask.tools import Tool, ToolExecution
 
 OBJECT = {"type": "object"}
 
