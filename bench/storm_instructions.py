@@ -17,18 +17,16 @@ its instructions (the head lane reads the storm's heads without it either way).
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
+
+from _callgrind import gunicorn_under_callgrind, totals
 
 BENCH = Path(__file__).resolve().parent
 SECRET = "bench-secret-bench-secret-bench-secret!!"
@@ -45,24 +43,9 @@ def worker_instructions(root: Path, mode: str, n: int) -> int:
            "MAX_CONNECTIONS": str(n + 1000), "MAX_CONNECTIONS_PER_USER": str(n + 1000),
            "WEB_CONCURRENCY": "1", "PYTHONHASHSEED": "0", "PYTHONPATH": str(root)}
     env.pop("REDIS_URL", None)
-    proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--trace-children=yes", "--instr-atstart=no",
-         f"--callgrind-out-file={out}/cg.%p", sys.executable, "-m", "gunicorn",
-         "-c", str(root / "gunicorn.conf.py"), "--chdir", str(root), "--timeout", "900",
-         "--graceful-timeout", "600", "--http-parser", "python",
-         "--bind", f"127.0.0.1:{port}", "wsgi:app"],
-        cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=open(f"{out}/log", "w"))
+    proc = gunicorn_under_callgrind(root, port, env, out, instr_at_start=False,
+                                    extra=("--graceful-timeout", "600"))
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit(f"gunicorn under callgrind did not start: see {out}/log") \
-                        from None
-                time.sleep(1)
         worker = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
                                 text=True).stdout.split()[0]
         subprocess.run(["callgrind_control", "-i", "on", worker], capture_output=True)
@@ -83,9 +66,7 @@ def worker_instructions(root: Path, mode: str, n: int) -> int:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(600)
-    totals = [int(m.group(1)) for path in glob.glob(f"{out}/cg.{worker}*")
-              if (m := re.search(r"^totals: (\d+)", Path(path).read_text(), re.M))]
-    return sum(totals)
+    return sum(totals(f"{out}/cg.{worker}*", "totals"))
 
 
 def main() -> None:

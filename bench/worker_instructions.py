@@ -24,22 +24,18 @@ from gevent import monkey
 monkey.patch_all()
 
 import argparse  # noqa: E402
-import glob  # noqa: E402
 import os  # noqa: E402
-import re  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-import urllib.request  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import gevent  # noqa: E402
 import jwt  # noqa: E402
 
 import http_downstream as downstream  # noqa: E402
+from _callgrind import gunicorn_under_callgrind, totals  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "bench-secret-0123456789abcdef0123456789"
@@ -114,23 +110,7 @@ def worker_total(transport: str, batches: int, app: str) -> int:
            "MAX_CONNECTIONS": "1000", "MAX_CONNECTIONS_PER_USER": "1000",
            "WEB_CONCURRENCY": "1", "PYTHONHASHSEED": "0"}
     env.pop("REDIS_URL", None)
-    proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--trace-children=yes",
-         f"--callgrind-out-file={out}/cg.%p", sys.executable, "-m", "gunicorn",
-         "-c", "gunicorn.conf.py", "--timeout", "900", "--http-parser", "python",
-         "--bind", f"127.0.0.1:{port}", app],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(f"{out}/log", "w"))
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30).read()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise SystemExit(f"gunicorn under callgrind did not start: see {out}/log") \
-                    from None
-            time.sleep(1)
+    proc = gunicorn_under_callgrind(ROOT, port, env, out, app)
     now = int(time.time())
     token = jwt.encode({"sub": "bench", "iat": now, "exp": now + 86400}, SECRET,
                        algorithm="HS256")
@@ -144,12 +124,7 @@ def worker_total(transport: str, batches: int, app: str) -> int:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(300)
-    totals = []
-    for path in glob.glob(f"{out}/cg.*"):
-        found = re.search(r"^(?:summary|totals): (\d+)", Path(path).read_text(), re.M)
-        if found:
-            totals.append(int(found.group(1)))
-    return max(totals)  # the worker: the master and the tools it ran do far less
+    return max(totals(f"{out}/cg.*"))  # the worker: the master and the tools it ran do far less
 
 
 def main() -> None:
