@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from time import monotonic
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import gevent
 from flask import Request, Response
@@ -91,15 +91,8 @@ class NDJSONStream(HTTPDownstream):
                               lambda spent: pacer.took(user, spent))
         lines = iter_lines(pieces, port.limits.max_message_size, port.limits.body_timeout)
         try:
-            while self._closing is None and not self._finished:
-                try:
-                    line: bytes | MessageTooLarge | None = next(lines, None)
-                except MessageTooLarge as exc:  # its ERROR line, then the response ends
-                    line = exc
-                if line is None:
-                    break
-                if not self._hand_over(line):
-                    return
+            if not self._hand_lines(lines):
+                return
             for _ in pieces:
                 pass
         except RequestTimeout as exc:  # stalled inside a line: end the response
@@ -113,6 +106,20 @@ class NDJSONStream(HTTPDownstream):
             self.gone()
             return
         self.watch_peer()
+
+    def _hand_lines(self, lines: Iterator[bytes]) -> bool:
+        """Each line to the session until the body or the response ends; a line over
+        ``max_message_size`` as its ERROR. False once the response is to end now."""
+        while self._closing is None and not self._finished:
+            try:
+                line: bytes | MessageTooLarge | None = next(lines, None)
+            except MessageTooLarge as exc:  # its ERROR line, then the response ends
+                line = exc
+            if line is None:
+                break
+            if not self._hand_over(line):
+                return False
+        return True
 
     def _hand_carried(self, body: bytes) -> None:
         """Upstream, for a body already in memory: ``_read_body``'s loop over its one
@@ -131,15 +138,8 @@ class NDJSONStream(HTTPDownstream):
             bell.puller = gevent.getcurrent()
             self._pull_after = True
         try:
-            while self._closing is None and not self._finished:
-                try:
-                    line: bytes | MessageTooLarge | None = next(lines, None)
-                except MessageTooLarge as exc:  # its ERROR line, then the response ends
-                    line = exc
-                if line is None:
-                    break
-                if not self._hand_over(line):
-                    return
+            if not self._hand_lines(lines):
+                return
         finally:
             if bell is not None:
                 bell.puller = self.reader  # None: every ring answered again
