@@ -205,7 +205,7 @@ class GeventWorker(ggevent.GeventWorker):
             if opened is None:
                 return False
             environ, response = opened
-            self.cfg.pre_request(self, head)  # gunicorn's default: a debug line
+            self._pre_request(self, head)  # gunicorn's default: a debug line
             self._count_request()
             resp = lane.response(head, client)
             if not self.alive:

@@ -217,6 +217,22 @@ def parse_head(data: bytes, limits: HeadLimits) -> HeadRequest | None:
     return head
 
 
+class LazyInput:
+    """A head's ``wsgi.input``: its ``body`` (gunicorn's reader of the carried bytes, ~2.5 us
+    to make), made when first used. Every attribute is the reader's."""
+
+    __slots__ = ("_head",)
+
+    def __init__(self, head: HeadRequest) -> None:
+        self._head = head
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._head.body, name)
+
+    def __iter__(self) -> Any:
+        return iter(self._head.body)
+
+
 def environ_for(head: HeadRequest, sock: Any, addr: tuple[Any, ...],
                 server: tuple[Any, ...]) -> dict[str, Any]:
     """The WSGI environ gunicorn's ``wsgi.create`` builds for ``head``, but for what no
@@ -259,6 +275,11 @@ class HeadLane:
     #: The swap point of a stream's ``wsgi.errors``: ``LaneErrors``, or with False
     #: gunicorn's ``WSGIErrorsWrapper`` (tests/test_head_lane.py holds their streams equal)
     lane_errors = True
+    #: The swap point of a stream's ``wsgi.input``: ``LazyInput`` (gunicorn's reader made
+    #: on its first use: an SSE stream and a stream with its body carried never read it),
+    #: or with False gunicorn's reader made at the open (tests/test_head_lane.py holds
+    #: what they read equal)
+    lazy_input = True
 
     def __init__(self, post_lane: SessionPostLane, cfg: Any) -> None:
         self.post_lane = post_lane
@@ -319,7 +340,7 @@ class HeadLane:
             if args is None or args.get("session") and not args.get("last_seq"):
                 return None  # a session's upstream batch, or a query Flask decodes
         environ = environ_for(head, client, addr, self.server_of(listener))
-        environ["wsgi.input"] = head.body
+        environ["wsgi.input"] = LazyInput(head) if self.lazy_input else head.body
         if kind == "stream":  # the HELLO, handed to the session without a reader greenlet
             environ[CARRIED_BODY] = head.carried
         environ["wsgi.errors"] = LaneErrors(self.cfg) if self.lane_errors \

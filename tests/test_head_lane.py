@@ -376,3 +376,37 @@ def test_the_peek_leaves_the_bytes_and_waits_at_most_its_timeout() -> None:
     finally:
         ours.close()
         theirs.close()
+
+
+LAZY_BODIES = [b"", HELLO, HELLO + b'{"type":"PING"}\n', b"no newline at the end",
+               b"\n\n" + HELLO + b"\r\n", b"x" * 3000 + b"\n" + b"y" * 100]
+
+
+@pytest.mark.parametrize("body", LAZY_BODIES)
+def test_a_lazy_input_reads_what_gunicorns_reader_reads(body: bytes) -> None:
+    """``head_lane.LazyInput`` (the swap point ``HeadLane.lazy_input``): not made until
+    used (fails with the reader made at once), then every read gunicorn's reader's."""
+    from protoflask.head_lane import LazyInput
+    from protoflask.transports.request_body import body_pieces
+
+    def head() -> HeadRequest:
+        data = (f"POST /proto/stream HTTP/1.1\r\nHost: a\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        read = parse_head(data, HeadLimits.of(cfg()))
+        assert read is not None
+        return read
+
+    lazy_head = head()
+    lazy = LazyInput(lazy_head)
+    assert lazy_head._body is None  # nothing made until the first read
+
+    def in_parts(inp: Any) -> list[bytes]:
+        return [inp.read(5), inp.readline(7), inp.readline(), inp.read()]
+
+    def reads(make: Any) -> list[Any]:
+        return [make().read(), in_parts(make()), list(make()), make().readlines(),
+                list(body_pieces({"wsgi.input": make()}))]
+
+    plain = reads(lambda: head().body)
+    assert reads(lambda: LazyInput(head())) == plain
+    assert lazy.read() == body
