@@ -26,14 +26,20 @@ class LaneErrors(WSGIErrorsWrapper):
     reads them (a reopened log file is a new stream)."""
 
     _errorlog: logging.Logger | None = None
+    #: (a worker's config, its errorlog setting): a setting is a lookup through gunicorn's
+    #: ``Config.__getattr__`` (~1 us), and a worker's config does not change
+    _setting: tuple[Any, Any] = (None, None)
 
-    def __init__(self, cfg: Any) -> None:  # gunicorn's, but for the lookup
+    def __init__(self, cfg: Any) -> None:  # gunicorn's, but for the lookups
         errorlog = LaneErrors._errorlog
         if errorlog is None:
             errorlog = LaneErrors._errorlog = logging.getLogger("gunicorn.error")
+        setting = LaneErrors._setting
+        if setting[0] is not cfg:
+            setting = LaneErrors._setting = (cfg, cfg.errorlog)
         handlers = errorlog.handlers
         self.streams = []
-        if cfg.errorlog == "-":
+        if setting[1] == "-":
             self.streams.append(sys.stderr)
             handlers = handlers[1:]
         for h in handlers:
@@ -108,6 +114,24 @@ class LaneResponse(Response):
                 if len(passed) >= self.PASSED_MAX:
                     passed.clear()
                 passed[pair] = out[-1]
+
+    #: The swap point of ``is_chunked``: gunicorn's, its ``protocol`` setting read once per
+    #: worker config (a failed attribute lookup before ``Config.__getattr__``, ~1 us a
+    #: stream), or with False gunicorn's on every response (tests/test_head_lane.py holds
+    #: the bytes written equal)
+    remember_settings = True
+    _http_cfg: Any = None  # the config whose protocol was read and is not uwsgi
+
+    def is_chunked(self) -> bool:
+        """gunicorn's (``Response.is_chunked``): no chunks for a uwsgi protocol, a known
+        length, HTTP/1.0 or a response without a body."""
+        cfg = self.cfg
+        if cfg is not LaneResponse._http_cfg or not self.remember_settings:
+            if not self.remember_settings or getattr(cfg, "protocol", "http") == "uwsgi":
+                return bool(super().is_chunked())
+            LaneResponse._http_cfg = cfg
+        return self.response_length is None and self.req.version > (1, 0) \
+            and not self._omits_body
 
     def send_headers(self) -> None:
         """gunicorn's ``send_headers``, the head held for the first body write."""

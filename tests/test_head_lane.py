@@ -229,22 +229,35 @@ RESPONSES = {
 }
 
 
+@pytest.mark.parametrize("remember", [True, False])
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
 @pytest.mark.parametrize("connection", ["", "close", "keep-alive"])
 @pytest.mark.parametrize("case", sorted(RESPONSES))
-def test_the_lane_writes_the_bytes_gunicorns_writer_writes(case: str, connection: str) -> None:
+def test_the_lane_writes_the_bytes_gunicorns_writer_writes(case: str, connection: str,
+                                                           version: str,
+                                                           remember: bool) -> None:
     """``LaneResponse`` is gunicorn's ``Response`` with the head held for the first body
-    bytes and the Date made once a second: the same bytes, in no more writes."""
+    bytes and the Date made once a second: the same bytes, in no more writes; its
+    ``is_chunked`` with the protocol setting read once (``remember_settings``) or not.
+    (An HTTP/1.0 head is gunicorn's to read: its request is made as one here.)"""
     from protoflask.head_lane import LaneResponse
 
     data = ("GET /proto/sse HTTP/1.1\r\nHost: h\r\n"
             + (f"Connection: {connection}\r\n" if connection else "") + "\r\n").encode()
-    for _ in range(3):  # the two in the same second
-        head = parse_head(data, HeadLimits.of(Config()))
-        assert head is not None
-        theirs = written(wsgi.Response, head, *RESPONSES[case])
-        ours = written(LaneResponse, head, *RESPONSES[case])
-        if b"".join(ours) == b"".join(theirs):
-            break
+    old = LaneResponse.remember_settings
+    LaneResponse.remember_settings = remember
+    try:
+        for _ in range(3):  # the two in the same second
+            head = parse_head(data, HeadLimits.of(Config()))
+            assert head is not None
+            if version == "1.0":
+                head.version = (1, 0)
+            theirs = written(wsgi.Response, head, *RESPONSES[case])
+            ours = written(LaneResponse, head, *RESPONSES[case])
+            if b"".join(ours) == b"".join(theirs):
+                break
+    finally:
+        LaneResponse.remember_settings = old
     assert b"".join(ours) == b"".join(theirs)
     assert len(ours) <= len(theirs)
     if RESPONSES[case][2][:1] == [b"event: session\n\n"]:
