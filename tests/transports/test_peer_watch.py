@@ -130,3 +130,27 @@ def test_a_spurious_wake_keeps_watching() -> None:
         assert gone == [True] and not watch.watching
     finally:
         near.close()
+
+
+def test_an_open_stream_keeps_no_close_event(server: ProtoServer) -> None:
+    """``HTTPDownstream._taken`` (what the response waits on once closed) is made by
+    ``close``: an open stream keeps one object less (fails with it made at the open)."""
+    near, far = gevent.socket.socketpair()
+    environ: dict[str, Any] = {"wsgi.input": io.BytesIO(b""), "gunicorn.socket": near}
+    token = server.engine.authority.issue("alice")
+    try:
+        body = sse.stream_response(Ports(server.engine), {}, f"Bearer {token}", "",
+                                   environ).response
+        downstream = body._stream
+        chunks: list[bytes] = []
+        pump = gevent.spawn(lambda: [chunks.append(c) for c in body])
+        gevent.sleep(0.05)
+        assert "_taken" not in vars(downstream) and chunks
+        downstream.close(1000, "done")
+        assert downstream._taken.is_set()
+        pump.join(2)
+        assert pump.dead
+        body.close()
+    finally:
+        near.close()
+        far.close()
