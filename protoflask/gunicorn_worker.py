@@ -196,7 +196,7 @@ class GeventWorker(ggevent.GeventWorker):
                       addr: Any) -> bool:
         """A stream opened by a head the lane read (False: left to gunicorn, nothing taken
         off the socket): its response written as gunicorn's ``handle_request`` writes it
-        (``head_lane.LaneResponse``: gunicorn's writer, its head sent with the first
+        (``lane_response.LaneResponse``: gunicorn's writer, its head sent with the first
         chunk), then the rest of the connection served by gunicorn, as its
         ``AsyncWorker.handle`` would; its error handling repeated here."""
         resp = None
@@ -205,7 +205,7 @@ class GeventWorker(ggevent.GeventWorker):
             if opened is None:
                 return False
             environ, response = opened
-            self.cfg.pre_request(self, head)  # gunicorn's default: a debug line
+            self._pre_request(self, head)  # gunicorn's default: a debug line
             self._count_request()
             resp = lane.response(head, client)
             if not self.alive:

@@ -91,3 +91,5 @@ def check_gevent_socket() -> None:
     # on the class: its slots and methods (an instance would be a descriptor of its own)
     require("gevent", gevent.socket.socket, ("_io_refs", "_decref_socketios", "_closed"),
             "transports/sockets.py's hold_open")
+    require("gevent", gevent.socket.socket, ("_read_event",),
+            "transports/sockets.py's PeerWatch (the socket's own read watcher)")

@@ -229,22 +229,35 @@ RESPONSES = {
 }
 
 
+@pytest.mark.parametrize("remember", [True, False])
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
 @pytest.mark.parametrize("connection", ["", "close", "keep-alive"])
 @pytest.mark.parametrize("case", sorted(RESPONSES))
-def test_the_lane_writes_the_bytes_gunicorns_writer_writes(case: str, connection: str) -> None:
+def test_the_lane_writes_the_bytes_gunicorns_writer_writes(case: str, connection: str,
+                                                           version: str,
+                                                           remember: bool) -> None:
     """``LaneResponse`` is gunicorn's ``Response`` with the head held for the first body
-    bytes and the Date made once a second: the same bytes, in no more writes."""
+    bytes and the Date made once a second: the same bytes, in no more writes; its
+    ``is_chunked`` with the protocol setting read once (``remember_settings``) or not.
+    (An HTTP/1.0 head is gunicorn's to read: its request is made as one here.)"""
     from protoflask.head_lane import LaneResponse
 
     data = ("GET /proto/sse HTTP/1.1\r\nHost: h\r\n"
             + (f"Connection: {connection}\r\n" if connection else "") + "\r\n").encode()
-    for _ in range(3):  # the two in the same second
-        head = parse_head(data, HeadLimits.of(Config()))
-        assert head is not None
-        theirs = written(wsgi.Response, head, *RESPONSES[case])
-        ours = written(LaneResponse, head, *RESPONSES[case])
-        if b"".join(ours) == b"".join(theirs):
-            break
+    old = LaneResponse.remember_settings
+    LaneResponse.remember_settings = remember
+    try:
+        for _ in range(3):  # the two in the same second
+            head = parse_head(data, HeadLimits.of(Config()))
+            assert head is not None
+            if version == "1.0":
+                head.version = (1, 0)
+            theirs = written(wsgi.Response, head, *RESPONSES[case])
+            ours = written(LaneResponse, head, *RESPONSES[case])
+            if b"".join(ours) == b"".join(theirs):
+                break
+    finally:
+        LaneResponse.remember_settings = old
     assert b"".join(ours) == b"".join(theirs)
     assert len(ours) <= len(theirs)
     if RESPONSES[case][2][:1] == [b"event: session\n\n"]:
@@ -376,3 +389,37 @@ def test_the_peek_leaves_the_bytes_and_waits_at_most_its_timeout() -> None:
     finally:
         ours.close()
         theirs.close()
+
+
+LAZY_BODIES = [b"", HELLO, HELLO + b'{"type":"PING"}\n', b"no newline at the end",
+               b"\n\n" + HELLO + b"\r\n", b"x" * 3000 + b"\n" + b"y" * 100]
+
+
+@pytest.mark.parametrize("body", LAZY_BODIES)
+def test_a_lazy_input_reads_what_gunicorns_reader_reads(body: bytes) -> None:
+    """``head_lane.LazyInput`` (the swap point ``HeadLane.lazy_input``): not made until
+    used (fails with the reader made at once), then every read gunicorn's reader's."""
+    from protoflask.head_lane import LazyInput
+    from protoflask.transports.request_body import body_pieces
+
+    def head() -> HeadRequest:
+        data = (f"POST /proto/stream HTTP/1.1\r\nHost: a\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        read = parse_head(data, HeadLimits.of(cfg()))
+        assert read is not None
+        return read
+
+    lazy_head = head()
+    lazy = LazyInput(lazy_head)
+    assert lazy_head._body is None  # nothing made until the first read
+
+    def in_parts(inp: Any) -> list[bytes]:
+        return [inp.read(5), inp.readline(7), inp.readline(), inp.read()]
+
+    def reads(make: Any) -> list[Any]:
+        return [make().read(), in_parts(make()), list(make()), make().readlines(),
+                list(body_pieces({"wsgi.input": make()}))]
+
+    plain = reads(lambda: head().body)
+    assert reads(lambda: LazyInput(head())) == plain
+    assert lazy.read() == body

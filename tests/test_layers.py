@@ -38,7 +38,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("web", "post_lane", "dashboard", "operator_actions", "metrics", "vitals", "blueprints",
      "mcp", "agui"),
     # "": the package itself (its lazy public names); __main__: python -m protoflask
-    ("server", "serving", "gunicorn_worker", "head_lane", "cli", "wsgi", "__main__", ""),
+    ("server", "serving", "gunicorn_worker", "head_lane", "lane_response", "cli", "wsgi",
+     "__main__", ""),
 )
 #: The client sits beside the core's users: it imports the core only.
 CLIENT = "client"

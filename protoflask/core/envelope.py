@@ -328,18 +328,25 @@ def _accept_tool_call(p: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _accept_hello(p: dict[str, Any]) -> dict[str, Any] | None:
-    """HELLO: checked in C-speed loops, so even a huge valid list costs little."""
+    """HELLO: checked in C-speed loops, so even a huge valid list costs little. Accepted,
+    the decoded dict itself (the message's own: no copy of it, its lists and its
+    capabilities, no second Message), the schema's defaults written into it."""
     version, major = p.get("proto_version"), p.get("accept_major")
-    events = p.get("accept_events", [])
-    caps = p.get("capabilities", {})
+    events = p.get("accept_events", _NO_EVENTS)
+    caps = p.get("capabilities", _NO_CAPS)
     if (type(version) is str and VERSION.match(version) and type(major) is list
             and all(type(v) is int for v in major) and type(events) is list
             and all(type(e) is str for e in events) and type(caps) is dict):
-        out = dict(p)
-        out["accept_major"], out["accept_events"] = list(major), list(events)
-        out["capabilities"] = dict(caps)
-        return out
+        if events is _NO_EVENTS:
+            p["accept_events"] = []
+        if caps is _NO_CAPS:
+            p["capabilities"] = {}
+        return p
     return None
+
+
+_NO_EVENTS: list[str] = []  # _accept_hello's markers of a key left out: never handed on
+_NO_CAPS: dict[str, Any] = {}
 
 
 #: type -> the fast check of its payload: the payload itself when the schema would load it

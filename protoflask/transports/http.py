@@ -113,6 +113,7 @@ class HTTPDownstream:
     reader = None
     #: ``started`` left its rings to the first take (``NDJSONStream.quiet_hand_over``)
     _pull_after = False
+    _taken: gevent.event.Event  # set once close() has taken what it takes (made there)
 
     def __init__(self, port: "SessionPort", environ: dict[str, Any]) -> None:
         self.port = port
@@ -123,7 +124,6 @@ class HTTPDownstream:
         self._event = gevent.event.Event()
         self._final: list[tuple[int, bytes]] = []
         self._closing: tuple[int, str] | None = None
-        self._taken = gevent.event.Event()  # close() has taken what it takes
         self._gone = False
         self._attached = False
         self._finished = False
@@ -164,6 +164,9 @@ class HTTPDownstream:
         last it had, would never see this one: the drain's lost TOOL_DONEs.)"""
         if self._closing is not None or self._finished:
             return
+        # made here, not with the stream: only a closing stream waits on it (an open
+        # stream keeps one object less)
+        self._taken = gevent.event.Event()  # close() has taken what it takes
         self._closing = (code, reason)
         try:
             final = self.port.take_final()

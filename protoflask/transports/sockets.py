@@ -90,13 +90,24 @@ class PeerWatch:
     ``recv(1, MSG_PEEK)`` returns on them. A greenlet per stream cost a spawn, a first
     run and a failed read at the open, and a kill (a switch in and out) at the end."""
 
-    __slots__ = ("_io", "_peek", "_gone")
+    __slots__ = ("_io", "_peek", "_gone", "_own")
+
+    #: The swap point of the watcher: the socket's own read watcher (gevent's
+    #: ``_read_event``, idle while nothing reads the socket, and stopped again before
+    #: anyone does: the watch ends with the response) where it is idle, or with False a
+    #: new one on the descriptor (~1 us more, and an object per stream while it lasts).
+    #: tests/transports/test_peer_watch.py holds the two equal.
+    socket_watcher = True
 
     def __init__(self, sock: Any, gone: Callable[[], None]) -> None:
         self._peek = sock._sock.recv  # the non-blocking descriptor's: EAGAIN, never a wait
         self._gone = gone
-        self._io: Any = gevent.get_hub().loop.io(sock.fileno(), 1)
-        self._io.start(self._readable)
+        watcher: Any = sock._read_event if self.socket_watcher else None
+        self._own = watcher is None or watcher.callback is not None
+        if self._own:  # (a watcher that is waited on is its reader's)
+            watcher = gevent.get_hub().loop.io(sock.fileno(), 1)
+        self._io: Any = watcher
+        watcher.start(self._readable)
 
     def _readable(self) -> None:
         try:
@@ -118,7 +129,8 @@ class PeerWatch:
         watcher, self._io = self._io, None
         if watcher is not None:
             watcher.stop()
-            watcher.close()
+            if self._own:  # the socket's own is the socket's to close
+                watcher.close()
 
 
 def peer_watch(sock: Any, gone: Callable[[], None]) -> PeerWatch | None:

@@ -122,6 +122,23 @@ def test_tool_call_run_id_default_is_written_in_place():
     assert envelope._accept_tool_call(refused) is None and "run_id" not in refused
 
 
+@pytest.mark.parametrize("payload", [
+    {"proto_version": "1.1.2", "accept_major": [1]},
+    {"proto_version": "1.1.2", "accept_major": [1], "accept_events": ["PONG"],
+     "capabilities": {"flow_control": {"downstream": True}}, "x": 1}])
+def test_a_hello_is_kept_as_it_is(payload):
+    """A valid HELLO payload is the decoded dict itself, the schema's defaults written into
+    it (as TOOL_CALL's run_id): no copy, no second Message; equal to the schema's."""
+    msg = Message("i", "", 1, 1, "HELLO", "SYSTEM", payload)
+    slow = envelope._load_payload(Message("i", "", 1, 1, "HELLO", "SYSTEM",
+                                          copy.deepcopy(payload))).payload
+    assert envelope.validate_payload(msg) is msg
+    assert payload == slow
+    refused = {"proto_version": "1.1.2", "accept_major": ["1"]}
+    assert envelope._accept_hello(refused) is None and set(refused) == {"proto_version",
+                                                                         "accept_major"}
+
+
 # -- parse_envelope: the swap point and its two implementations ---------------------------
 
 

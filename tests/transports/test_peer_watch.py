@@ -1,5 +1,6 @@
 """An HTTP stream notices its client going away with a read watcher on the event loop
-(``sockets.PeerWatch``, swap point ``HTTPDownstream.watch_without_greenlet``) as it did
+(``sockets.PeerWatch``, swap point ``HTTPDownstream.watch_without_greenlet``; the
+socket's own read watcher or one of its own: ``PeerWatch.socket_watcher``) as it did
 with a greenlet waiting in ``recv(1, MSG_PEEK)``: the same ends for the same peers,
 both ways, on real gevent sockets."""
 
@@ -29,13 +30,16 @@ def server() -> Iterator[ProtoServer]:
                        "maxConnectionsPerUser": 100})
 
 
-def run_sse(server: ProtoServer, without_greenlet: bool, peer: str) -> dict[str, Any]:
-    """An SSE stream on a socket pair whose client then does ``peer``; what happened."""
+def run_sse(server: ProtoServer, without_greenlet: bool, peer: str,
+            socket_watcher: bool = True) -> dict[str, Any]:
+    """An SSE stream on a socket pair whose client then does ``peer``; what happened.
+    ``socket_watcher``: ``PeerWatch.socket_watcher`` (the socket's own read watcher)."""
     near, far = gevent.socket.socketpair()
     environ: dict[str, Any] = {"wsgi.input": io.BytesIO(b""), "gunicorn.socket": near}
     token = server.engine.authority.issue("alice")
     old = HTTPDownstream.watch_without_greenlet
     HTTPDownstream.watch_without_greenlet = without_greenlet
+    PeerWatch.socket_watcher = socket_watcher
     chunks: list[bytes] = []
     try:
         response = sse.stream_response(Ports(server.engine), {}, f"Bearer {token}", "",
@@ -45,6 +49,7 @@ def run_sse(server: ProtoServer, without_greenlet: bool, peer: str) -> dict[str,
         pump = gevent.spawn(lambda: [chunks.append(c) for c in body])
         gevent.sleep(0.05)
         watcher = downstream._watcher
+        own = isinstance(watcher, PeerWatch) and watcher._io is near._read_event
         if peer == "closes":
             far.close()
         elif peer == "shuts its write side":
@@ -60,14 +65,17 @@ def run_sse(server: ProtoServer, without_greenlet: bool, peer: str) -> dict[str,
             downstream.close(1000, "done")
             pump.join(2)
         body.close()
-        left = near.recv(64, socket.MSG_PEEK | socket.MSG_DONTWAIT) \
-            if peer == "pipelines" else b""
-        return {"ended by the peer": ended, "pump done": pump.dead,
+        left = b""
+        if peer == "pipelines":  # read as gunicorn reads the next request: a wait, free
+            near.settimeout(1)
+            left = near.recv(64, socket.MSG_PEEK)
+        return {"ended by the peer": ended, "pump done": pump.dead, "own watcher": own,
                 "watcher kind": type(watcher).__name__, "left unread": left,
                 "still watching": isinstance(watcher, PeerWatch) and watcher.watching,
                 "wrote": re.sub(rb"[0-9a-f]{32}", b"<session>", b"".join(chunks))}
     finally:
         HTTPDownstream.watch_without_greenlet = old
+        PeerWatch.socket_watcher = True
         near.close()
         far.close()
 
@@ -76,11 +84,14 @@ def run_sse(server: ProtoServer, without_greenlet: bool, peer: str) -> dict[str,
                                   "stays"])
 def test_the_watch_ends_streams_as_the_greenlet_did(server: ProtoServer, peer: str) -> None:
     watched = run_sse(server, True, peer)
+    apart = run_sse(server, True, peer, socket_watcher=False)  # a watcher of its own
     waited = run_sse(server, False, peer)
-    assert watched["watcher kind"] == "PeerWatch"
+    assert watched["watcher kind"] == apart["watcher kind"] == "PeerWatch"
+    assert watched["own watcher"] and not apart["own watcher"]
     assert waited["watcher kind"] == "Greenlet"
     for key in ("ended by the peer", "pump done", "left unread", "wrote"):
-        assert watched[key] == waited[key], key
+        assert watched[key] == waited[key] == apart[key], key
+    assert not apart["still watching"]
     assert watched["ended by the peer"] == (peer in ("closes", "shuts its write side",
                                                      "resets"))
     assert watched["pump done"]
@@ -119,3 +130,27 @@ def test_a_spurious_wake_keeps_watching() -> None:
         assert gone == [True] and not watch.watching
     finally:
         near.close()
+
+
+def test_an_open_stream_keeps_no_close_event(server: ProtoServer) -> None:
+    """``HTTPDownstream._taken`` (what the response waits on once closed) is made by
+    ``close``: an open stream keeps one object less (fails with it made at the open)."""
+    near, far = gevent.socket.socketpair()
+    environ: dict[str, Any] = {"wsgi.input": io.BytesIO(b""), "gunicorn.socket": near}
+    token = server.engine.authority.issue("alice")
+    try:
+        body = sse.stream_response(Ports(server.engine), {}, f"Bearer {token}", "",
+                                   environ).response
+        downstream = body._stream
+        chunks: list[bytes] = []
+        pump = gevent.spawn(lambda: [chunks.append(c) for c in body])
+        gevent.sleep(0.05)
+        assert "_taken" not in vars(downstream) and chunks
+        downstream.close(1000, "done")
+        assert downstream._taken.is_set()
+        pump.join(2)
+        assert pump.dead
+        body.close()
+    finally:
+        near.close()
+        far.close()
