@@ -738,3 +738,25 @@ def hanging_tool(server: Any, name: str = "slow") -> threading.Event:
         return {}
 
     return started
+
+
+def hold_over_budget(server: Any, user: str, budget: int = 100_000) -> tuple[str, WSClient]:
+    """``user`` over the memory budget: a WebSocket session of theirs holds an open text of
+    ~200 KB, then maxUserBytes is set to ``budget`` under it, with the budget's review off
+    (it would close the session and give the bytes back). Returns the user's token and the
+    session's client, for the caller to close."""
+    server.engine.budget.review = lambda sessions: None
+    token = server.issue_token(user)
+    client = WSClient(server.base_url, token)
+    try:
+        client.hello()
+        client.send("MESSAGE_START", payload={"message_id": "t1",
+                                              "content_type": "text/plain"})
+        client.send("MESSAGE_PART", payload={"message_id": "t1", "content": "x" * 200_000})
+        client.send("PING", "SYSTEM", {"nonce": "held"})
+        client.recv_type("PONG", nonce="held")  # the open text is held now
+    except BaseException:
+        client.close()
+        raise
+    server.engine.budget.user_budget = budget
+    return token, client

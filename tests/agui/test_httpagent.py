@@ -142,20 +142,10 @@ def test_a_user_over_the_memory_budget_is_refused_a_new_thread(agui_server):
     """A new AG-UI thread meets the memory budget as a new WebSocket session does
     (docs/AGUI.md): while a user's sessions hold more than maxUserBytes, HttpAgent's run
     on a new thread fails with the 503 before any event; another user's runs."""
-    from ..support import WSClient
+    from ..support import hold_over_budget
 
-    # the budget's review off: what alice holds stays held (it would close her session)
-    agui_server.engine.budget.review = lambda sessions: None
-    alice = agui_server.issue_token("alice")
-    client = WSClient(agui_server.base_url, alice)
+    alice, client = hold_over_budget(agui_server, "alice")
     try:
-        client.hello()
-        client.send("MESSAGE_START", payload={"message_id": "t1",
-                                              "content_type": "text/plain"})
-        client.send("MESSAGE_PART", payload={"message_id": "t1", "content": "x" * 200_000})
-        client.send("PING", "SYSTEM", {"nonce": "held"})
-        client.recv_type("PONG", nonce="held")  # the open text is held now
-        agui_server.engine.budget.user_budget = 100_000  # maxUserBytes under what she holds
         lines = run_node("run", agui_server.base_url, alice, "t-budget", "hello")
         assert events(lines) == []
         end = done(lines)

@@ -216,22 +216,11 @@ def test_a_user_over_the_memory_budget_is_refused_a_new_session(make_server):
     initialize is refused (503 USER_CONNECTION_LIMIT); another user's is not."""
     from mcp.shared.exceptions import MCPError
 
-    from ..support import WSClient
+    from ..support import hold_over_budget
 
     server = make_server(allowedOrigins=["*"])
-    # the budget's review off: what alice holds stays held (it would close her session)
-    server.engine.budget.review = lambda sessions: None
-    alice = server.issue_token("alice")
-    client = WSClient(server.base_url, alice)
+    alice, client = hold_over_budget(server, "alice")
     try:
-        client.hello()
-        client.send("MESSAGE_START", payload={"message_id": "t1",
-                                              "content_type": "text/plain"})
-        client.send("MESSAGE_PART", payload={"message_id": "t1", "content": "x" * 200_000})
-        client.send("PING", "SYSTEM", {"nonce": "held"})
-        client.recv_type("PONG", nonce="held")  # the open text is held now
-        server.engine.budget.user_budget = 100_000  # maxUserBytes under what alice holds
-
         async def tools(token: str) -> Any:
             async with mcp_session(mcp_url(server), token) as session:
                 return await session.list_tools()
