@@ -382,10 +382,6 @@ class LiveSession:
         """Apply what a tool runner reported of a call (``tool_runner.Report``)."""
         kind = report.kind
         if kind == "done":
-            if self.link is None:  # tool_done's common case, without its call (every end)
-                done = self.core.work.tool_done(report.call_id, report.status, report.result)
-                self.notify()
-                return done
             return self.tool_done(report.call_id, report.status, report.result)
         if kind == "fail":
             assert report.error is not None
