@@ -116,8 +116,8 @@ class PostAnswer(NamedTuple):
 class SessionPort:
     """One transport's hold on one session (see the module doc)."""
 
-    __slots__ = ("engine", "live", "kind", "last_seq", "limits", "receive", "written",
-                 "bell", "translate", "_writer", "stage")
+    __slots__ = ("engine", "live", "kind", "last_seq", "limits", "receive", "bell",
+                 "translate", "_writer", "stage")
 
     def __init__(self, engine: "Engine", live: LiveSession, last_seq: int | None,
                  kind: str, limits: Limits | None = None) -> None:
@@ -128,9 +128,6 @@ class SessionPort:
         self.limits = limits if limits is not None else Limits.of(engine.config)
         #: ``receive(data)``: one upstream message (bound once: every message calls it)
         self.receive: Callable[[bytes | str], None] = partial(engine.receive, live)
-        #: ``written()``: the transport wrote what it took without waiting (never in
-        #: flight): the live session's own method (every write calls it)
-        self.written: Callable[[], None] = live.written
         #: rung when the session has messages to write (Transport): the writer's once
         #: attached (every message the session sends rings it)
         self.bell: Bell = SILENT
@@ -180,9 +177,9 @@ class SessionPort:
         """The transport serves the session from now on (an older one is closed, 4002)."""
         self._writer = writer
         # the session rings when its core has messages; the stage, when it has a batch
-        wake = writer.wake  # one bound method for both (64 bytes a session)
-        self.bell = Bell(wake, writer.reader, wanted=self.live.has_writable)
-        self.stage.bell = Bell(wake, writer.reader)
+        # (``ring_anyway``): one bell, of functions of the port (no bound method kept)
+        self.bell = self.stage.bell = Bell(_wake, writer.reader, wanted=_core_writable,
+                                           subject=self)
         self.engine.open_transport(self.live, self, self.last_seq)
 
     def end(self) -> None:
@@ -229,8 +226,14 @@ class SessionPort:
 
     # -- downstream ------------------------------------------------------------------------
 
+    def written(self) -> None:
+        """The transport wrote what it took without waiting (never in flight)."""
+        outbound = self.live.core.outbound
+        if outbound.paused_by_server:  # OutboundQueue.written's own test, saving a call
+            outbound.written()
+
     def has_writable(self) -> bool:
-        return self.stage.released is not None or self.live.has_writable()
+        return self.stage.released is not None or self.live.core.outbound.has_writable()
 
     @property
     def holding(self) -> bool:
@@ -247,11 +250,13 @@ class SessionPort:
             stage.released = None
             return self.translate(shared)
         live = self.live
-        if stage.state or not fresh or live.transport is not self or not live.has_writable():
+        outbound = live.core.outbound
+        if stage.state or not fresh or live.transport is not self \
+                or not outbound.has_writable():
             return []
         now = now_ns() // 1_000_000  # now_ms(), inline: once per write
         if live.link is None:  # one process: no stage
-            return self.translate(live.core.take_writable(now))
+            return self.translate(outbound.take_writable(now))
         stage.state = HANDING
         taken = live.take_writable_then(now, stage)
         if taken is not None:  # not journaled: written now
@@ -296,6 +301,14 @@ class SessionPort:
     def in_flight(self, nbytes: int) -> None:
         """The transport is writing ``nbytes`` (0 once written): back-pressure reads it."""
         self.live.core.set_in_flight(nbytes)
+
+
+def _wake(port: SessionPort) -> None:  # a port's bell's answer (``attach`` set a writer)
+    port._writer.wake()  # type: ignore[union-attr]
+
+
+def _core_writable(port: SessionPort) -> bool:  # what the bell asks (a release does not)
+    return port.live.core.outbound.has_writable()
 
 
 class Ports:

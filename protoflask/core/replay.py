@@ -250,13 +250,16 @@ class ResendQueue:
     __slots__ = ("ranges",)
 
     def __init__(self) -> None:
-        self.ranges: list[tuple[int, int]] = []  # sorted, disjoint, inclusive
+        # sorted, disjoint, inclusive; a list only while it holds any (``add`` makes it):
+        # every session keeps a queue, almost always empty (docs/PERFORMANCE.md, "Fewer
+        # objects per session")
+        self.ranges: list[tuple[int, int]] | tuple[()] = ()
 
     def __bool__(self) -> bool:
         return bool(self.ranges)
 
     def clear(self) -> None:
-        self.ranges.clear()
+        self.ranges = ()
 
     def add(self, lo: int, hi: int) -> None:
         if lo > hi:
@@ -278,6 +281,9 @@ class ResendQueue:
         out: list[tuple[int, bytes]] = []
         total = 0
         ranges = self.ranges
+        if not ranges:
+            return out
+        assert isinstance(ranges, list)
         while ranges:
             lo, hi = ranges[0]
             i, n = window.index(lo), len(window)
@@ -292,4 +298,5 @@ class ResendQueue:
                 total += len(data)
                 i += 1
             ranges.pop(0)
+        self.ranges = ()  # all taken
         return out
