@@ -54,11 +54,11 @@ class Stage:
 
     __slots__ = ("state", "released", "settled", "bell")
 
-    def __init__(self) -> None:
+    def __init__(self, bell: Bell = SILENT) -> None:
         self.state = IDLE
         self.released: list[tuple[int, bytes]] | None = None
         self.settled: Any = None  # a gevent Event while a closing writer waits
-        self.bell = SILENT
+        self.bell = bell
 
     def release(self, ready: list[tuple[int, bytes]]) -> None:
         """The stage has the batch (``ready``; [] when the session moved meanwhile). Runs
@@ -70,6 +70,11 @@ class Stage:
             if self.settled is not None:
                 self.settled.set()
             self.bell.ring_anyway()  # (the port's bell: it wants what the core has)
+
+
+#: the stage of a port that never shared a batch (one process: every port), shared: it
+#: holds nothing, so nothing changes it (``SessionPort.take`` makes a port its own)
+NO_STAGE = Stage()
 
 
 # -- what can be delivered to a session wherever it lives ------------------------------

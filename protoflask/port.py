@@ -39,7 +39,7 @@ from .core.errors import (
     CloseCode, InvalidMessage, MessageTooLarge, ProtoError, RequestTimeout,
 )
 from .bell import SILENT, Bell, apart
-from .live import HANDING, HELD, IDLE, LiveSession, Stage
+from .live import NO_STAGE, HANDING, HELD, IDLE, LiveSession, Stage
 
 if TYPE_CHECKING:
     from .config import ServerConfig
@@ -136,8 +136,8 @@ class SessionPort:
         #: the batch as it is (a C call: a Python function would cost every write more)
         self.translate: Callable[[Ready], Ready] = list
         self._writer: Writer | None = None
-        #: the write-behind stage (on Redis, the journal), which rings ``bell`` itself
-        self.stage = Stage()
+        #: the write-behind stage (on Redis, the journal; made at its first batch)
+        self.stage = NO_STAGE
 
     @property
     def id(self) -> str:
@@ -178,8 +178,7 @@ class SessionPort:
         self._writer = writer
         # the session rings when its core has messages; the stage, when it has a batch
         # (``ring_anyway``): one bell, of functions of the port (no bound method kept)
-        self.bell = self.stage.bell = Bell(_wake, writer.reader, wanted=_core_writable,
-                                           subject=self)
+        self.bell = Bell(_wake, writer.reader, wanted=_core_writable, subject=self)
         self.engine.open_transport(self.live, self, self.last_seq)
 
     def end(self) -> None:
@@ -257,6 +256,8 @@ class SessionPort:
         now = now_ns() // 1_000_000  # now_ms(), inline: once per write
         if live.link is None:  # one process: no stage
             return self.translate(outbound.take_writable(now))
+        if stage is NO_STAGE:  # (it rings ``bell`` itself)
+            stage = self.stage = Stage(self.bell)
         stage.state = HANDING
         taken = live.take_writable_then(now, stage)
         if taken is not None:  # not journaled: written now

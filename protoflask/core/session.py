@@ -89,6 +89,16 @@ _ALLOW = Verdict.ALLOW  # enum members as constants: cheaper to read than off th
 _NO_EXTENSIONS: frozenset[str] = frozenset()  # one for all: each frozenset() is 216 bytes
 
 
+def _attached() -> bool:
+    """The outbound queue's ``connected`` while a transport is attached (``_to`` sets it:
+    the session starts detached)."""
+    return True
+
+
+def _detached() -> bool:
+    return False
+
+
 class ProtocolSession(SessionParts):
     """Slotted, and the parts most sessions never use made on first use (parts.py)."""
 
@@ -122,7 +132,7 @@ class ProtocolSession(SessionParts):
         #: or ``has_events()``, to know whether there are any)
         self.events: list[Event] = []
         self.outbound = OutboundQueue(session_id, settings, self.credits, self.traffic,
-                                      self.events, self._is_connected)
+                                      self.events, _detached)
         #: what the client made this session hold beyond its window (texts, calls, runs)
         self.meter = self.outbound.meter = Meter()
         #: the last number used in an id this session made (message and run ids); it
@@ -151,15 +161,13 @@ class ProtocolSession(SessionParts):
         for part, flag, value in RESET_STEPS[transition]:  # the state beside the table
             setattr(getattr(self, part), flag, value)
         if (before in _ATTACHED) is not (after in _ATTACHED):  # the shared running count
-            self.traffic.attached += 1 if after in _ATTACHED else -1
+            attached = after in _ATTACHED
+            self.traffic.attached += 1 if attached else -1
+            # what the queue asks (``connected``), shared functions: no bound method kept
+            self.outbound._connected = _attached if attached else _detached
 
     @property
     def connected(self) -> bool:
-        return self._state in _ATTACHED
-
-    def _is_connected(self) -> bool:
-        """``connected`` for the outbound queue (a bound method costs a session less than
-        a lambda and its closure cell)."""
         return self._state in _ATTACHED
 
     @property
