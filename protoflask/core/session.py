@@ -64,7 +64,7 @@ from .messages import (
 from .meter import Meter
 from .parts import SessionParts
 from .outbound import OutboundQueue
-from .ratelimit import RateLimiter, Verdict
+from .ratelimit import Verdict, limiter
 from .seen import SeenSeqs
 from .settings import SessionSettings
 from .state import RESET_STEPS, TRANSITIONS, SessionState, Transition
@@ -124,7 +124,7 @@ class ProtocolSession(SessionParts):
         self.accept_events: frozenset[str] | None = None
         #: the protocol extensions the client asked for in its first HELLO (hello.py)
         self.extensions = _NO_EXTENSIONS
-        self.rate = RateLimiter(settings.rate_limit, settings.rate_limit_burst, now)
+        self.rate = limiter(settings.rate_limit, settings.rate_limit_burst, now)
         self.credits = CreditLedger(settings.credits)
         # shared by every session of a server (the server's /metrics); own one otherwise
         self.traffic = traffic if traffic is not None else TrafficCounters()
