@@ -28,7 +28,6 @@ overtakes it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol
 
 import gevent.event
@@ -116,8 +115,8 @@ class PostAnswer(NamedTuple):
 class SessionPort:
     """One transport's hold on one session (see the module doc)."""
 
-    __slots__ = ("engine", "live", "kind", "last_seq", "limits", "receive", "bell",
-                 "translate", "_writer", "stage")
+    __slots__ = ("engine", "live", "kind", "last_seq", "limits", "bell", "translate",
+                 "_writer", "stage")
 
     def __init__(self, engine: "Engine", live: LiveSession, last_seq: int | None,
                  kind: str, limits: Limits | None = None) -> None:
@@ -126,8 +125,6 @@ class SessionPort:
         self.kind = kind
         self.last_seq = last_seq
         self.limits = limits if limits is not None else Limits.of(engine.config)
-        #: ``receive(data)``: one upstream message (bound once: every message calls it)
-        self.receive: Callable[[bytes | str], None] = partial(engine.receive, live)
         #: rung when the session has messages to write (Transport): the writer's once
         #: attached (every message the session sends rings it)
         self.bell: Bell = SILENT
@@ -210,6 +207,9 @@ class SessionPort:
             apart(writer.close, code, reason)
 
     # -- upstream --------------------------------------------------------------------------
+
+    def receive(self, data: bytes | str) -> None:  # one upstream message
+        self.engine.receive(self.live, data)
 
     def receive_binary(self, data: bytes) -> None:
         self.engine.receive_binary(self.live, data)
