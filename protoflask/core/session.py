@@ -104,7 +104,8 @@ class ProtocolSession(SessionParts):
 
     __slots__ = ("id", "user_id", "settings", "_state", "last_activity", "disconnected_at",
                  "up_seqs", "last_ack", "accept_events", "extensions", "rate", "credits",
-                 "traffic", "events", "outbound", "meter", "id_counter", "heartbeat")
+                 "traffic", "events", "outbound", "meter", "id_counter", "heartbeat",
+                 "__weakref__")  # (an adapter keeps its state per session, weakly: agui)
 
     def __init__(self, session_id: str, user_id: str, settings: SessionSettings,
                  now: int, traffic: TrafficCounters | None = None, *,
