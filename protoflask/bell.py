@@ -33,12 +33,18 @@ class Bell:
     """``ring``: have the event loop run ``answer`` soon (see the module doc), on its own
     stack, or with ``apart`` in a greenlet of its own (an answer that may block). A ring
     from the ``puller`` greenlet is dropped: that greenlet pulls after each call it makes
-    (a WebSocket's reader writes what is ready after each read)."""
+    (a WebSocket's reader writes what is ready after each read).
 
-    __slots__ = ("answer", "puller", "apart", "wanted")
+    With a ``subject``, ``answer`` and ``wanted`` are functions of it, called with it
+    (``answer(subject)``): a class's function and the instance, where a bound method
+    would be one more object kept for as long as the bell (a port's bell lives as long
+    as its connection: docs/PERFORMANCE.md, "Fewer objects per session")."""
 
-    def __init__(self, answer: Callable[[], None], puller: Any = None, *,
-                 apart: bool = False, wanted: Callable[[], bool] | None = None) -> None:
+    __slots__ = ("answer", "puller", "apart", "wanted", "subject")
+
+    def __init__(self, answer: Callable[..., None], puller: Any = None, *,
+                 apart: bool = False, wanted: Callable[..., bool] | None = None,
+                 subject: Any = None) -> None:
         #: what the upper layer does when rung (without ``apart`` it must not block)
         self.answer = answer
         #: the greenlet that pulls after each of its calls, or None
@@ -47,16 +53,38 @@ class Bell:
         #: whether there is anything for the answer to pull (None: always), asked after
         #: the puller test, which is the cheaper one
         self.wanted = wanted
+        #: what ``answer`` and ``wanted`` are called with (None: nothing)
+        self.subject = subject
 
     def ring(self) -> None:
         if self.puller is not None and getcurrent() is self.puller:
             return
-        if self.wanted is not None and not self.wanted():
+        subject = self.subject
+        if subject is None:
+            if self.wanted is not None and not self.wanted():
+                return
+            if self.apart:
+                spawn_raw(self.answer)
+            else:
+                soon(self.answer)
+            return
+        if self.wanted is not None and not self.wanted(subject):
             return
         if self.apart:
-            spawn_raw(self.answer)
+            spawn_raw(self.answer, subject)
         else:
-            soon(self.answer)
+            soon(self.answer, subject)
+
+    def ring_anyway(self) -> None:
+        """``ring`` without asking ``wanted`` (the puller's rings still dropped): for a
+        waker that knows there is something to pull which ``wanted`` does not see."""
+        if self.puller is not None and getcurrent() is self.puller:
+            return
+        args = () if self.subject is None else (self.subject,)
+        if self.apart:
+            spawn_raw(self.answer, *args)
+        else:
+            soon(self.answer, *args)
 
 
 def _nothing() -> None:

@@ -54,11 +54,11 @@ class Stage:
 
     __slots__ = ("state", "released", "settled", "bell")
 
-    def __init__(self) -> None:
+    def __init__(self, bell: Bell = SILENT) -> None:
         self.state = IDLE
         self.released: list[tuple[int, bytes]] | None = None
         self.settled: Any = None  # a gevent Event while a closing writer waits
-        self.bell = SILENT
+        self.bell = bell
 
     def release(self, ready: list[tuple[int, bytes]]) -> None:
         """The stage has the batch (``ready``; [] when the session moved meanwhile). Runs
@@ -69,7 +69,12 @@ class Stage:
         if held:
             if self.settled is not None:
                 self.settled.set()
-            self.bell.ring()
+            self.bell.ring_anyway()  # (the port's bell: it wants what the core has)
+
+
+#: the stage of a port that never shared a batch (one process: every port), shared: it
+#: holds nothing, so nothing changes it (``SessionPort.take`` makes a port its own)
+NO_STAGE = Stage()
 
 
 # -- what can be delivered to a session wherever it lives ------------------------------
@@ -254,7 +259,7 @@ class LiveSession:
     (``Engine.tool_runner``): ten thousand idle sessions are what a worker holds
     (docs/PERFORMANCE.md)."""
 
-    __slots__ = ("core", "transport", "runner", "link", "has_writable", "wheel_slot")
+    __slots__ = ("core", "transport", "runner", "link", "wheel_slot")
 
     def __init__(self, core: ProtocolSession) -> None:
         self.core = core
@@ -263,9 +268,6 @@ class LiveSession:
         #: None until a tool call needs it (None reads as nothing running or queued)
         self.runner: "SessionToolRunner | None" = None
         self.link: SessionLink | None = None  # set by a cluster hub while it follows it
-        #: whether the core has messages for the wire (its queue's own method: the
-        #: transports ask for every message)
-        self.has_writable: Callable[[], bool] = core.has_writable
         #: the heartbeat wheel's slot it waits in (wheel.py; -1: none)
         self.wheel_slot = -1
 
@@ -277,9 +279,14 @@ class LiveSession:
     def user_id(self) -> str:
         return self.core.user_id
 
+    def has_writable(self) -> bool:
+        """Whether the core has messages for the wire (the port asks its queue itself:
+        every message does)."""
+        return self.core.outbound.has_writable()
+
     def take_writable(self, now: int) -> list[tuple[int, bytes]]:
         """The core's messages ready for the wire, shared first when clustered."""
-        ready = self.core.take_writable(now)
+        ready = self.core.outbound.take_writable(now)
         if ready and self.link is not None and not self.link.written(self, ready, now):
             return []
         return ready
@@ -289,7 +296,7 @@ class LiveSession:
         messages first: None when they went to be shared, and ``stage.release(ready)``
         runs once they are (with [] if the session moved meanwhile), in another greenlet
         or the loop's own."""
-        ready = self.core.take_writable(now)
+        ready = self.core.outbound.take_writable(now)
         link = self.link
         if not ready or link is None:
             return ready
@@ -328,7 +335,7 @@ class LiveSession:
         transport = self.transport
         if transport is not None:
             transport.bell.ring()
-        elif self.has_writable():
+        elif self.core.outbound.has_writable():
             self.take_writable(now_ms())
 
     def notify_fast(self) -> None:
@@ -341,7 +348,7 @@ class LiveSession:
             puller = bell.puller
             if puller is None or getcurrent() is not puller:
                 bell.ring()
-        elif self.has_writable():
+        elif self.core.outbound.has_writable():
             self.take_writable(now_ms())
 
     #: the swap point: every message and every send takes it (tests/engine/test_notify.py

@@ -28,7 +28,6 @@ overtakes it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Protocol
 
 import gevent.event
@@ -39,7 +38,7 @@ from .core.errors import (
     CloseCode, InvalidMessage, MessageTooLarge, ProtoError, RequestTimeout,
 )
 from .bell import SILENT, Bell, apart
-from .live import HANDING, HELD, IDLE, LiveSession, Stage
+from .live import NO_STAGE, HANDING, HELD, IDLE, LiveSession, Stage
 
 if TYPE_CHECKING:
     from .config import ServerConfig
@@ -116,8 +115,8 @@ class PostAnswer(NamedTuple):
 class SessionPort:
     """One transport's hold on one session (see the module doc)."""
 
-    __slots__ = ("engine", "live", "kind", "last_seq", "limits", "receive", "written",
-                 "bell", "translate", "_writer", "stage")
+    __slots__ = ("engine", "live", "kind", "last_seq", "limits", "bell", "translate",
+                 "_writer", "stage")
 
     def __init__(self, engine: "Engine", live: LiveSession, last_seq: int | None,
                  kind: str, limits: Limits | None = None) -> None:
@@ -126,11 +125,6 @@ class SessionPort:
         self.kind = kind
         self.last_seq = last_seq
         self.limits = limits if limits is not None else Limits.of(engine.config)
-        #: ``receive(data)``: one upstream message (bound once: every message calls it)
-        self.receive: Callable[[bytes | str], None] = partial(engine.receive, live)
-        #: ``written()``: the transport wrote what it took without waiting (never in
-        #: flight): the live session's own method (every write calls it)
-        self.written: Callable[[], None] = live.written
         #: rung when the session has messages to write (Transport): the writer's once
         #: attached (every message the session sends rings it)
         self.bell: Bell = SILENT
@@ -139,8 +133,8 @@ class SessionPort:
         #: the batch as it is (a C call: a Python function would cost every write more)
         self.translate: Callable[[Ready], Ready] = list
         self._writer: Writer | None = None
-        #: the write-behind stage (on Redis, the journal), which rings ``bell`` itself
-        self.stage = Stage()
+        #: the write-behind stage (on Redis, the journal; made at its first batch)
+        self.stage = NO_STAGE
 
     @property
     def id(self) -> str:
@@ -180,9 +174,8 @@ class SessionPort:
         """The transport serves the session from now on (an older one is closed, 4002)."""
         self._writer = writer
         # the session rings when its core has messages; the stage, when it has a batch
-        wake = writer.wake  # one bound method for both (64 bytes a session)
-        self.bell = Bell(wake, writer.reader, wanted=self.live.has_writable)
-        self.stage.bell = Bell(wake, writer.reader)
+        # (``ring_anyway``): one bell, of functions of the port (no bound method kept)
+        self.bell = Bell(_wake, writer.reader, wanted=_core_writable, subject=self)
         self.engine.open_transport(self.live, self, self.last_seq)
 
     def end(self) -> None:
@@ -215,6 +208,9 @@ class SessionPort:
 
     # -- upstream --------------------------------------------------------------------------
 
+    def receive(self, data: bytes | str) -> None:  # one upstream message
+        self.engine.receive(self.live, data)
+
     def receive_binary(self, data: bytes) -> None:
         self.engine.receive_binary(self.live, data)
 
@@ -229,8 +225,14 @@ class SessionPort:
 
     # -- downstream ------------------------------------------------------------------------
 
+    def written(self) -> None:
+        """The transport wrote what it took without waiting (never in flight)."""
+        outbound = self.live.core.outbound
+        if outbound.paused_by_server:  # OutboundQueue.written's own test, saving a call
+            outbound.written()
+
     def has_writable(self) -> bool:
-        return self.stage.released is not None or self.live.has_writable()
+        return self.stage.released is not None or self.live.core.outbound.has_writable()
 
     @property
     def holding(self) -> bool:
@@ -247,11 +249,15 @@ class SessionPort:
             stage.released = None
             return self.translate(shared)
         live = self.live
-        if stage.state or not fresh or live.transport is not self or not live.has_writable():
+        outbound = live.core.outbound
+        if stage.state or not fresh or live.transport is not self \
+                or not outbound.has_writable():
             return []
         now = now_ns() // 1_000_000  # now_ms(), inline: once per write
         if live.link is None:  # one process: no stage
-            return self.translate(live.core.take_writable(now))
+            return self.translate(outbound.take_writable(now))
+        if stage is NO_STAGE:  # (it rings ``bell`` itself)
+            stage = self.stage = Stage(self.bell)
         stage.state = HANDING
         taken = live.take_writable_then(now, stage)
         if taken is not None:  # not journaled: written now
@@ -296,6 +302,14 @@ class SessionPort:
     def in_flight(self, nbytes: int) -> None:
         """The transport is writing ``nbytes`` (0 once written): back-pressure reads it."""
         self.live.core.set_in_flight(nbytes)
+
+
+def _wake(port: SessionPort) -> None:  # a port's bell's answer (``attach`` set a writer)
+    port._writer.wake()  # type: ignore[union-attr]
+
+
+def _core_writable(port: SessionPort) -> bool:  # what the bell asks (a release does not)
+    return port.live.core.outbound.has_writable()
 
 
 class Ports:

@@ -82,7 +82,7 @@ def held_of(sessions: list[Any]) -> dict[str, int]:
     for live in sessions:
         core = live.core
         outbound = core.outbound
-        runs += len(core.registry.runs)
+        runs += len(core.runs)  # (no registry made for a session without one)
         pending += len(outbound.pending)
         unsent += outbound.unsent_bytes
     return {"runs": runs, "pending": pending, "outboundBytes": unsent}

@@ -82,9 +82,8 @@ class StateLine:
     def encode(self) -> bytes:
         core = self.core
         credits = core.credits.plain()
-        registry = core.registry
         outbound = core.outbound
-        if credits is None or registry.runs or registry.calls or outbound.paused_by_client \
+        if credits is None or core.has_work or outbound.paused_by_client \
                 or outbound.pending or not core.up_seqs.all_seen():
             return encode_state(export_journaled(core))
         # what the rest of the line is made of (id and user never change)

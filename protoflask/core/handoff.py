@@ -46,7 +46,7 @@ def snapshot(session: ProtocolSession) -> dict[str, Any]:
         "lastDeliveredSeq": str(ob.downstream_seq),
         "lastClientSeq": str(session.upstream_seq),
         "replayWindow": {str(e.seq): decode_json(e.data) for e in ob.replay},
-        "activeRuns": set(session.registry.runs),
+        "activeRuns": set(session.runs),
         "pendingMessages": {str(i): o.to_dict() for i, o in enumerate(ob.pending)},
         "outboundBytes": ob.unsent_bytes,
     }
@@ -59,7 +59,7 @@ def export_state(session: ProtocolSession, texts: bool = False) -> dict[str, Any
     of its parts)."""
     # a cluster exports this for every session in every journal batch: the parts read
     # directly rather than through the session's views of them
-    runs, calls = session.registry.export()
+    runs, calls = session.export_work()
     outbound = session.outbound
     paused = outbound.paused_by_client
     state: dict[str, Any] = {
@@ -80,7 +80,7 @@ def export_state(session: ProtocolSession, texts: bool = False) -> dict[str, Any
         "runs": runs,
         "calls": calls,
     }
-    if texts and session.texts:
+    if texts and session.has_texts():
         # [message_id, content_type, the parts so far as one string, their UTF-8 size]
         state["texts"] = [[mid, text.content_type, "".join(text.parts), text.size]
                           for mid, text in session.texts.items()]
@@ -110,7 +110,8 @@ def restore(state: dict[str, Any], settings: SessionSettings, now: int,
     saved = state.get("credits")
     if saved:
         session.credits.restore(saved)
-    session.registry.restore(state.get("runs"), state.get("calls"))
+    if state.get("runs") or state.get("calls"):  # (else none made: parts.py)
+        session.registry.restore(state.get("runs"), state.get("calls"))
     for mid, content_type, so_far, size in state.get("texts") or ():
         session.texts.restore(mid, content_type, so_far, int(size))
     session.outbound.restore(int(state["downstream_seq"]),

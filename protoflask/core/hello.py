@@ -16,11 +16,12 @@ PRE_HANDSHAKE_TYPES = frozenset({"HELLO", "PING"})
 #: (``capabilities.extensions``, docs/PROTOCOL.md §3): "agui", AG-UI events on the socket.
 EXTENSIONS = frozenset({"agui"})
 _ALWAYS_ACCEPTED = frozenset({"HELLO", "ERROR", "PING"})
+_MAJORS = frozenset(SUPPORTED_MAJORS)
 
 
 def version_refused(payload: dict[str, Any]) -> str | None:
     """Why the HELLO's accept_major is refused, or None when a major is shared."""
-    if set(payload["accept_major"]) & set(SUPPORTED_MAJORS):
+    if not _MAJORS.isdisjoint(payload["accept_major"]):  # (no set made of the list)
         return None
     return (f"server speaks major {list(SUPPORTED_MAJORS)},"
             f" client accepts {payload['accept_major'][:8]}")
@@ -28,7 +29,10 @@ def version_refused(payload: dict[str, Any]) -> str | None:
 
 def accepted_events(payload: dict[str, Any]) -> frozenset[str] | None:
     """The server types the client filters to (None: all of them)."""
-    wanted = frozenset(payload["accept_events"]) & SERVER_TYPES
+    asked = payload["accept_events"]
+    if not asked:  # the usual HELLO: all of them (no sets made)
+        return None
+    wanted = frozenset(asked) & SERVER_TYPES
     return wanted | _ALWAYS_ACCEPTED if wanted else None
 
 

@@ -19,7 +19,7 @@ from .envelope import CONTROL_TYPES, ENCODING
 from .errors import ReplayUnavailable
 from .events import Event, SendRefused, SlowConsumer
 from .meter import Meter
-from .replay import ReplayWindow, ResendQueue, shared
+from .replay import NO_RESENDS, ReplayWindow, ResendQueue, shared
 from .settings import SessionSettings
 from .traffic import TrafficCounters
 
@@ -69,7 +69,7 @@ class OutboundQueue:
         # back-pressure may pause USER only after data was queued since the last resume
         self._pause_armed = True
         self._overflowed = False  # SlowConsumer reported for this connection
-        self._resend = ResendQueue()  # window ranges to write again (resume, REPLAY_REQUEST)
+        self._resend = NO_RESENDS  # window ranges to write again (resume, REPLAY_REQUEST)
         self._resend_bytes = 0  # what they hold; counts toward the outbound buffer
         #: the session's meter: what is queued is checked against its user's budget and
         #: counted at once, with what the window evicted since (``_metered``)
@@ -352,6 +352,8 @@ class OutboundQueue:
         complete = self.replay.holds(from_seq)
         # merged with what is already queued: asking again for the same range costs
         # nothing, so the queue never holds more than the window
+        if self._resend is NO_RESENDS:  # its own, made with its first range
+            self._resend = ResendQueue()
         self._resend.add(from_seq, self.downstream_seq if to_seq is None else to_seq)
         self._resend_bytes = self._resend.nbytes(self.replay)
         self.check_pressure()

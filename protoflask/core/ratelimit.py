@@ -87,3 +87,14 @@ class RateLimiter:
         if self.rate <= 0 or self._tokens >= 1.0:
             return 0
         return max(1, int((1.0 - self._tokens) * 1000.0 / self.rate + 0.999))
+
+
+#: The limiter of every session without a rate limit (``rate`` 0): with no rate nothing
+#: in it changes (``check`` allows before reading anything, ``charge`` returns, so no
+#: refusal sets ``flooding``), so one serves them all, one object fewer a session.
+UNLIMITED = RateLimiter(0, 0, 0)
+
+
+def limiter(rate: float, burst: int, now: int) -> RateLimiter:
+    """A session's limiter: its own, or ``UNLIMITED`` when ``rate`` turns the limit off."""
+    return RateLimiter(rate, burst, now) if rate > 0 else UNLIMITED

@@ -161,9 +161,12 @@ class ReplayWindow:
         segments = segments or SID_ONLY
         # find(), not ``in``: bytes.__contains__ first tries its argument as an int and
         # raises (and clears) a TypeError for a bytes one, ~1.8k instructions each
-        if data.find(SID_MARK) >= 0 \
-                or any(data.find(mark) >= 0 for mark in SEGMENT_MARKS[:len(segments)]):
+        # (a loop, not any() over a generator: one object and frame fewer a message)
+        if data.find(SID_MARK) >= 0:
             return (seq, now, data, added)
+        for mark in SEGMENT_MARKS[:len(segments)]:
+            if data.find(mark) >= 0:
+                return (seq, now, data, added)
         # the same object back when the id is not in it: nothing more is held then
         kept = data.replace(self._sid.encode(), SID_MARK)
         for mark, segment in zip(SEGMENT_MARKS, segments, strict=False):
@@ -250,13 +253,16 @@ class ResendQueue:
     __slots__ = ("ranges",)
 
     def __init__(self) -> None:
-        self.ranges: list[tuple[int, int]] = []  # sorted, disjoint, inclusive
+        # sorted, disjoint, inclusive; a list only while it holds any (``add`` makes it):
+        # every session keeps a queue, almost always empty (docs/PERFORMANCE.md, "Fewer
+        # objects per session")
+        self.ranges: list[tuple[int, int]] | tuple[()] = ()
 
     def __bool__(self) -> bool:
         return bool(self.ranges)
 
     def clear(self) -> None:
-        self.ranges.clear()
+        self.ranges = ()
 
     def add(self, lo: int, hi: int) -> None:
         if lo > hi:
@@ -278,6 +284,9 @@ class ResendQueue:
         out: list[tuple[int, bytes]] = []
         total = 0
         ranges = self.ranges
+        if not ranges:
+            return out
+        assert isinstance(ranges, list)
         while ranges:
             lo, hi = ranges[0]
             i, n = window.index(lo), len(window)
@@ -292,4 +301,11 @@ class ResendQueue:
                 total += len(data)
                 i += 1
             ranges.pop(0)
+        self.ranges = ()  # all taken
         return out
+
+
+#: the resend queue of every session that never had a range to write again (an outbound
+#: queue makes its own with its first: ``OutboundQueue.queue_replay``); it holds nothing,
+#: and ``clear`` leaves it so
+NO_RESENDS = ResendQueue()

@@ -37,7 +37,7 @@ import base64
 import binascii
 from typing import Any, Callable
 
-from .calls import Call, CallRegistry, Run
+from .calls import Run
 from .credits import CreditLedger
 from .envelope import (
     CLIENT_TYPES, CONTROL_TYPES, SERVER_TYPES, Message, byte_length, parse_envelope,
@@ -62,15 +62,14 @@ from .messages import (
     ping as ping_message, pong as pong_message,
 )
 from .meter import Meter
+from .parts import SessionParts
 from .outbound import OutboundQueue
-from .ratelimit import RateLimiter, Verdict
-from .replay import ReplayWindow
+from .ratelimit import Verdict, limiter
 from .seen import SeenSeqs
 from .settings import SessionSettings
 from .state import RESET_STEPS, TRANSITIONS, SessionState, Transition
-from .texts import OpenTexts, outgoing_text
+from .texts import outgoing_text
 from .traffic import INVALID, UNKNOWN_TYPE, TrafficCounters
-from .work import Work
 
 # The events and Run are defined in events.py and calls.py; they are exported here too
 # because the session is where callers meet them.
@@ -90,12 +89,30 @@ _ALLOW = Verdict.ALLOW  # enum members as constants: cheaper to read than off th
 _NO_EXTENSIONS: frozenset[str] = frozenset()  # one for all: each frozenset() is 216 bytes
 
 
-class ProtocolSession:
+def _attached() -> bool:
+    """The outbound queue's ``connected`` while a transport is attached (``_to`` sets it:
+    the session starts detached)."""
+    return True
+
+
+def _detached() -> bool:
+    return False
+
+
+class ProtocolSession(SessionParts):
+    """Slotted, and the parts most sessions never use made on first use (parts.py)."""
+
+    __slots__ = ("id", "user_id", "settings", "_state", "last_activity", "disconnected_at",
+                 "up_seqs", "last_ack", "accept_events", "extensions", "rate", "credits",
+                 "traffic", "events", "outbound", "meter", "id_counter", "heartbeat",
+                 "__weakref__")  # (an adapter keeps its state per session, weakly: agui)
+
     def __init__(self, session_id: str, user_id: str, settings: SessionSettings,
                  now: int, traffic: TrafficCounters | None = None, *,
                  greeted: bool = False) -> None:
         """``greeted``: the handshake was completed already (a session moved from another
         node)."""
+        super().__init__()
         self.id = session_id
         self.user_id = user_id
         self.settings = settings
@@ -108,7 +125,7 @@ class ProtocolSession:
         self.accept_events: frozenset[str] | None = None
         #: the protocol extensions the client asked for in its first HELLO (hello.py)
         self.extensions = _NO_EXTENSIONS
-        self.rate = RateLimiter(settings.rate_limit, settings.rate_limit_burst, now)
+        self.rate = limiter(settings.rate_limit, settings.rate_limit_burst, now)
         self.credits = CreditLedger(settings.credits)
         # shared by every session of a server (the server's /metrics); own one otherwise
         self.traffic = traffic if traffic is not None else TrafficCounters()
@@ -116,25 +133,22 @@ class ProtocolSession:
         #: or ``has_events()``, to know whether there are any)
         self.events: list[Event] = []
         self.outbound = OutboundQueue(session_id, settings, self.credits, self.traffic,
-                                      self.events, self._is_connected)
-        # The queue's own methods, not wrappers around them: the transports call these
-        # for every message (docs/PERFORMANCE.md). take_writable: messages ready for the
-        # wire, in seq order (see OutboundQueue.take_writable).
-        self.has_writable: Callable[[], bool] = self.outbound.has_writable
-        self.take_writable: Callable[[int], list[tuple[int, bytes]]] = \
-            self.outbound.take_writable
+                                      self.events, _detached)
         #: what the client made this session hold beyond its window (texts, calls, runs)
         self.meter = self.outbound.meter = Meter()
-        #: the texts open (started, not ended): message_id -> Text (texts.py)
-        self.texts = OpenTexts(settings, self.meter)
-        self.registry = CallRegistry(settings.max_concurrent_runs, self.meter)
-        #: the runs and tool calls: the client's and the application's (work.py)
-        self.work = Work(session_id, self.registry, self.send, self._fail, self.events,
-                         self._next)
         #: the last number used in an id this session made (message and run ids); it
         #: moves with the session so that ids never repeat
         self.id_counter = 0
         self.heartbeat = Heartbeat(settings, now)
+
+    def has_writable(self) -> bool:
+        """Whether messages are ready for the wire (the transports ask the queue itself:
+        ``outbound.has_writable``)."""
+        return self.outbound.has_writable()
+
+    def take_writable(self, now: int) -> list[tuple[int, bytes]]:
+        """Messages ready for the wire, in seq order (``OutboundQueue.take_writable``)."""
+        return self.outbound.take_writable(now)
 
     # -- state ----------------------------------------------------------------------------
 
@@ -148,15 +162,13 @@ class ProtocolSession:
         for part, flag, value in RESET_STEPS[transition]:  # the state beside the table
             setattr(getattr(self, part), flag, value)
         if (before in _ATTACHED) is not (after in _ATTACHED):  # the shared running count
-            self.traffic.attached += 1 if after in _ATTACHED else -1
+            attached = after in _ATTACHED
+            self.traffic.attached += 1 if attached else -1
+            # what the queue asks (``connected``), shared functions: no bound method kept
+            self.outbound._connected = _attached if attached else _detached
 
     @property
     def connected(self) -> bool:
-        return self._state in _ATTACHED
-
-    def _is_connected(self) -> bool:
-        """``connected`` for the outbound queue (a bound method costs a session less than
-        a lambda and its closure cell)."""
         return self._state in _ATTACHED
 
     @property
@@ -171,37 +183,6 @@ class ProtocolSession:
     def close(self) -> None:
         """Close the session for good (the application dropped it)."""
         self._to(Transition.CLOSE)
-
-    # -- views of the parts callers read --------------------------------------------------
-
-    @property
-    def upstream_seq(self) -> int:
-        """The highest upstream seq seen."""
-        return self.up_seqs.highest
-
-    @property
-    def runs(self) -> dict[str, Run]:
-        return self.registry.runs
-
-    @property
-    def calls(self) -> dict[str, Call]:
-        return self.registry.calls
-
-    @property
-    def replay(self) -> ReplayWindow:
-        return self.outbound.replay
-
-    @property
-    def pending(self) -> list[Outbound]:
-        return self.outbound.pending
-
-    @property
-    def downstream_seq(self) -> int:
-        return self.outbound.downstream_seq
-
-    @property
-    def unsent_bytes(self) -> int:
-        return self.outbound.unsent_bytes
 
     # -- connection lifecycle ------------------------------------------------------------
 

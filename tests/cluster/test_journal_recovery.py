@@ -151,7 +151,7 @@ def test_a_state_orjson_cannot_encode_is_journaled(two_nodes: Nodes, path: str) 
         def set_counter() -> None:
             live.core.id_counter = BEYOND_64_BITS
             if path == "whole export":  # an open run: the state line steps aside
-                live.core.runs["r"] = Run("r", 0)
+                live.core.registry.runs["r"] = Run("r", 0)  # (runs: a read-only view)
         a._call(set_counter)
 
     run(two_nodes, poison)
@@ -173,7 +173,7 @@ def test_a_state_nothing_can_encode_leaves_the_messages_journaled(two_nodes: Nod
         live = a.hub.get(pair.ca.session_id)
         cycle: dict[str, Any] = {}
         cycle["self"] = cycle
-        a._call(lambda: live.core.runs.__setitem__("r", Run("r", 0, metadata=cycle)))
+        a._call(lambda: live.core.registry.runs.__setitem__("r", Run("r", 0, metadata=cycle)))
 
     run(two_nodes, poison)
 

@@ -82,7 +82,7 @@ def port_of(link: Stage | None) -> tuple[SessionPort, Writer]:
     live = live_session()
     port = SessionPort(NoEngine(), live, None, "websocket", LIMITS)  # type: ignore[arg-type]
     writer = Writer()
-    port.bell = port.stage.bell = Bell(writer.wake)  # what attach does, without the engine
+    port.bell = Bell(writer.wake)  # what attach does, without the engine (the stage's too)
     live.transport = port
     live.link = link  # type: ignore[assignment]
     return port, writer
