@@ -36,20 +36,53 @@ class Account(Protocol):
         ``change`` and return why."""
 
 
+class Lender(Account, Protocol):
+    """An account that may lend a meter a slice of its budget (``protoflask.budget``):
+    bytes it counts as the meter's (``Meter.spare``) which the meter then charges and
+    gives back without asking, until they run out or pass ``Meter.cap``."""
+
+    def lend(self, meter: "Meter", nbytes: int) -> None:
+        """``take``, for a meter whose spare is short of ``nbytes``: counts ``nbytes``
+        less the spare, and sets the meter's ``spare`` (and ``cap``) anew; or raises
+        OverBudget, the meter unchanged. (The meter adds ``nbytes`` to ``held``.)"""
+
+    def repay(self, meter: "Meter", keep: int) -> None:
+        """The meter's spare beyond ``keep`` given back."""
+
+
 class Meter:
-    __slots__ = ("held", "window", "account")
+    """One session's count. With a ``Lender`` account, ``spare`` bytes are counted by
+    the account beyond ``held`` and ``window`` (a slice lent, at most ``cap``): charges,
+    releases and queued messages that fit in it change the meter only. The account's
+    count is then ``held + window + spare`` summed over its meters, never less than
+    what they hold; ``cap`` 0 (no slice lent: any other account, or a budget that lends
+    none) means every change goes to the account, as each is made."""
+
+    __slots__ = ("held", "window", "account", "spare", "cap")
 
     def __init__(self) -> None:
         self.held = 0
         #: the session's replay window and unsent bytes as last told to its account
         self.window = 0
         self.account: Account | None = None
+        #: bytes the account counts for this meter beyond ``held`` and ``window``
+        self.spare = 0
+        #: the most ``spare`` may grow to before the meter gives back (0: no slice)
+        self.cap = 0
 
     def charge(self, nbytes: int) -> None:
         """Count ``nbytes`` more for this session, or raise OverBudget."""
-        account = self.account
-        if account is not None:
-            account.take(nbytes)
+        spare = self.spare
+        if nbytes < spare:  # within the slice: the account counted it already
+            self.spare = spare - nbytes
+        else:
+            account = self.account
+            if account is not None:
+                lend = getattr(account, "lend", None)
+                if lend is not None:
+                    lend(self, nbytes)
+                else:
+                    account.take(nbytes)
         self.held += nbytes
 
     def queue(self, window: int, nbytes: int, refusable: bool) -> str | None:
@@ -58,11 +91,19 @@ class Meter:
         (evictions, writes), then, unless a ``refusable`` (data) message would take the
         user or the worker over budget (returned: why), counts the message. (The queue
         asks only for data messages: control messages are never refused, and what they
-        add is in ``window`` the next time.)"""
+        add is in ``window`` the next time.) Within a lent slice, only the meter
+        changes."""
+        left = self.spare - (window + nbytes - self.window)
+        if 0 < left <= self.cap:
+            self.spare = left
+            self.window = window + nbytes
+            return None
         account = self.account
         if account is None:
             self.window = window + nbytes
             return None
+        if self.cap:  # past the slice either way: the spare goes back, then as without
+            account.repay(self, 0)  # type: ignore[attr-defined]
         why = account.queued(window - self.window, nbytes, refusable)
         self.window = window + nbytes if why is None else window
         return why
@@ -70,9 +111,17 @@ class Meter:
     def release(self, nbytes: int) -> None:
         if nbytes:
             self.held -= nbytes
+            spare = self.spare + nbytes
+            if spare <= self.cap:  # kept in the slice
+                self.spare = spare
+                return
             account = self.account
             if account is not None:
-                account.give(nbytes)
+                if self.cap:
+                    self.spare = spare
+                    account.repay(self, self.cap // 2)  # type: ignore[attr-defined]
+                else:
+                    account.give(nbytes)
 
 
 #: Objects of a value walked one by one (a few milliseconds of the worker at most); a

@@ -42,9 +42,36 @@ class Limit:
         return None
 
 
-def metered(budget: int, **settings):
+class Lend(Limit):
+    """A ``Limit`` that lends a meter ``slice`` bytes while it stays under half its
+    budget (``core.meter.Lender``: budget.py's Account in small, without the taking back
+    of slices lent to other meters)."""
+
+    def __init__(self, budget: int, slice: int = 500) -> None:
+        super().__init__(budget)
+        self.slice = slice
+
+    def lend(self, meter: Meter, nbytes: int) -> None:
+        more = nbytes - meter.spare
+        if self.held + self.window + more > self.budget:
+            raise OverBudget(f"over {self.budget}")
+        if self.held + self.window + more + self.slice <= self.budget // 2:
+            more += self.slice
+            meter.spare, meter.cap = self.slice, 2 * self.slice
+        else:
+            meter.spare = 0
+        self.held += more
+
+    def repay(self, meter: Meter, keep: int) -> None:
+        back = meter.spare - keep
+        if back > 0:
+            meter.spare = keep
+            self.held -= back
+
+
+def metered(budget: int, lend: bool = False, **settings):
     s = make_session(**settings)
-    s.meter.account = Limit(budget)
+    s.meter.account = Lend(budget) if lend else Limit(budget)
     c = Client(s)
     c.handshake()
     c.take()
