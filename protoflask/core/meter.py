@@ -169,6 +169,9 @@ FLAT_KEYS = 32
 #: Python 3.11, 41 from 3.12): one of n ASCII characters costs this plus n, one byte a
 #: character and the terminating NUL being in it
 ASCII_STR = getsizeof("")
+#: What ``getsizeof`` adds to a dict's own ``__sizeof__`` (the garbage collector's
+#: header, which every dict has)
+DICT_GC = getsizeof({}) - {}.__sizeof__()
 
 
 def memory_of_flat(value: Any) -> int:
@@ -178,15 +181,16 @@ def memory_of_flat(value: Any) -> int:
     charged (docs/PERFORMANCE.md, "The tool row within 5%"): the walk of an echo's one
     key cost 0.7 µs, this 0.45. An ASCII ``str`` (a key, a value) is counted as
     ``ASCII_STR`` plus its length, ``getsizeof``'s own number for it without its call
-    (about 1,400 instructions each: the tool row, branch tool7); any other object by
-    ``getsizeof``.
+    (about 1,400 instructions each: the tool row, branch tool7), the dict as its
+    ``__sizeof__()`` plus DICT_GC (``getsizeof``'s number again, for a fifth of the
+    cost); any other object by ``getsizeof``.
 
     Not the params' JSON length either, though the frame's size is known: a byte of JSON
     may cost up to JSON_FACTOR bytes of memory, so only JSON_FACTOR times the length is a
     bound, and that would charge an echo's params 1.7 kB instead of the 309 they hold,
     refusing a user's calls five times sooner."""
     if type(value) is dict and len(value) <= FLAT_KEYS:
-        size = getsizeof(value)
+        size = value.__sizeof__() + DICT_GC
         for key, item in value.items():
             kind = type(item)
             if kind is str and item.isascii():
