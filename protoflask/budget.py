@@ -237,34 +237,27 @@ class MemoryBudget:
         if account is not None:
             account.give(meter.held + meter.spare)  # (its slice, if lent one)
             account.queued(-meter.window, 0, False)  # its window, given back
-            if meter.cap and isinstance(account, Account):
-                account.lenders -= 1
+            if meter.cap and isinstance(account, Account) and account.lenders > 0:
+                account.lenders -= 1  # (unless a review took its slice back already)
                 self.lenders -= 1
             meter.spare = meter.cap = 0
             meter.account = None
 
     def settle(self) -> None:
-        """Every slice taken back, and the accounts counted again from their meters as
-        told (no window measured: the review does that): before a refusal while slices
-        are lent, so that nobody is refused for bytes another session kept aside."""
-        sessions = self.kept.hub.sessions()
-        for account in self.accounts.values():
-            account.held = account.window = account.lenders = 0
-        for live in sessions:
-            told = live.core.meter.account
-            if isinstance(told, Account):
-                told.held = told.window = told.lenders = 0
-        held = window = 0
-        for live in sessions:
+        """Every slice taken back from the sessions' meters (their spare bytes no longer
+        counted): before a refusal while slices are lent, so that nobody is refused for
+        bytes another session kept aside. (A meter moves bytes of its slice to its held
+        and window bytes unseen: the sum stays exact, the split waits for the review.)"""
+        for live in self.kept.hub.sessions():
             meter = live.core.meter
-            told = meter.account
-            meter.spare = meter.cap = 0
-            if isinstance(told, Account):
-                told.held += meter.held
-                told.window += meter.window
-                held += meter.held
-                window += meter.window
-        self.held, self.window, self.lenders = held, window, 0
+            if meter.cap:
+                account = meter.account
+                if isinstance(account, Account):
+                    account.held -= meter.spare
+                    self.held -= meter.spare
+                    account.lenders -= 1
+                    self.lenders -= 1
+                meter.spare = meter.cap = 0
 
     def admit(self, user_id: str) -> None:
         """Refuse a new session while the worker or the user is over budget."""
