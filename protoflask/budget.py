@@ -36,7 +36,7 @@ import logging
 from typing import Callable
 
 from .core.errors import MaxConnections, UserConnectionLimit
-from .core.meter import OverBudget
+from .core.meter import Meter, OverBudget
 from .core.session import ProtocolSession
 from .live import LiveSession
 from .kept import KeptSessions
@@ -47,6 +47,19 @@ log = logging.getLogger("protoflask")
 #: and at least this often (ms) whatever the counts say
 NEAR = 0.5
 FULL_EVERY_MS = 10_000
+#: A session's slice of its user's budget (``core.meter.Lender``): counted by the
+#: account when lent, then charged and given back by the session's meter without a call
+#: (every tool call's params, its TOOL_DONE queued: docs/PERFORMANCE.md, "The tool row,
+#: branch tool7"). A meter keeps at most CAP of it. Slices are lent only while the
+#: user's and the worker's counts, the slice included, stay under LEND_UNDER of their
+#: budgets, and to at most LENT_SHARE of each budget's worth of meters (CAP each): a
+#: maxUserBytes under 32 * CAP (4 MiB) lends none. They are taken back at each review
+#: and before any refusal (``MemoryBudget.settle``): nobody is refused for bytes
+#: another session kept aside, and the counts never fall below what the sessions hold.
+SLICE = 64 << 10
+CAP = 2 * SLICE
+LEND_UNDER = 0.25
+LENT_SHARE = 1 / 32
 
 
 def window_bytes(live: LiveSession) -> int:
@@ -63,14 +76,18 @@ def held_bytes(live: LiveSession) -> int:
 class Account:
     """One user's running count (``core.meter.Account``), and the worker's through it."""
 
-    __slots__ = ("budget", "worker", "held", "window")
+    __slots__ = ("budget", "worker", "held", "window", "lenders")
 
     def __init__(self, budget: "MemoryBudget") -> None:
         self.budget = budget
         self.worker = budget
         self.held = 0  # charged by the user's meters since the last tick, and before it
         self.window = 0  # the user's windows and unsent bytes: counted at the last tick,
-        # and moved by each message their sessions queued since (evictions taken off)
+        # and moved by each message their sessions queued since (evictions taken off).
+        # Slices lent (``lend``) are in ``held``; a meter moves bytes of its slice to
+        # its held or window bytes without telling: ``held + window`` is exact, the
+        # split again after ``MemoryBudget.settle`` or a review.
+        self.lenders = 0  # the user's meters holding a slice
 
     def over(self, more: int = 0) -> str | None:
         """Why ``more`` bytes would take the user or the worker over, or None."""
@@ -83,11 +100,21 @@ class Account:
                     f"(memoryCeiling {budget.ceiling})")
         return None
 
+    def refuses(self, more: int) -> bool:
+        """Whether ``more`` bytes would take the user or the worker over."""
+        budget = self.budget
+        return bool(
+            budget.user_budget and self.held + self.window + more > budget.user_budget
+            or budget.ceiling and budget.held + budget.window + more > budget.ceiling)
+
     def take(self, nbytes: int) -> None:
-        budget = self.budget  # ``over``'s test written out (every tool call's params)
+        budget = self.budget  # ``over``'s test written out (texts, runs, unlent calls)
         if budget.user_budget and self.held + self.window + nbytes > budget.user_budget \
                 or budget.ceiling and budget.held + budget.window + nbytes > budget.ceiling:
-            raise OverBudget(self.over(nbytes))
+            if budget.lenders:  # refused, unless only slices lent elsewhere were in the way
+                budget.settle()
+            if self.refuses(nbytes):
+                raise OverBudget(self.over(nbytes))
         self.held += nbytes
         self.worker.held += nbytes
         if self.held + self.window > budget.peak:
@@ -96,6 +123,44 @@ class Account:
     def give(self, nbytes: int) -> None:
         self.held -= nbytes
         self.worker.held -= nbytes
+
+    def lend(self, meter: Meter, nbytes: int) -> None:
+        """``take`` for a meter whose spare is short of ``nbytes`` (``core.meter.Lender``):
+        the rest counted, and a new slice with it while the budgets have room for one."""
+        budget = self.budget
+        if self.refuses(nbytes - meter.spare):
+            if budget.lenders:
+                budget.settle()  # (this meter's spare too)
+            if self.refuses(nbytes - meter.spare):
+                raise OverBudget(self.over(nbytes - meter.spare))
+        more = nbytes - meter.spare
+        user, ceiling = budget.user_budget, budget.ceiling
+        new = not meter.cap
+        if (not user or self.held + self.window + more + SLICE <= user * LEND_UNDER
+                and (not new or (self.lenders + 1) * CAP <= user * LENT_SHARE)) \
+                and (not ceiling or budget.held + budget.window + more + SLICE
+                     <= ceiling * LEND_UNDER
+                     and (not new or (budget.lenders + 1) * CAP <= ceiling * LENT_SHARE)):
+            more += SLICE
+            meter.spare = SLICE
+            if new:
+                meter.cap = CAP
+                self.lenders += 1
+                budget.lenders += 1
+        else:
+            meter.spare = 0
+        self.held += more
+        budget.held += more
+        if self.held + self.window > budget.peak:
+            budget.peak = self.held + self.window
+
+    def repay(self, meter: Meter, keep: int) -> None:
+        """A meter's spare beyond ``keep`` given back (``core.meter.Lender``)."""
+        back = meter.spare - keep
+        if back > 0:
+            meter.spare = keep
+            self.held -= back
+            self.budget.held -= back
 
     def queued(self, change: int, nbytes: int, refusable: bool) -> str | None:
         """``core.meter.Account.queued``: ``over`` and two ``grow``s, written out (it
@@ -107,6 +172,12 @@ class Account:
                 budget.user_budget and self.held + window + nbytes > budget.user_budget
                 or budget.ceiling and budget.held + budget.window + nbytes > budget.ceiling):
             self.window = window
+            if budget.lenders:  # counted from the meters again, then ``change`` on that
+                budget.settle()
+                self.window += change
+                budget.window += change
+                if not self.refuses(nbytes):
+                    return self.queued(0, nbytes, False)
             return self.over(nbytes)
         self.window = window = window + nbytes
         budget.window += nbytes
@@ -134,6 +205,7 @@ class MemoryBudget:
         #: all sessions: what their meters hold now, and their windows at the last tick
         self.held = 0
         self.window = 0
+        self.lenders = 0  # meters holding a slice (SLICE)
         #: the most any user's running count reached since the last review
         self.peak = 0
         self._reviewed_at: int | None = None
@@ -161,13 +233,38 @@ class MemoryBudget:
     def forget(self, live: LiveSession) -> None:
         """A session is gone: what its meter held is given back now, not at the tick."""
         meter = live.core.meter
-        if meter.account is not None:
-            meter.account.give(meter.held)
-            meter.account.queued(-meter.window, 0, False)  # its window, given back
+        account = meter.account
+        if account is not None:
+            account.give(meter.held + meter.spare)  # (its slice, if lent one)
+            account.queued(-meter.window, 0, False)  # its window, given back
+            if meter.cap and isinstance(account, Account) and account.lenders > 0:
+                account.lenders -= 1  # (unless a review took its slice back already)
+                self.lenders -= 1
+            meter.spare = meter.cap = 0
             meter.account = None
+
+    def settle(self) -> None:
+        """Every slice taken back from the sessions' meters (their spare bytes no longer
+        counted): before a refusal while slices are lent, so that nobody is refused for
+        bytes another session kept aside. (A meter moves bytes of its slice to its held
+        and window bytes unseen: the sum stays exact, the split waits for the review.)"""
+        for live in self.kept.hub.sessions():
+            meter = live.core.meter
+            if meter.cap:
+                account = meter.account
+                if isinstance(account, Account):
+                    account.held -= meter.spare
+                    self.held -= meter.spare
+                    account.lenders -= 1
+                    self.lenders -= 1
+                meter.spare = meter.cap = 0
 
     def admit(self, user_id: str) -> None:
         """Refuse a new session while the worker or the user is over budget."""
+        if self.lenders and (self.ceiling and self.total > self.ceiling or self.user_budget
+                             and user_id in self.accounts and self.accounts[user_id].held
+                             + self.accounts[user_id].window > self.user_budget):
+            self.settle()  # not refused for slices lent
         if self.ceiling and self.total > self.ceiling:
             raise MaxConnections(f"the sessions hold {self.total} bytes "
                                  f"(memoryCeiling {self.ceiling})")
@@ -223,13 +320,14 @@ class MemoryBudget:
         accounts: dict[str, Account] = {}
         held = window = 0
         for live in sessions:
+            live.core.meter.spare = live.core.meter.cap = 0  # slices taken back
             weight = weights.get(live.id)
             if weight is None or live.core.closed:
                 continue
             account = accounts.get(live.user_id)
             if account is None:
                 account = self.accounts.get(live.user_id) or Account(self)
-                account.held = account.window = 0
+                account.held = account.window = account.lenders = 0
                 accounts[live.user_id] = account
             meter = live.core.meter
             meter.account = account
@@ -239,7 +337,7 @@ class MemoryBudget:
             held += meter.held
             window += weight - meter.held
         self.accounts = accounts
-        self.held, self.window = held, window
+        self.held, self.window, self.lenders = held, window, 0
         self.peak = max((a.held + a.window for a in accounts.values()), default=0)
 
     def _shed(self, user: str | None, held: int, budget: int, weights: dict[str, int],

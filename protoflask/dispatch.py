@@ -148,7 +148,8 @@ class Dispatcher:
         execution = ToolExecution(event.call_id, tool.name, event.params, run_id=event.run_id)
         if live.link is not None:  # the open call, for a node that may take it over
             live.link.note_state(live)
-        self._emit(signals.tool_call, session_id=live.id, execution=execution)
+        # (the core's id: LiveSession.id is a property, a second frame on every call)
+        self._emit(signals.tool_call, session_id=live.core.id, execution=execution)
         if tool.execute is not None:
             self.run_call(live, execution, tool)
 

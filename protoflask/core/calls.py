@@ -116,21 +116,24 @@ class CallRegistry:
 
     def open_charged_fast(self, call_id: str, run_id: str | None, message_id: str | None,
                           params: Any) -> None:
-        """``open_charged_plain`` in one call, ``Meter.charge`` written out: every tool
-        call takes it (docs/PERFORMANCE.md, "The tool row within 5%")."""
+        """``open_charged_plain`` in one call, ``Meter.charge``'s charge within the
+        meter's slice written out: every tool call takes it (docs/PERFORMANCE.md, "The
+        tool row within 5%", "The tool row, branch tool7")."""
         calls = self.calls
         if call_id in calls:
             raise DuplicateCallId(f"call_id {call_id!r} is already running")
         call = calls[call_id] = Call(run_id, message_id)
         cost = memory_of(params)
         meter = self.meter
-        account = meter.account
-        if account is not None:
+        spare = meter.spare
+        if cost < spare:  # within the slice its account lent: no call
+            meter.spare = spare - cost
+            meter.held += cost
+        else:
             try:
-                account.take(cost)
+                meter.charge(cost)
             except OverBudget as exc:
                 raise MaxRunsExceeded(f"the tool call was refused: {exc}") from None
-        meter.held += cost
         call.cost = cost
 
     #: the swap point: every client's tool call takes it (tests/core/test_call_charge.py
@@ -146,16 +149,19 @@ class CallRegistry:
         return call
 
     def end_call_fast(self, call_id: str) -> Call | None:
-        """``end_call_plain`` with ``Meter.release`` written out (every TOOL_DONE)."""
+        """``end_call_plain`` with ``Meter.release`` written out as far as the meter's
+        slice goes (every TOOL_DONE)."""
         call = self.calls.pop(call_id, None)
         if call is not None:
             cost = call.cost
             if cost:
                 meter = self.meter
-                meter.held -= cost
-                account = meter.account
-                if account is not None:
-                    account.give(cost)
+                spare = meter.spare + cost
+                if spare <= meter.cap:  # kept in the slice
+                    meter.spare = spare
+                    meter.held -= cost
+                else:
+                    meter.release(cost)
         return call
 
     #: the swap point: every call's end takes it (tests/core/test_call_charge.py)

@@ -124,12 +124,41 @@ def parse_envelope_fast(raw: bytes | bytearray | memoryview | str, *,
                         break
                 else:
                     return msg
+                # one level of small containers holding none (a TOOL_CALL's params):
+                # three levels with the envelope, told without the counts below (two
+                # scans of the frame: 2.4k instructions a tool call, the tool row of
+                # docs/PERFORMANCE.md, branch tool7)
+                if max_depth >= 3:
+                    for value in msg.payload.values():
+                        kind = type(value)
+                        if kind is dict:
+                            if len(value) > FLAT_CONTAINER:
+                                break
+                            value = value.values()
+                        elif kind is list:
+                            if len(value) > FLAT_CONTAINER:
+                                break
+                        else:
+                            continue
+                        for item in value:
+                            if type(item) is dict or type(item) is list:
+                                break
+                        else:
+                            continue
+                        break
+                    else:
+                        return msg
                 # no deeper than it has containers (the envelope one of them): a HELLO's
                 # few need no walk (what the counts find inside strings only adds)
                 if type(raw) is bytes and raw.count(b"{") + raw.count(b"[") <= max_depth:
                     return msg
             return _depth_checked(msg, max_depth)
     return validate_envelope(obj, max_depth=max_depth)
+
+
+#: A payload's dict or list of at most this many items is looked into by
+#: ``parse_envelope_fast`` for containers (more: the frame's counts, then the walk)
+FLAT_CONTAINER = 32
 
 
 #: The swap point: the implementation every caller gets (parse_envelope_plain serves the

@@ -147,16 +147,17 @@ class OutboundQueue:
         data = out.type not in CONTROL_TYPES
         pending_bytes = self._pending_bytes
         meter = self.meter
-        if data and meter is not None:  # _metered, inline, and Meter.queue in it
+        if data and meter is not None:  # _metered, inline, and Meter.queue's slice in it
             window = self.replay.nbytes + pending_bytes + self._resend_bytes + self.in_flight
-            account = meter.account
-            if account is not None:
-                why = account.queued(window - meter.window, size, True)
+            left = meter.spare - (window + size - meter.window)
+            if 0 < left <= meter.cap:  # within the slice its account lent: no call
+                meter.spare = left
+                meter.window = window + size
+            else:
+                why = meter.queue(window, size, True)
                 if why is not None:
-                    meter.window = window
                     self._events.append(SendRefused(out.type, out.channel, why))
                     return False
-            meter.window = window + size
         # _enqueue, inline
         pending.append(out)
         self._pending_sizes.append(size)

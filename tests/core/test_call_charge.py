@@ -24,17 +24,22 @@ def test_the_swap_points_take_the_fast_paths() -> None:
     assert CallRegistry.end_call is CallRegistry.end_call_fast
 
 
-def scenario(opened: str, ended: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+def scenario(opened: str, ended: str, monkeypatch: pytest.MonkeyPatch,
+             lend: bool = False) -> Any:
+    """``lend``: the account lends the meter slices (core.meter.Lender)."""
     monkeypatch.setattr(CallRegistry, "open_charged", getattr(CallRegistry, opened))
     monkeypatch.setattr(CallRegistry, "end_call", getattr(CallRegistry, ended))
-    s, c = metered(200_000)
+    s, c = metered(200_000, lend=lend)
     seen: list[Any] = []
 
     def step(what: str) -> None:
         out = c.take()
+        meter, account = s.meter, s.meter.account
         seen.append((what, [(m["type"], m["payload"]) for m in out], errors(out),
                      sorted((k, v.cost) for k, v in s.registry.calls.items()),
-                     s.meter.held, getattr(s.meter.account, "held", None)))
+                     meter.held, getattr(account, "held", None), meter.spare, meter.cap))
+        if account is not None:  # what the account counts: what the meter holds or kept
+            assert account.held + account.window == meter.held + meter.window + meter.spare
 
     def call(call_id: str, params: Any, **extra: Any) -> None:
         c.send("TOOL_CALL", {"call_id": call_id, "tool": "echo", "params": params, **extra})
@@ -42,6 +47,10 @@ def scenario(opened: str, ended: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     tiny = [{}] * 2_000  # about 130 kB of objects once decoded
     call("a", {"message": "hi"})
     step("flat params")
+    call("a2", {"message": "ho"})
+    step("flat params again: within a slice, when lent one")
+    s.work.tool_done("a2", "OK", {"echoed": "ho"})
+    step("a2's given back: to the slice, when lent one")
     call("b", {"l": tiny})
     step("nested params")
     call("c", {"l": tiny})
@@ -68,12 +77,14 @@ def scenario(opened: str, ended: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     return seen
 
 
+@pytest.mark.parametrize("lend", [False, True])
 @pytest.mark.parametrize("opened, ended", WAYS)
-def test_means_what_the_plain_path_means(opened: str, ended: str,
+def test_means_what_the_plain_path_means(opened: str, ended: str, lend: bool,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    seen = scenario(opened, ended, monkeypatch)
+    seen = scenario(opened, ended, monkeypatch, lend)
     monkeypatch.undo()
-    plain = scenario(*WAYS[0], monkeypatch)
+    plain = scenario(*WAYS[0], monkeypatch, lend)
     assert seen == plain
     assert seen[-1] == ("the end", 0)
+    assert any(spare for *_, spare, _cap in seen[:-1]) == lend  # a slice was charged
     assert calls.memory_of({"message": "hi"}) in [cost for _, cost in seen[0][3]]

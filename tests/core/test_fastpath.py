@@ -224,11 +224,17 @@ class TestParseEnvelope:
         assert got[1] == "INVALID_MESSAGE"
 
     @pytest.mark.parametrize("max_depth", range(2, 8))
-    @pytest.mark.parametrize("payload", [{"a": {"b": {"c": {}}}}, {"a": [[1], {"b": []}]},
-                                         {"a": "{[{[", "b": {"c": []}}])
+    @pytest.mark.parametrize("payload", [
+        {"a": {"b": {"c": {}}}}, {"a": [[1], {"b": []}]}, {"a": "{[{[", "b": {"c": []}},
+        # one level of containers holding none (a TOOL_CALL's params: not counted), and
+        # one that holds one, or too many items to be looked into
+        {"call_id": "c", "params": {"m": "x", "n": 1}}, {"a": [1, "b"], "c": {}},
+        {"params": {"m": "x", "n": [1]}}, {"a": [1, {}]}, {"a": {str(i): i for i in range(40)}},
+        {"a": list(range(40)) + [[]]}])
     def test_at_the_edge_of_max_depth_both_answer_alike(self, max_depth, payload):
         """Around the containers' count (the fast one skips the walk at or below it):
-        strings with braces in them count, and only make it walk."""
+        strings with braces in them count, and only make it walk; a payload's containers
+        of scalars are looked into, not counted."""
         raw = wire(self.ping(payload=payload))
         assert outcome(envelope.parse_envelope_fast, raw, max_depth=max_depth) == \
             outcome(envelope.parse_envelope_plain, raw, max_depth=max_depth)

@@ -18,7 +18,7 @@ from protoflask.core.outbound import ENVELOPE_OVERHEAD, OutboundQueue
 from protoflask.core.traffic import TrafficCounters
 
 from ._support import credit_settings, session_settings
-from .test_meter import Limit
+from .test_meter import Lend, Limit
 
 IMPLEMENTATIONS = {"plain": OutboundQueue.push_plain, "fast": OutboundQueue.push_fast}
 
@@ -28,7 +28,7 @@ class Queue:
     for whether a transport is attached."""
 
     def __init__(self, push: Callable[[OutboundQueue, messages.Outbound], bool],
-                 budget: int | None = None, **overrides: Any) -> None:
+                 budget: int | None = None, lend: bool = False, **overrides: Any) -> None:
         s = session_settings(**{"credits": credit_settings(enabled=True), **overrides})
         self.events: list[Event] = []
         self.connected = True
@@ -36,8 +36,11 @@ class Queue:
                                self.events, lambda: self.connected)
         self._push = push
         if budget is not None:  # metered: a user's account of ``budget`` bytes, or none
-            self.q.meter = Meter()
-            self.q.meter.account = Limit(budget) if budget else None
+            self.q.meter = Meter()  # (``lend``: one that lends the meter slices)
+            self.q.meter.account = (Lend(budget, budget // 3) if lend else Limit(budget)) \
+                if budget else None
+            if lend and budget:  # its first slice, as a call's charge would have it lent
+                self.q.meter.account.lend(self.q.meter, 0)  # type: ignore[union-attr]
 
     def push(self, out: messages.Outbound) -> bool:
         return self._push(self.q, out)
@@ -48,7 +51,8 @@ class Queue:
         return ([(o.type, o.channel, o.payload) for o in q.pending], q.pending_bytes,
                 q.unsent_bytes, sorted(q.paused_by_server), q.under_load(),
                 [repr(e) for e in self.events], q.downstream_seq,
-                meter and (meter.window, meter.account and vars(meter.account)))
+                meter and (meter.window, meter.spare, meter.cap,
+                           meter.account and vars(meter.account)))
 
 
 def part(text: str, channel: str = "AGENT") -> messages.Outbound:
@@ -121,14 +125,15 @@ operations = st.lists(st.one_of(
 
 @settings(max_examples=200, deadline=None)
 @given(operations, st.integers(1, 12), st.integers(600, 5000),
-       st.none() | st.just(0) | st.integers(100, 3000))
+       st.none() | st.just(0) | st.integers(100, 3000), st.booleans())
 def test_any_sequence_leaves_both_in_the_same_state(ops, max_pending, buffer,
-                                                    budget) -> None:
-    """``budget``: unmetered (None), metered without an account (0), or with one."""
+                                                    budget, lend) -> None:
+    """``budget``: unmetered (None), metered without an account (0), or with one;
+    ``lend``: an account that lends the meter slices."""
     overrides = {"max_pending_messages": max_pending, "outbound_buffer_size": buffer,
                  "max_message_size": 300, "back_pressure_threshold": 0.5}
-    plain = Queue(OutboundQueue.push_plain, budget, **overrides)
-    fast = Queue(OutboundQueue.push_fast, budget, **overrides)
+    plain = Queue(OutboundQueue.push_plain, budget, lend, **overrides)
+    fast = Queue(OutboundQueue.push_fast, budget, lend, **overrides)
     for op in ops:
         for queue in (plain, fast):
             if op[0] == "push":
