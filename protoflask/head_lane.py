@@ -49,7 +49,7 @@ from .post_lane import SSE_PATH, STREAM_PATH, WEBSOCKET_PATH, SessionPostLane, p
 from .web import REFUSED_KEY
 
 __all__ = ["HeadLane", "HeadRequest", "LANE_HEAD_MAX", "LaneErrors", "LaneResponse",
-           "environ_for", "lane_config_ok", "parse_head"]
+           "environ_for", "handshake_of", "lane_config_ok", "parse_head", "upgrade_environ"]
 
 #: At most this many bytes are peeked, and a head (with its body) must fit in them.
 LANE_HEAD_MAX = 8192
@@ -251,7 +251,43 @@ def environ_for(head: HeadRequest, sock: Any, addr: tuple[Any, ...],
         elif name == "CONTENT-LENGTH":
             environ["CONTENT_LENGTH"] = value
         else:
-            environ["HTTP_" + name.replace("-", "_")] = value
+            environ[environ_key(name)] = value
+    return environ
+
+
+#: a header's environ key by its name (``HTTP_`` and "-" as "_"), at most 256 kept
+_ENVIRON_KEYS: dict[str, str] = {}
+
+
+def environ_key(name: str) -> str:
+    """``"HTTP_" + name.replace("-", "_")``, remembered for the names a worker sees."""
+    key = _ENVIRON_KEYS.get(name)
+    if key is None:
+        key = "HTTP_" + name.replace("-", "_")
+        if len(_ENVIRON_KEYS) < 256:
+            _ENVIRON_KEYS[name] = key
+    return key
+
+
+def handshake_of(head: HeadRequest) -> dict[str, Any]:
+    """What ``web.serve_apart`` keeps of an upgrade's environ for the handshake (its
+    ``HTTP_`` keys, ``PATH_INFO`` and ``QUERY_STRING``, in the environ's order), made from
+    the head rather than filtered out of ``environ_for``'s whole environ."""
+    handshake = {"QUERY_STRING": head.query, "PATH_INFO": head.path}
+    for name, value in head.headers:
+        if name != "CONTENT-TYPE" and name != "CONTENT-LENGTH":
+            handshake[environ_key(name)] = value
+    return handshake
+
+
+def upgrade_environ(handshake: dict[str, Any], head: HeadRequest, sock: Any
+                    ) -> dict[str, Any]:
+    """An upgrade's environ as far as ``SessionPostLane.upgrade`` reads it (the socket, the
+    method, the query, the headers): each key's value is ``environ_for``'s. Never handed
+    to Flask: a refused upgrade is read again by gunicorn."""
+    environ = dict(handshake)
+    environ["gunicorn.socket"] = sock
+    environ["REQUEST_METHOD"] = head.method
     return environ
 
 
@@ -280,6 +316,12 @@ class HeadLane:
     #: or with False gunicorn's reader made at the open (tests/test_head_lane.py holds
     #: what they read equal)
     lazy_input = True
+    #: The swap point of an upgrade's environ: only what the upgrade reads
+    #: (``upgrade_environ``) with the handshake's headers made from the head
+    #: (``handshake_of``), or with False gunicorn's whole environ (``environ_for``), the
+    #: handshake filtered out of it by ``web.serve_apart`` (tests/test_head_lane.py holds
+    #: them equal)
+    lean_upgrade = True
 
     def __init__(self, post_lane: SessionPostLane, cfg: Any) -> None:
         self.post_lane = post_lane
@@ -319,9 +361,15 @@ class HeadLane:
     def upgrade(self, head: HeadRequest, client: Any, addr: Any, listener: Any) -> bool:
         """``GET /proto/websocket``: True once admitted and served apart (the head taken off
         the socket); False for gunicorn's path, with a refusal left for ``post_lane``."""
-        environ = environ_for(head, client, addr, self.server_of(listener))
+        if self.lean_upgrade:
+            handshake: dict[str, Any] | None = handshake_of(head)
+            assert handshake is not None
+            environ = upgrade_environ(handshake, head, client)
+        else:
+            handshake = None
+            environ = environ_for(head, client, addr, self.server_of(listener))
         # once admitted, the head is taken off and the socket handed over
-        if self.post_lane.upgrade(environ, lambda: self.take_off(client, head)):
+        if self.post_lane.upgrade(environ, lambda: self.take_off(client, head), handshake):
             return True
         refused = environ.pop(REFUSED_KEY, None)
         if refused is not None:

@@ -14,8 +14,9 @@ from gunicorn.http import wsgi
 from gunicorn.http.parser import RequestParser
 from hypothesis import given, settings, strategies as st
 
-from protoflask.head_lane import (HeadLimits, HeadRequest, environ_for, parse_head,
-                                  set_base_environ)
+from protoflask.head_lane import (HeadLane, HeadLimits, HeadRequest, environ_for,
+                                  handshake_of, parse_head, set_base_environ,
+                                  upgrade_environ)
 
 PEER = ("127.0.0.1", 50123)
 SERVER = ("127.0.0.1", 8080)
@@ -64,7 +65,29 @@ def assert_read_alike(data: bytes, config: Config | None = None) -> HeadRequest 
     left_out = {"wsgi.errors", "wsgi.input", "wsgi.early_hints"}
     assert set(ours) == set(environ) - left_out
     assert ours == {k: v for k, v in environ.items() if k not in left_out}
+    if head.is_upgrade:
+        assert_upgrade_alike(head, environ)
     return head
+
+
+def served_handshake(environ: dict[str, Any]) -> list[tuple[str, Any]]:
+    """What ``web.serve_apart`` filters out of a whole environ for the handshake."""
+    return [(k, v) for k, v in environ.items()
+            if k.startswith("HTTP_") or k in ("PATH_INFO", "QUERY_STRING")]
+
+
+def assert_upgrade_alike(head: HeadRequest, environ: dict[str, Any]) -> None:
+    """The lean upgrade's handshake (``handshake_of``) is what ``serve_apart`` filters out
+    of gunicorn's environ, its headers in their order; its environ (``upgrade_environ``)
+    has gunicorn's value for each of its keys."""
+    handshake = handshake_of(head)
+    served = served_handshake(environ)
+    assert handshake == dict(served)
+    assert [k for k in handshake if k.startswith("HTTP_")] \
+        == [k for k, _ in served if k.startswith("HTTP_")]
+    lean = upgrade_environ(handshake, head, "sock")
+    assert lean == {k: environ[k] for k in lean}
+    assert {"gunicorn.socket", "REQUEST_METHOD", "QUERY_STRING"} <= set(lean)
 
 
 READ = {
@@ -423,3 +446,45 @@ def test_a_lazy_input_reads_what_gunicorns_reader_reads(body: bytes) -> None:
     plain = reads(lambda: head().body)
     assert reads(lambda: LazyInput(head())) == plain
     assert lazy.read() == body
+
+
+# -- the upgrade's environ, lean and whole ----------------------------------------------------
+
+
+class Upgrades:
+    """In ``SessionPostLane``'s place: records what the lane hands an upgrade, refuses it."""
+
+    refusals: dict[Any, Any] = {}
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[dict[str, Any], Any]] = []
+
+    def upgrade(self, environ: dict[str, Any], taking: Any, handshake: Any = None) -> bool:
+        self.seen.append((environ, handshake))
+        return False
+
+
+@pytest.mark.parametrize("case", sorted(c for c in READ if READ[c].startswith("GET /proto/ws")
+                                        or "/proto/websocket" in READ[c].split("\r\n")[0]))
+def test_the_lean_upgrade_hands_over_what_the_whole_environ_did(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways of the swap point ``HeadLane.lean_upgrade``: the handshake
+    ``serve_apart`` serves, and every value the upgrade reads, the same."""
+    head = parse_head(READ[case].encode("latin-1"), HeadLimits.of(Config()))
+    assert head is not None and head.is_upgrade
+    served = []
+    for lean in (True, False):
+        monkeypatch.setattr(HeadLane, "lean_upgrade", lean)
+        post_lane = Upgrades()
+        lane = HeadLane(post_lane, Config())  # type: ignore[arg-type]
+        listener = type("Listener", (), {"getsockname": lambda self: SERVER})()
+        assert lane.upgrade(head, "sock", PEER, listener) is False
+        (environ, handshake), = post_lane.seen
+        assert (handshake is not None) is lean
+        served.append((served_handshake(environ) if handshake is None
+                       else list(handshake.items()),
+                       {k: environ.get(k) for k in ("gunicorn.socket", "REQUEST_METHOD",
+                                                    "QUERY_STRING", "HTTP_HOST",
+                                                    "HTTP_UPGRADE", "HTTP_CONNECTION",
+                                                    "HTTP_ORIGIN", "HTTP_AUTHORIZATION")}))
+    assert served[0] == served[1]
