@@ -41,6 +41,7 @@ from .core.errors import ProtoError
 from .transports.http import PostAnswer, answer_post
 from .transports.sockets import raw_socket
 from .transports import sse, stream
+from .transports.ws_handshake import asks_upgrade
 from .web import (BLUEPRINT_NAME, REFUSED_KEY, ConnectionTakenOver, WebContext, add_cors,
                   cors_headers, gzipped_json, log_access, serve_apart, valid_host)
 
@@ -232,8 +233,7 @@ class SessionPostLane:
         sock = raw_socket(environ)
         if args is None or sock is None or not valid_host(environ.get("HTTP_HOST")) \
                 or environ.get("HTTP_UPGRADE", "").lower() != "websocket" \
-                or not any(v.strip(" \t") == "upgrade"  # werkzeug's test for a WebSocket
-                           for v in environ.get("HTTP_CONNECTION", "").lower().split(",")) \
+                or not asks_upgrade(environ.get("HTTP_CONNECTION", "")) \
                 or not self.origins.allows(environ.get("HTTP_ORIGIN")) \
                 or not self.app_is_plain():
             return False

@@ -49,6 +49,39 @@ _TOKEN_LIST = re.compile(r"[ \t]*[!#$%&'*+\-.^_`|~0-9A-Za-z]+(?:[ \t]*,[ \t]*"
                          r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+)*[ \t]*\Z")
 _date_line: list[Any] = [0, b""]  # the second, its Date header line
 
+#: The swap point of the Connection header's two tests (``accept_fast``'s and the
+#: upgrade's): each verdict remembered by the header's exact value (a client sends the
+#: same one every time; 64 values kept per test), or with False worked out every time.
+#: tests/transports/test_websocket_accept.py holds the verdicts equal both ways.
+REMEMBER_CONNECTION = True
+_CONNECTION_MAX = 64
+_upgrade_listed: dict[str, bool] = {}
+_asks_upgrade: dict[str, bool] = {}
+
+
+def upgrade_listed(connection: str) -> bool:
+    """``accept_fast``'s test of a Connection header: a well-formed token list (websockets'
+    rule) with "upgrade" in it, any case."""
+    known = _upgrade_listed.get(connection) if REMEMBER_CONNECTION else None
+    if known is None:
+        known = bool(_TOKEN_LIST.match(connection)) and any(
+            p.strip().lower() == "upgrade" for p in connection.split(","))
+        if REMEMBER_CONNECTION and len(_upgrade_listed) < _CONNECTION_MAX:
+            _upgrade_listed[connection] = known
+    return known
+
+
+def asks_upgrade(connection: str) -> bool:
+    """werkzeug's test that a request is a WebSocket's (``SessionPostLane.upgrade``'s): an
+    "upgrade" among the header's comma-separated values, lower-cased, blanks and tabs
+    around it stripped."""
+    known = _asks_upgrade.get(connection) if REMEMBER_CONNECTION else None
+    if known is None:
+        known = any(v.strip(" \t") == "upgrade" for v in connection.lower().split(","))
+        if REMEMBER_CONNECTION and len(_asks_upgrade) < _CONNECTION_MAX:
+            _asks_upgrade[connection] = known
+    return known
+
 
 def accept_fast(environ: dict[str, Any], compression: bool
                 ) -> tuple[list[bytes], list[Any], bool] | None:
@@ -60,8 +93,7 @@ def accept_fast(environ: dict[str, Any], compression: bool
     if compression or environ.get("HTTP_SEC_WEBSOCKET_VERSION") != "13" or key is None \
             or connection is None or not key.isascii() \
             or environ.get("HTTP_UPGRADE", "").lower() != "websocket" \
-            or not _TOKEN_LIST.match(connection) \
-            or not any(p.strip().lower() == "upgrade" for p in connection.split(",")):
+            or not upgrade_listed(connection):
         return None
     try:  # base64.b64decode(validate=True) and b64encode, their C calls direct
         if len(binascii.a2b_base64(key.encode(), strict_mode=True)) != 16:
