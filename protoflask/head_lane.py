@@ -37,6 +37,8 @@ from __future__ import annotations
 import os
 import re
 import socket
+
+import gevent.socket
 from typing import Any, NamedTuple
 
 from gunicorn.http.body import Body, LengthReader
@@ -322,6 +324,11 @@ class HeadLane:
     #: handshake filtered out of it by ``web.serve_apart`` (tests/test_head_lane.py holds
     #: them equal)
     lean_upgrade = True
+    #: The swap point of the peek: first tried on a gevent socket's non-blocking descriptor
+    #: (the head is most often there already), waiting (gevent's ``recv`` under the
+    #: socket's timeout, set and set back) only when it is not; or with False always the
+    #: waiting way (tests/test_head_lane.py runs the peek's test both ways)
+    peek_at_once = True
 
     def __init__(self, post_lane: SessionPostLane, cfg: Any) -> None:
         self.post_lane = post_lane
@@ -340,6 +347,13 @@ class HeadLane:
     def peek(self, client: Any, timeout: float) -> bytes:
         """The connection's first bytes, left on the socket (b"" when nothing came within
         ``timeout`` or the client left: gunicorn's read would close it then too)."""
+        if self.peek_at_once and type(client) is gevent.socket.socket:
+            try:  # the descriptor is non-blocking: the head, or BlockingIOError at once
+                return client._sock.recv(LANE_HEAD_MAX, socket.MSG_PEEK)
+            except BlockingIOError:
+                pass  # not there yet: wait for it below
+            except OSError:
+                return b""  # (a reset: gevent's recv raises the same)
         data = b""
         # the socket's own timeout, not a gevent.Timeout around the call: gevent makes
         # one only if the read has to wait (the head is most often there already)

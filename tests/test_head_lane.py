@@ -389,19 +389,30 @@ def test_the_lanes_wsgi_errors_are_gunicorns(errorlog: str) -> None:
         log.handlers = saved
 
 
-def test_the_peek_leaves_the_bytes_and_waits_at_most_its_timeout() -> None:
-    """``HeadLane.peek``: the bytes there, left on the socket; b"" once nothing came
-    within the timeout; the socket blocking again after either."""
+@pytest.mark.parametrize("at_once", [True, False])
+def test_the_peek_leaves_the_bytes_and_waits_at_most_its_timeout(at_once: bool) -> None:
+    """``HeadLane.peek``, tried at once or not (the swap point ``peek_at_once``): the
+    bytes there (waited for when none were), left on the socket; b"" once nothing came
+    within the timeout, or the peer reset; the socket blocking again after either."""
+    import socket
+    import struct
     import time
 
+    import gevent
     import gevent.socket
 
     from protoflask.head_lane import HeadLane
 
-    peek = HeadLane.peek.__get__(object.__new__(HeadLane))
+    lane = object.__new__(HeadLane)
+    lane.peek_at_once = at_once
+    peek = HeadLane.peek.__get__(lane)
     ours, theirs = gevent.socket.socketpair()
     try:
-        theirs.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        gevent.spawn_later(0.02, theirs.sendall, b"GET / HTTP/1.1\r\n")  # not yet there
+        assert peek(ours, 5.0) == b"GET / HTTP/1.1\r\n"
+        assert ours.gettimeout() is None
+        theirs.sendall(b"\r\n")
+        gevent.sleep(0.01)
         assert peek(ours, 5.0) == b"GET / HTTP/1.1\r\n\r\n"
         assert ours.gettimeout() is None
         assert ours.recv(100) == b"GET / HTTP/1.1\r\n\r\n"  # still there: peeked
@@ -409,6 +420,10 @@ def test_the_peek_leaves_the_bytes_and_waits_at_most_its_timeout() -> None:
         assert peek(ours, 0.05) == b""
         assert 0.04 <= time.monotonic() - started < 1.0
         assert ours.gettimeout() is None
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        theirs.close()  # a reset
+        gevent.sleep(0.01)
+        assert peek(ours, 5.0) == b""
     finally:
         ours.close()
         theirs.close()
