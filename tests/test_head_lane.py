@@ -99,6 +99,9 @@ READ = {
                                                       "Upgrade:  websocket  "),
     "upgrade, no space after the colon": UPGRADE.replace("Connection: ", "Connection:"),
     "upgrade, a tab in a value": UPGRADE.replace("Upgrade: websocket", "Upgrade: web\tsocket"),
+    "upgrade, tabs and blanks around values": UPGRADE.replace(
+        "Upgrade: websocket", "Upgrade:\t websocket \t").replace("Connection: Upgrade",
+                                                                 "Connection: Upgrade\t"),
     "sse": "GET /proto/sse?token=t HTTP/1.1\r\nHost: h\r\nAccept: text/event-stream\r\n\r\n",
     "sse, Last-Event-ID": "GET /proto/sse?token=t HTTP/1.1\r\nHost: h\r\n"
                           "Last-Event-ID: abc:3\r\n\r\n",
@@ -176,6 +179,10 @@ def test_the_limits_are_gunicorns() -> None:
     assert assert_read_alike(head, cfg(limit_request_fields=6))  # 5 fields + X-Long
     assert assert_read_alike(head, cfg(limit_request_fields=5)) is None
     assert isinstance(gunicorn_reads(head, cfg(limit_request_fields=5)), Exception)
+    one = "Host: " + "h" * 100  # a head of one field: the field's limit at the head's length
+    head = f"GET /proto/sse HTTP/1.1\r\n{one}\r\n\r\n".encode()
+    assert assert_read_alike(head, cfg(limit_request_field_size=len(one) + 2))
+    assert assert_read_alike(head, cfg(limit_request_field_size=len(one) + 1)) is None
 
 
 # -- the same, over generated heads ---------------------------------------------------------
