@@ -397,8 +397,8 @@ class HeadLane:
         gunicorn's path (anything else: a session's POST batch; a refusal, left for
         ``post_lane``)."""
         kind = "sse" if head.method == "GET" else "stream"
+        args = plain_query(head.query)
         if kind == "stream":
-            args = plain_query(head.query)
             if args is None or args.get("session") and not args.get("last_seq"):
                 return None  # a session's upstream batch, or a query Flask decodes
         environ = environ_for(head, client, addr, self.server_of(listener))
@@ -407,7 +407,7 @@ class HeadLane:
             environ[CARRIED_BODY] = head.carried
         environ["wsgi.errors"] = LaneErrors(self.cfg) if self.lane_errors \
             else WSGIErrorsWrapper(self.cfg)
-        response = self.post_lane.open(environ, kind)
+        response = self.post_lane.open(environ, kind, args)  # the query read once
         if response is None:
             refused = environ.pop(REFUSED_KEY, None)
             if refused is not None:

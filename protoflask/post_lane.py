@@ -253,14 +253,17 @@ class SessionPostLane:
             return True
         raise ConnectionTakenOver()
 
-    def open(self, environ: dict[str, Any], kind: str) -> Any:
+    def open(self, environ: dict[str, Any], kind: str,
+             args: dict[str, str] | None = None) -> Any:
         """GET /proto/sse, or a POST /proto/stream that opens a stream, as the route and
         its hooks answer it: the stream's response (with the CORS headers), or None for
         Flask (a refusal left for the route). A stream the head lane already tried to open
-        on this socket is not admitted twice: its refusal is the answer."""
+        on this socket is not admitted twice: its refusal is the answer. ``args``: the
+        query's ``plain_query``, when the caller (the head lane) read it already."""
         if self.refusals and self._refused(environ):
             return None
-        args = plain_query(environ.get("QUERY_STRING", ""))
+        if args is None:
+            args = plain_query(environ.get("QUERY_STRING", ""))
         origin = environ.get("HTTP_ORIGIN")
         if args is None or raw_socket(environ) is None or not self.origins.allows(origin) \
                 or not self.app_is_plain():
