@@ -276,9 +276,10 @@ def handshake_of(head: HeadRequest) -> dict[str, Any]:
     ``HTTP_`` keys, ``PATH_INFO`` and ``QUERY_STRING``, in the environ's order), made from
     the head rather than filtered out of ``environ_for``'s whole environ."""
     handshake = {"QUERY_STRING": head.query, "PATH_INFO": head.path}
+    keys = _ENVIRON_KEYS
     for name, value in head.headers:
         if name != "CONTENT-TYPE" and name != "CONTENT-LENGTH":
-            handshake[environ_key(name)] = value
+            handshake[keys.get(name) or environ_key(name)] = value
     return handshake
 
 
@@ -327,7 +328,8 @@ class HeadLane:
     #: The swap point of the peek: first tried on a gevent socket's non-blocking descriptor
     #: (the head is most often there already), waiting (gevent's ``recv`` under the
     #: socket's timeout, set and set back) only when it is not; or with False always the
-    #: waiting way (tests/test_head_lane.py runs the peek's test both ways)
+    #: waiting way. ``take_off`` too reads the peeked head off the descriptor at once.
+    #: (tests/test_head_lane.py runs the peek's and the take-off's tests both ways)
     peek_at_once = True
 
     def __init__(self, post_lane: SessionPostLane, cfg: Any) -> None:
@@ -419,10 +421,17 @@ class HeadLane:
     def response(self, head: HeadRequest, client: Any) -> LaneResponse:
         return LaneResponse(head, client, self.cfg)
 
-    @staticmethod
-    def take_off(client: Any, head: HeadRequest) -> None:
-        """Take the head (with its body) off the socket, where it was peeked whole."""
+    @classmethod
+    def take_off(cls, client: Any, head: HeadRequest) -> None:
+        """Take the head (with its body) off the socket, where it was peeked whole: at
+        once from a gevent socket's descriptor (the bytes are there: peeked), else (and
+        for what that did not take) through the socket's ``recv``."""
         length = head.raw_length
+        if cls.peek_at_once and type(client) is gevent.socket.socket:
+            try:
+                length -= len(client._sock.recv(length))
+            except BlockingIOError:
+                pass
         while length > 0:
             got = len(client.recv(length))
             if not got:

@@ -85,6 +85,23 @@ def plain_query(query: str) -> dict[str, str] | None:
     return args
 
 
+#: The swap point of the upgrade's Host check: ``web.valid_host``'s verdict remembered by
+#: the header's exact value (64 kept), or with False worked out every time
+#: (tests/web/test_app_is_plain.py holds the verdicts equal)
+REMEMBER_HOSTS = True
+_hosts: dict[str | None, bool] = {}
+
+
+def host_ok(value: str | None) -> bool:
+    """``web.valid_host(value)``, remembered (``REMEMBER_HOSTS``)."""
+    known = _hosts.get(value) if REMEMBER_HOSTS else None
+    if known is None:
+        known = valid_host(value)
+        if REMEMBER_HOSTS and len(_hosts) < 64:
+            _hosts[value] = known
+    return known
+
+
 def status_line(status: int) -> str:
     return f"{status} {HTTP_STATUS_CODES.get(status, 'UNKNOWN').upper()}"
 
@@ -231,7 +248,7 @@ class SessionPostLane:
             return False
         args = plain_query(environ.get("QUERY_STRING", ""))
         sock = raw_socket(environ)
-        if args is None or sock is None or not valid_host(environ.get("HTTP_HOST")) \
+        if args is None or sock is None or not host_ok(environ.get("HTTP_HOST")) \
                 or environ.get("HTTP_UPGRADE", "").lower() != "websocket" \
                 or not asks_upgrade(environ.get("HTTP_CONNECTION", "")) \
                 or not self.origins.allows(environ.get("HTTP_ORIGIN")) \

@@ -510,3 +510,26 @@ def test_the_lean_upgrade_hands_over_what_the_whole_environ_did(
                                                     "HTTP_UPGRADE", "HTTP_CONNECTION",
                                                     "HTTP_ORIGIN", "HTTP_AUTHORIZATION")}))
     assert served[0] == served[1]
+
+
+@pytest.mark.parametrize("at_once", [True, False])
+def test_the_take_off_leaves_what_follows_the_head(at_once: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HeadLane.take_off`` both ways (``peek_at_once``): the head and its body taken off
+    the socket, the bytes after them left for whoever reads next."""
+    import gevent.socket
+
+    monkeypatch.setattr(HeadLane, "peek_at_once", at_once)
+    data = b"POST /proto/stream HTTP/1.1\r\nContent-Length: 17\r\n\r\n" + HELLO
+    head = parse_head(data, HeadLimits.of(Config()))
+    assert head is not None
+    ours, theirs = gevent.socket.socketpair()
+    try:
+        theirs.sendall(data + b"NEXT")
+        gevent.sleep(0.01)
+        HeadLane.take_off(ours, head)
+        ours.settimeout(1.0)  # (a take-off that took too much leaves nothing: a timeout)
+        assert ours.recv(100) == b"NEXT"
+    finally:
+        ours.close()
+        theirs.close()

@@ -47,7 +47,7 @@ def accept_plain(environ: dict[str, Any], compression: bool
 _WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 _TOKEN_LIST = re.compile(r"[ \t]*[!#$%&'*+\-.^_`|~0-9A-Za-z]+(?:[ \t]*,[ \t]*"
                          r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+)*[ \t]*\Z")
-_date_line: list[Any] = [0, b""]  # the second, its Date header line
+_date_line: list[Any] = [0, b""]  # the second, the 101's head with its Date line
 
 #: The swap point of the Connection header's two tests (``accept_fast``'s and the
 #: upgrade's): each verdict remembered by the header's exact value (a client sends the
@@ -103,9 +103,9 @@ def accept_fast(environ: dict[str, Any], compression: bool
     accept = binascii.b2a_base64(hashlib.sha1((key + _WS_GUID).encode()).digest(),
                                  newline=False)
     now = int(time.time())
-    if _date_line[0] != now:
-        _date_line[:] = [now, f"Date: {email.utils.formatdate(now, usegmt=True)}\r\n"
-                         .encode()]
-    return [b"HTTP/1.1 101 Switching Protocols\r\n" + _date_line[1]
-            + b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: "
-            + accept + b"\r\n\r\n"], [], True
+    if _date_line[0] != now:  # the 101's head up to its accept value, made once a second
+        _date_line[:] = [now, b"HTTP/1.1 101 Switching Protocols\r\n"
+                         + f"Date: {email.utils.formatdate(now, usegmt=True)}\r\n".encode()
+                         + b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                         b"Sec-WebSocket-Accept: "]
+    return [_date_line[1] + accept + b"\r\n\r\n"], [], True

@@ -1,6 +1,7 @@
 """``SessionPostLane.app_is_plain``: the hook tables read by their shape (the swap point
 ``plain_by_shape``) answer as the walk of every table and signal does, whatever the
-application added to its Flask app, through Flask's decorators or the tables directly."""
+application added to its Flask app, through Flask's decorators or the tables directly;
+and the upgrade's Host verdicts remembered (``post_lane.REMEMBER_HOSTS``)."""
 
 from __future__ import annotations
 
@@ -74,3 +75,24 @@ def test_shape_answers_as_the_walk(change: str, monkeypatch: pytest.MonkeyPatch)
         for signal in (flask_signals.request_started, flask_signals.appcontext_popped,
                        flask_signals.request_finished):
             signal.disconnect(receiver)
+
+
+HOSTS = [None, "", "127.0.0.1:8080", "h.example", "[::1]:80", "a b", "h,h", "h:99999",
+         "h:123456", "é", "h.example:", "[::1", "x" * 300]
+
+
+def test_the_host_verdicts_remembered_are_valid_hosts(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    """The swap point ``post_lane.REMEMBER_HOSTS``: each Host value's verdict, worked out
+    then remembered, is ``web.valid_host``'s; the memory bounded."""
+    from protoflask import post_lane
+    from protoflask.web import valid_host
+
+    monkeypatch.setattr(post_lane, "_hosts", {})
+    for remember in (False, True, True):
+        monkeypatch.setattr(post_lane, "REMEMBER_HOSTS", remember)
+        assert [post_lane.host_ok(h) for h in HOSTS] == [valid_host(h) for h in HOSTS]
+    assert post_lane._hosts
+    for i in range(100):
+        post_lane.host_ok(f"h{i}")
+    assert len(post_lane._hosts) <= 64
