@@ -37,10 +37,9 @@ from __future__ import annotations
 import os
 import re
 import socket
-
-import gevent.socket
 from typing import Any, NamedTuple
 
+import gevent.socket
 from gunicorn.http.body import Body, LengthReader
 from gunicorn.http.unreader import IterUnreader
 from gunicorn.http.wsgi import WSGIErrorsWrapper, base_environ
