@@ -39,6 +39,7 @@ import re
 import socket
 from typing import Any, NamedTuple
 
+import gevent.socket
 from gunicorn.http.body import Body, LengthReader
 from gunicorn.http.unreader import IterUnreader
 from gunicorn.http.wsgi import WSGIErrorsWrapper, base_environ
@@ -49,7 +50,7 @@ from .post_lane import SSE_PATH, STREAM_PATH, WEBSOCKET_PATH, SessionPostLane, p
 from .web import REFUSED_KEY
 
 __all__ = ["HeadLane", "HeadRequest", "LANE_HEAD_MAX", "LaneErrors", "LaneResponse",
-           "environ_for", "lane_config_ok", "parse_head"]
+           "environ_for", "handshake_of", "lane_config_ok", "parse_head", "upgrade_environ"]
 
 #: At most this many bytes are peeked, and a head (with its body) must fit in them.
 LANE_HEAD_MAX = 8192
@@ -251,7 +252,44 @@ def environ_for(head: HeadRequest, sock: Any, addr: tuple[Any, ...],
         elif name == "CONTENT-LENGTH":
             environ["CONTENT_LENGTH"] = value
         else:
-            environ["HTTP_" + name.replace("-", "_")] = value
+            environ[environ_key(name)] = value
+    return environ
+
+
+#: a header's environ key by its name (``HTTP_`` and "-" as "_"), at most 256 kept
+_ENVIRON_KEYS: dict[str, str] = {}
+
+
+def environ_key(name: str) -> str:
+    """``"HTTP_" + name.replace("-", "_")``, remembered for the names a worker sees."""
+    key = _ENVIRON_KEYS.get(name)
+    if key is None:
+        key = "HTTP_" + name.replace("-", "_")
+        if len(_ENVIRON_KEYS) < 256:
+            _ENVIRON_KEYS[name] = key
+    return key
+
+
+def handshake_of(head: HeadRequest) -> dict[str, Any]:
+    """What ``web.serve_apart`` keeps of an upgrade's environ for the handshake (its
+    ``HTTP_`` keys, ``PATH_INFO`` and ``QUERY_STRING``, in the environ's order), made from
+    the head rather than filtered out of ``environ_for``'s whole environ."""
+    handshake = {"QUERY_STRING": head.query, "PATH_INFO": head.path}
+    keys = _ENVIRON_KEYS
+    for name, value in head.headers:
+        if name != "CONTENT-TYPE" and name != "CONTENT-LENGTH":
+            handshake[keys.get(name) or environ_key(name)] = value
+    return handshake
+
+
+def upgrade_environ(handshake: dict[str, Any], head: HeadRequest, sock: Any
+                    ) -> dict[str, Any]:
+    """An upgrade's environ as far as ``SessionPostLane.upgrade`` reads it (the socket, the
+    method, the query, the headers): each key's value is ``environ_for``'s. Never handed
+    to Flask: a refused upgrade is read again by gunicorn."""
+    environ = dict(handshake)
+    environ["gunicorn.socket"] = sock
+    environ["REQUEST_METHOD"] = head.method
     return environ
 
 
@@ -280,6 +318,18 @@ class HeadLane:
     #: or with False gunicorn's reader made at the open (tests/test_head_lane.py holds
     #: what they read equal)
     lazy_input = True
+    #: The swap point of an upgrade's environ: only what the upgrade reads
+    #: (``upgrade_environ``) with the handshake's headers made from the head
+    #: (``handshake_of``), or with False gunicorn's whole environ (``environ_for``), the
+    #: handshake filtered out of it by ``web.serve_apart`` (tests/test_head_lane.py holds
+    #: them equal)
+    lean_upgrade = True
+    #: The swap point of the peek: first tried on a gevent socket's non-blocking descriptor
+    #: (the head is most often there already), waiting (gevent's ``recv`` under the
+    #: socket's timeout, set and set back) only when it is not; or with False always the
+    #: waiting way. ``take_off`` too reads the peeked head off the descriptor at once.
+    #: (tests/test_head_lane.py runs the peek's and the take-off's tests both ways)
+    peek_at_once = True
 
     def __init__(self, post_lane: SessionPostLane, cfg: Any) -> None:
         self.post_lane = post_lane
@@ -298,6 +348,13 @@ class HeadLane:
     def peek(self, client: Any, timeout: float) -> bytes:
         """The connection's first bytes, left on the socket (b"" when nothing came within
         ``timeout`` or the client left: gunicorn's read would close it then too)."""
+        if self.peek_at_once and type(client) is gevent.socket.socket:
+            try:  # the descriptor is non-blocking: the head, or BlockingIOError at once
+                return client._sock.recv(LANE_HEAD_MAX, socket.MSG_PEEK)
+            except BlockingIOError:
+                pass  # not there yet: wait for it below
+            except OSError:
+                return b""  # (a reset: gevent's recv raises the same)
         data = b""
         # the socket's own timeout, not a gevent.Timeout around the call: gevent makes
         # one only if the read has to wait (the head is most often there already)
@@ -319,9 +376,15 @@ class HeadLane:
     def upgrade(self, head: HeadRequest, client: Any, addr: Any, listener: Any) -> bool:
         """``GET /proto/websocket``: True once admitted and served apart (the head taken off
         the socket); False for gunicorn's path, with a refusal left for ``post_lane``."""
-        environ = environ_for(head, client, addr, self.server_of(listener))
+        if self.lean_upgrade:
+            handshake: dict[str, Any] | None = handshake_of(head)
+            assert handshake is not None
+            environ = upgrade_environ(handshake, head, client)
+        else:
+            handshake = None
+            environ = environ_for(head, client, addr, self.server_of(listener))
         # once admitted, the head is taken off and the socket handed over
-        if self.post_lane.upgrade(environ, lambda: self.take_off(client, head)):
+        if self.post_lane.upgrade(environ, lambda: self.take_off(client, head), handshake):
             return True
         refused = environ.pop(REFUSED_KEY, None)
         if refused is not None:
@@ -335,8 +398,8 @@ class HeadLane:
         gunicorn's path (anything else: a session's POST batch; a refusal, left for
         ``post_lane``)."""
         kind = "sse" if head.method == "GET" else "stream"
+        args = plain_query(head.query)
         if kind == "stream":
-            args = plain_query(head.query)
             if args is None or args.get("session") and not args.get("last_seq"):
                 return None  # a session's upstream batch, or a query Flask decodes
         environ = environ_for(head, client, addr, self.server_of(listener))
@@ -345,7 +408,7 @@ class HeadLane:
             environ[CARRIED_BODY] = head.carried
         environ["wsgi.errors"] = LaneErrors(self.cfg) if self.lane_errors \
             else WSGIErrorsWrapper(self.cfg)
-        response = self.post_lane.open(environ, kind)
+        response = self.post_lane.open(environ, kind, args)  # the query read once
         if response is None:
             refused = environ.pop(REFUSED_KEY, None)
             if refused is not None:
@@ -357,10 +420,17 @@ class HeadLane:
     def response(self, head: HeadRequest, client: Any) -> LaneResponse:
         return LaneResponse(head, client, self.cfg)
 
-    @staticmethod
-    def take_off(client: Any, head: HeadRequest) -> None:
-        """Take the head (with its body) off the socket, where it was peeked whole."""
+    @classmethod
+    def take_off(cls, client: Any, head: HeadRequest) -> None:
+        """Take the head (with its body) off the socket, where it was peeked whole: at
+        once from a gevent socket's descriptor (the bytes are there: peeked), else (and
+        for what that did not take) through the socket's ``recv``."""
         length = head.raw_length
+        if cls.peek_at_once and type(client) is gevent.socket.socket:
+            try:
+                length -= len(client._sock.recv(length))
+            except BlockingIOError:
+                pass
         while length > 0:
             got = len(client.recv(length))
             if not got:

@@ -22,7 +22,8 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Iterable
 
-__all__ = ["InternalsMissing", "check_flask", "check_redis", "check_websockets", "require"]
+__all__ = ["InternalsMissing", "check_blinker", "check_flask", "check_redis",
+           "check_websockets", "require"]
 
 
 class InternalsMissing(ImportError):
@@ -93,3 +94,15 @@ def check_gevent_socket() -> None:
             "transports/sockets.py's hold_open")
     require("gevent", gevent.socket.socket, ("_read_event",),
             "transports/sockets.py's PeerWatch (the socket's own read watcher)")
+
+
+def check_blinker() -> None:
+    from blinker import Signal
+
+    signal = Signal()
+    require("blinker", signal, ("_by_sender", "_disconnect", "receivers"),
+            "signals.py's walk of a signal's receivers")
+    from blinker import base, _utilities
+
+    require("blinker", base, ("ANY_ID",), "signals.py's walk of a signal's receivers")
+    require("blinker", _utilities, ("make_id",), "signals.py's walk of a signal's receivers")

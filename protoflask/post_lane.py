@@ -41,6 +41,7 @@ from .core.errors import ProtoError
 from .transports.http import PostAnswer, answer_post
 from .transports.sockets import raw_socket
 from .transports import sse, stream
+from .transports.ws_handshake import asks_upgrade
 from .web import (BLUEPRINT_NAME, REFUSED_KEY, ConnectionTakenOver, WebContext, add_cors,
                   cors_headers, gzipped_json, log_access, serve_apart, valid_host)
 
@@ -84,6 +85,23 @@ def plain_query(query: str) -> dict[str, str] | None:
     return args
 
 
+#: The swap point of the upgrade's Host check: ``web.valid_host``'s verdict remembered by
+#: the header's exact value (64 kept), or with False worked out every time
+#: (tests/web/test_app_is_plain.py holds the verdicts equal)
+REMEMBER_HOSTS = True
+_hosts: dict[str | None, bool] = {}
+
+
+def host_ok(value: str | None) -> bool:
+    """``web.valid_host(value)``, remembered (``REMEMBER_HOSTS``)."""
+    known = _hosts.get(value) if REMEMBER_HOSTS else None
+    if known is None:
+        known = valid_host(value)
+        if REMEMBER_HOSTS and len(_hosts) < 64:
+            _hosts[value] = known
+    return known
+
+
 def status_line(status: int) -> str:
     return f"{status} {HTTP_STATUS_CODES.get(status, 'UNKNOWN').upper()}"
 
@@ -96,6 +114,10 @@ class SessionPostLane:
     #: Response, as the route makes it (tests/transports/test_stream_app.py, and
     #: tests/integration/test_upgrade_lane.py against Flask's route on the wire).
     werkzeug_streams = False
+    #: The swap point of ``app_is_plain``: the hook tables read by their shape when it is
+    #: the common one, or with False every table walked (``app_is_plain_walk``);
+    #: tests/web/test_app_is_plain.py holds the two verdicts equal
+    plain_by_shape = True
 
     def __init__(self, app: "Flask", ctx: WebContext) -> None:
         self.app = app
@@ -111,6 +133,8 @@ class SessionPostLane:
         # protoflask's own hooks, as registered: anything beyond them sends requests to Flask
         self._own_hooks = {name: len(funcs.get(BLUEPRINT_NAME, ()))
                            for name, funcs in self._hook_tables().items()}
+        self._own_counts = tuple(self._own_hooks[name]
+                                 for name in ("before", "after", "teardown", "url_value"))
 
     def _hook_tables(self) -> dict[str, dict[Any, list[Any]]]:
         app = self.app
@@ -119,7 +143,34 @@ class SessionPostLane:
                 "url_value": app.url_value_preprocessors}
 
     def app_is_plain(self) -> bool:
-        """Whether Flask's cycle would run nothing but protoflask's own hooks."""
+        """Whether Flask's cycle would run nothing but protoflask's own hooks: each hook
+        table read as a whole when it holds only protoflask's list or nothing (``len``
+        and one lookup), a signal's receivers looked for only when it has any (what
+        blinker's ``has_receivers_for`` tests first); any other shape walked
+        (``app_is_plain_walk``). Nothing is remembered from one call to the next."""
+        if not self.plain_by_shape:
+            return self.app_is_plain_walk()
+        app = self.app
+        if app.teardown_appcontext_funcs or app.config.get("SERVER_NAME"):
+            return False
+        before, after, teardown, url_value = self._own_counts
+        for table, expected in ((app.before_request_funcs, before),
+                                (app.after_request_funcs, after),
+                                (app.teardown_request_funcs, teardown),
+                                (app.url_value_preprocessors, url_value)):
+            if not table:
+                continue  # (the walk finds nothing to refuse in it either)
+            if len(table) != 1 or BLUEPRINT_NAME not in table:
+                return self.app_is_plain_walk()  # another owner, perhaps with an empty list
+            if len(table[BLUEPRINT_NAME]) != expected:
+                return False
+        for signal in REQUEST_SIGNALS:
+            if signal.receivers and signal.has_receivers_for(app):
+                return False
+        return True
+
+    def app_is_plain_walk(self) -> bool:
+        """``app_is_plain`` by walking every hook table and asking every signal."""
         app = self.app
         if app.teardown_appcontext_funcs or app.config.get("SERVER_NAME"):
             return False
@@ -183,22 +234,23 @@ class SessionPostLane:
                        answer.status, time.perf_counter() - started)
         return [body]
 
-    def upgrade(self, environ: dict[str, Any], taking: Callable[[], Any] | None = None) -> bool:
+    def upgrade(self, environ: dict[str, Any], taking: Callable[[], Any] | None = None,
+                handshake: dict[str, Any] | None = None) -> bool:
         """GET /proto/websocket as the route answers it: admitted and served apart (then
         ConnectionTakenOver, as the route's response raises), or refused (the refusal
         left for the route); returns at once, leaving it to Flask, for anything else.
         An upgrade the head lane already tried on this socket is not admitted twice:
         its refusal is the answer. The head lane (``taking``: it takes its request off the
         socket once admitted) hands the socket itself over: no server closes it after,
-        and is told by True (no exception raised and caught per handshake)."""
+        and is told by True (no exception raised and caught per handshake); it may give the
+        handshake's part of the environ made already (``head_lane.handshake_of``)."""
         if self.refusals and self._refused(environ):
             return False
         args = plain_query(environ.get("QUERY_STRING", ""))
         sock = raw_socket(environ)
-        if args is None or sock is None or not valid_host(environ.get("HTTP_HOST")) \
+        if args is None or sock is None or not host_ok(environ.get("HTTP_HOST")) \
                 or environ.get("HTTP_UPGRADE", "").lower() != "websocket" \
-                or not any(v.strip(" \t") == "upgrade"  # werkzeug's test for a WebSocket
-                           for v in environ.get("HTTP_CONNECTION", "").lower().split(",")) \
+                or not asks_upgrade(environ.get("HTTP_CONNECTION", "")) \
                 or not self.origins.allows(environ.get("HTTP_ORIGIN")) \
                 or not self.app_is_plain():
             return False
@@ -213,19 +265,22 @@ class SessionPostLane:
         if taking is not None:
             taking()  # the head lane takes the request's bytes off: the socket is the WebSocket's
         serve_apart(self.ports, admission, sock, environ, self.config.enable_compression,
-                    handed_over=taking is not None)
+                    handed_over=taking is not None, handshake=handshake)
         if taking is not None:
             return True
         raise ConnectionTakenOver()
 
-    def open(self, environ: dict[str, Any], kind: str) -> Any:
+    def open(self, environ: dict[str, Any], kind: str,
+             args: dict[str, str] | None = None) -> Any:
         """GET /proto/sse, or a POST /proto/stream that opens a stream, as the route and
         its hooks answer it: the stream's response (with the CORS headers), or None for
         Flask (a refusal left for the route). A stream the head lane already tried to open
-        on this socket is not admitted twice: its refusal is the answer."""
+        on this socket is not admitted twice: its refusal is the answer. ``args``: the
+        query's ``plain_query``, when the caller (the head lane) read it already."""
         if self.refusals and self._refused(environ):
             return None
-        args = plain_query(environ.get("QUERY_STRING", ""))
+        if args is None:
+            args = plain_query(environ.get("QUERY_STRING", ""))
         origin = environ.get("HTTP_ORIGIN")
         if args is None or raw_socket(environ) is None or not self.origins.allows(origin) \
                 or not self.app_is_plain():

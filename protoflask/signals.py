@@ -8,9 +8,16 @@ spec's argument names in snake_case. ``ProtoServer.on("textMessage", fn)`` conne
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 from blinker import Namespace, NamedSignal
+from blinker._utilities import make_id
+from blinker.base import ANY_ID
+
+from .pins import check_blinker
+
+check_blinker()  # _receivers_of reads blinker's internals: fail here if they moved
 
 log = logging.getLogger("protoflask")
 
@@ -48,19 +55,65 @@ BY_EVENT_NAME = {
 }
 
 
+#: The swap point of ``emit``'s walk of the receivers: blinker's ``receivers_for`` done
+#: in ``emit``'s own loop (the same ids, in the same order, each looked up just before
+#: its call, a dead weak one disconnected as blinker does; the sender's id made once per
+#: sender object), or with False blinker's generator itself.
+#: tests/test_signals_emit.py holds the calls equal; pins.check_blinker the internals.
+RECEIVERS_INLINE = True
+#: the last sender (weakly) and its blinker id: every emit of a server has the same one
+_last_sender: list[Any] = [None, None]
+
+
 def emit(sender: Any, signal: NamedSignal, **kwargs: Any) -> None:
     """Send ``signal`` from ``sender`` (the ProtoServer, opaque here); a receiver that
     raises goes to ``error`` and the log. The session layer is handed this bound to its
     server (``functools.partial``): it calls down to here, never into the server."""
     if not signal.receivers:
         return
-    for receiver in signal.receivers_for(sender):
-        try:
-            receiver(sender, **kwargs)
-        except Exception as exc:
-            log.exception("a %r listener raised", signal.name)
-            if signal is not error:
-                emit_error(sender, exc)
+    if not RECEIVERS_INLINE:
+        for each in signal.receivers_for(sender):
+            _call(each, sender, signal, kwargs)
+        return
+    # blinker's receivers_for (1.9), its steps here: no generator, the sender's id kept
+    by_sender = signal._by_sender
+    sender_id = _sender_id(sender)
+    if sender_id in by_sender:
+        ids = by_sender[ANY_ID] | by_sender[sender_id]
+    else:
+        ids = by_sender[ANY_ID].copy()
+    for receiver_id in ids:
+        receiver: Any = signal.receivers.get(receiver_id)  # (after the calls before it)
+        if receiver is None:
+            continue
+        if isinstance(receiver, weakref.ref):
+            receiver = receiver()
+            if receiver is None:
+                signal._disconnect(receiver_id, ANY_ID)
+                continue
+        _call(receiver, sender, signal, kwargs)
+
+
+def _call(receiver: Any, sender: Any, signal: NamedSignal, kwargs: dict[str, Any]) -> None:
+    try:
+        receiver(sender, **kwargs)
+    except Exception as exc:
+        log.exception("a %r listener raised", signal.name)
+        if signal is not error:
+            emit_error(sender, exc)
+
+
+def _sender_id(sender: Any) -> Any:
+    """blinker's ``make_id(sender)``, remembered for the last sender object (weakly)."""
+    last = _last_sender[0]
+    if last is not None and last() is sender:
+        return _last_sender[1]
+    sender_id = make_id(sender)
+    try:
+        _last_sender[:] = [weakref.ref(sender), sender_id]
+    except TypeError:  # not weakly referable: not remembered
+        pass
+    return sender_id
 
 
 def emit_error(sender: Any, exc: BaseException, **kwargs: Any) -> None:

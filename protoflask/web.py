@@ -277,7 +277,8 @@ _HANDSHAKE_KEYS = ("PATH_INFO", "QUERY_STRING")
 
 
 def serve_apart(ports: Ports, admission: Any, sock: Any, environ: dict[str, Any],
-                 compression: bool, handed_over: bool = False) -> None:
+                 compression: bool, handed_over: bool = False,
+                 handshake: dict[str, Any] | None = None) -> None:
     """Serve an admitted WebSocket in a greenlet of its own, on a duplicate of the
     socket, and let the request end: the WSGI server's request, Flask's context and the
     request greenlet's deep stack are not held for the life of the connection (about a
@@ -286,10 +287,10 @@ def serve_apart(ports: Ports, admission: Any, sock: Any, environ: dict[str, Any]
     greenlet starts once the request has ended, so the upgrade is answered only then.
     A TLS socket (gunicorn's certfile) cannot be duplicated: it is served in the request.
     A socket ``handed_over`` (the head lane's: no request of the server's is left on it)
-    is not duplicated but detached: its descriptor goes to the connection, and the
-    server's close of the emptied object does nothing (a dup and a close saved)."""
-    handshake = {k: v for k, v in environ.items()
-                 if k.startswith("HTTP_") or k in _HANDSHAKE_KEYS}
+    is not duplicated but detached (a dup and a close saved); its ``handshake`` is given."""
+    if handshake is None:  # (the head lane's is made from its head: the same dict)
+        handshake = {k: v for k, v in environ.items()
+                     if k.startswith("HTTP_") or k in _HANDSHAKE_KEYS}
     if is_tls(sock):  # TLS served by gunicorn itself: dup() refuses it, so in the request
         ws.serve(ports, admission, sock, handshake, compression)
         return

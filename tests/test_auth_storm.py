@@ -5,6 +5,7 @@ HS256 token checked by a fast path that PyJWT's answers hold equal."""
 from __future__ import annotations
 
 import base64
+import hmac
 import time
 from typing import Callable
 
@@ -71,9 +72,23 @@ def _cases() -> list[str]:
     ]
 
 
+@pytest.fixture(autouse=True, params=[True, False], ids=["keyed", "one-shot"])
+def keyed_hmac(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Every test both ways of the swap point ``TokenAuthority.keyed_hmac``."""
+    monkeypatch.setattr(TokenAuthority, "keyed_hmac", request.param)
+    return bool(request.param)
+
+
 class TestFastHs256:
     """The swap point ``TokenAuthority.fast_hs256``: the fast check either defers (None)
     or answers exactly what PyJWT answers, and verify says the same either way."""
+
+    def test_the_keyed_hmac_is_the_one_shot_hmac(self, keyed_hmac: bool) -> None:
+        authority = TokenAuthority(SECRET)
+        for message in (b"", b"a.b", b"x" * 200, "é.€".encode()):
+            assert authority._signature(message) \
+                == hmac.digest(SECRET.encode(), message, "sha256")
+        assert authority._keyed is not None
 
     @pytest.mark.parametrize("token", _cases())
     def test_the_fast_check_defers_or_agrees_with_pyjwt(self, token: str) -> None:

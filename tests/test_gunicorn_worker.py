@@ -79,3 +79,29 @@ def test_a_worker_stops_tracking_the_greenlet_tree_unless_told(
         assert getattr(gevent.spawn(lambda: None), "spawning_stack", None) is None
     finally:
         gevent.config.track_greenlet_tree = before
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_lane_streams_access_line_is_skipped_only_where_gunicorn_writes_none(
+        skip: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The swap point ``gunicorn_worker.SKIP_QUIET_ACCESS``: a stream's access line is
+    neither timed nor asked for only where gunicorn's own ``Logger.access`` returns at
+    once (its access log off: it reads none of its arguments then); timed and written
+    with an access log, or a logger class with an ``access`` of its own."""
+    from gunicorn.glogging import Logger
+
+    from protoflask import gunicorn_worker
+    from protoflask.gunicorn_worker import RedactingLogger, access_timed
+
+    monkeypatch.setattr(gunicorn_worker, "SKIP_QUIET_ACCESS", skip)
+    quiet = RedactingLogger(Config())
+    assert quiet.access(None, None, None, None) is None  # off: no argument read
+    assert access_timed(quiet) is not skip
+    logging_cfg = Config()
+    logging_cfg.set("accesslog", "-")
+    assert access_timed(RedactingLogger(logging_cfg))
+
+    class OwnAccess(Logger):
+        def access(self, *args: object) -> None:
+            return None
+    assert access_timed(OwnAccess(Config()))

@@ -14,8 +14,9 @@ from gunicorn.http import wsgi
 from gunicorn.http.parser import RequestParser
 from hypothesis import given, settings, strategies as st
 
-from protoflask.head_lane import (HeadLimits, HeadRequest, environ_for, parse_head,
-                                  set_base_environ)
+from protoflask.head_lane import (HeadLane, HeadLimits, HeadRequest, environ_for,
+                                  handshake_of, parse_head, set_base_environ,
+                                  upgrade_environ)
 
 PEER = ("127.0.0.1", 50123)
 SERVER = ("127.0.0.1", 8080)
@@ -64,7 +65,29 @@ def assert_read_alike(data: bytes, config: Config | None = None) -> HeadRequest 
     left_out = {"wsgi.errors", "wsgi.input", "wsgi.early_hints"}
     assert set(ours) == set(environ) - left_out
     assert ours == {k: v for k, v in environ.items() if k not in left_out}
+    if head.is_upgrade:
+        assert_upgrade_alike(head, environ)
     return head
+
+
+def served_handshake(environ: dict[str, Any]) -> list[tuple[str, Any]]:
+    """What ``web.serve_apart`` filters out of a whole environ for the handshake."""
+    return [(k, v) for k, v in environ.items()
+            if k.startswith("HTTP_") or k in ("PATH_INFO", "QUERY_STRING")]
+
+
+def assert_upgrade_alike(head: HeadRequest, environ: dict[str, Any]) -> None:
+    """The lean upgrade's handshake (``handshake_of``) is what ``serve_apart`` filters out
+    of gunicorn's environ, its headers in their order; its environ (``upgrade_environ``)
+    has gunicorn's value for each of its keys."""
+    handshake = handshake_of(head)
+    served = served_handshake(environ)
+    assert handshake == dict(served)
+    assert [k for k in handshake if k.startswith("HTTP_")] \
+        == [k for k, _ in served if k.startswith("HTTP_")]
+    lean = upgrade_environ(handshake, head, "sock")
+    assert lean == {k: environ[k] for k in lean}
+    assert {"gunicorn.socket", "REQUEST_METHOD", "QUERY_STRING"} <= set(lean)
 
 
 READ = {
@@ -76,6 +99,9 @@ READ = {
                                                       "Upgrade:  websocket  "),
     "upgrade, no space after the colon": UPGRADE.replace("Connection: ", "Connection:"),
     "upgrade, a tab in a value": UPGRADE.replace("Upgrade: websocket", "Upgrade: web\tsocket"),
+    "upgrade, tabs and blanks around values": UPGRADE.replace(
+        "Upgrade: websocket", "Upgrade:\t websocket \t").replace("Connection: Upgrade",
+                                                                 "Connection: Upgrade\t"),
     "sse": "GET /proto/sse?token=t HTTP/1.1\r\nHost: h\r\nAccept: text/event-stream\r\n\r\n",
     "sse, Last-Event-ID": "GET /proto/sse?token=t HTTP/1.1\r\nHost: h\r\n"
                           "Last-Event-ID: abc:3\r\n\r\n",
@@ -153,6 +179,10 @@ def test_the_limits_are_gunicorns() -> None:
     assert assert_read_alike(head, cfg(limit_request_fields=6))  # 5 fields + X-Long
     assert assert_read_alike(head, cfg(limit_request_fields=5)) is None
     assert isinstance(gunicorn_reads(head, cfg(limit_request_fields=5)), Exception)
+    one = "Host: " + "h" * 100  # a head of one field: the field's limit at the head's length
+    head = f"GET /proto/sse HTTP/1.1\r\n{one}\r\n\r\n".encode()
+    assert assert_read_alike(head, cfg(limit_request_field_size=len(one) + 2))
+    assert assert_read_alike(head, cfg(limit_request_field_size=len(one) + 1)) is None
 
 
 # -- the same, over generated heads ---------------------------------------------------------
@@ -366,19 +396,30 @@ def test_the_lanes_wsgi_errors_are_gunicorns(errorlog: str) -> None:
         log.handlers = saved
 
 
-def test_the_peek_leaves_the_bytes_and_waits_at_most_its_timeout() -> None:
-    """``HeadLane.peek``: the bytes there, left on the socket; b"" once nothing came
-    within the timeout; the socket blocking again after either."""
+@pytest.mark.parametrize("at_once", [True, False])
+def test_the_peek_leaves_the_bytes_and_waits_at_most_its_timeout(at_once: bool) -> None:
+    """``HeadLane.peek``, tried at once or not (the swap point ``peek_at_once``): the
+    bytes there (waited for when none were), left on the socket; b"" once nothing came
+    within the timeout, or the peer reset; the socket blocking again after either."""
+    import socket
+    import struct
     import time
 
+    import gevent
     import gevent.socket
 
     from protoflask.head_lane import HeadLane
 
-    peek = HeadLane.peek.__get__(object.__new__(HeadLane))
+    lane = object.__new__(HeadLane)
+    lane.peek_at_once = at_once
+    peek = HeadLane.peek.__get__(lane)
     ours, theirs = gevent.socket.socketpair()
     try:
-        theirs.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        gevent.spawn_later(0.02, theirs.sendall, b"GET / HTTP/1.1\r\n")  # not yet there
+        assert peek(ours, 5.0) == b"GET / HTTP/1.1\r\n"
+        assert ours.gettimeout() is None
+        theirs.sendall(b"\r\n")
+        gevent.sleep(0.01)
         assert peek(ours, 5.0) == b"GET / HTTP/1.1\r\n\r\n"
         assert ours.gettimeout() is None
         assert ours.recv(100) == b"GET / HTTP/1.1\r\n\r\n"  # still there: peeked
@@ -386,6 +427,10 @@ def test_the_peek_leaves_the_bytes_and_waits_at_most_its_timeout() -> None:
         assert peek(ours, 0.05) == b""
         assert 0.04 <= time.monotonic() - started < 1.0
         assert ours.gettimeout() is None
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        theirs.close()  # a reset
+        gevent.sleep(0.01)
+        assert peek(ours, 5.0) == b""
     finally:
         ours.close()
         theirs.close()
@@ -423,3 +468,68 @@ def test_a_lazy_input_reads_what_gunicorns_reader_reads(body: bytes) -> None:
     plain = reads(lambda: head().body)
     assert reads(lambda: LazyInput(head())) == plain
     assert lazy.read() == body
+
+
+# -- the upgrade's environ, lean and whole ----------------------------------------------------
+
+
+class Upgrades:
+    """In ``SessionPostLane``'s place: records what the lane hands an upgrade, refuses it."""
+
+    refusals: dict[Any, Any] = {}
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[dict[str, Any], Any]] = []
+
+    def upgrade(self, environ: dict[str, Any], taking: Any, handshake: Any = None) -> bool:
+        self.seen.append((environ, handshake))
+        return False
+
+
+@pytest.mark.parametrize("case", sorted(c for c in READ if READ[c].startswith("GET /proto/ws")
+                                        or "/proto/websocket" in READ[c].split("\r\n")[0]))
+def test_the_lean_upgrade_hands_over_what_the_whole_environ_did(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways of the swap point ``HeadLane.lean_upgrade``: the handshake
+    ``serve_apart`` serves, and every value the upgrade reads, the same."""
+    head = parse_head(READ[case].encode("latin-1"), HeadLimits.of(Config()))
+    assert head is not None and head.is_upgrade
+    served = []
+    for lean in (True, False):
+        monkeypatch.setattr(HeadLane, "lean_upgrade", lean)
+        post_lane = Upgrades()
+        lane = HeadLane(post_lane, Config())  # type: ignore[arg-type]
+        listener = type("Listener", (), {"getsockname": lambda self: SERVER})()
+        assert lane.upgrade(head, "sock", PEER, listener) is False
+        (environ, handshake), = post_lane.seen
+        assert (handshake is not None) is lean
+        served.append((served_handshake(environ) if handshake is None
+                       else list(handshake.items()),
+                       {k: environ.get(k) for k in ("gunicorn.socket", "REQUEST_METHOD",
+                                                    "QUERY_STRING", "HTTP_HOST",
+                                                    "HTTP_UPGRADE", "HTTP_CONNECTION",
+                                                    "HTTP_ORIGIN", "HTTP_AUTHORIZATION")}))
+    assert served[0] == served[1]
+
+
+@pytest.mark.parametrize("at_once", [True, False])
+def test_the_take_off_leaves_what_follows_the_head(at_once: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HeadLane.take_off`` both ways (``peek_at_once``): the head and its body taken off
+    the socket, the bytes after them left for whoever reads next."""
+    import gevent.socket
+
+    monkeypatch.setattr(HeadLane, "peek_at_once", at_once)
+    data = b"POST /proto/stream HTTP/1.1\r\nContent-Length: 17\r\n\r\n" + HELLO
+    head = parse_head(data, HeadLimits.of(Config()))
+    assert head is not None
+    ours, theirs = gevent.socket.socketpair()
+    try:
+        theirs.sendall(data + b"NEXT")
+        gevent.sleep(0.01)
+        HeadLane.take_off(ours, head)
+        ours.settimeout(1.0)  # (a take-off that took too much leaves nothing: a timeout)
+        assert ours.recv(100) == b"NEXT"
+    finally:
+        ours.close()
+        theirs.close()

@@ -47,7 +47,40 @@ def accept_plain(environ: dict[str, Any], compression: bool
 _WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 _TOKEN_LIST = re.compile(r"[ \t]*[!#$%&'*+\-.^_`|~0-9A-Za-z]+(?:[ \t]*,[ \t]*"
                          r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+)*[ \t]*\Z")
-_date_line: list[Any] = [0, b""]  # the second, its Date header line
+_date_line: list[Any] = [0, b""]  # the second, the 101's head with its Date line
+
+#: The swap point of the Connection header's two tests (``accept_fast``'s and the
+#: upgrade's): each verdict remembered by the header's exact value (a client sends the
+#: same one every time; 64 values kept per test), or with False worked out every time.
+#: tests/transports/test_websocket_accept.py holds the verdicts equal both ways.
+REMEMBER_CONNECTION = True
+_CONNECTION_MAX = 64
+_upgrade_listed: dict[str, bool] = {}
+_asks_upgrade: dict[str, bool] = {}
+
+
+def upgrade_listed(connection: str) -> bool:
+    """``accept_fast``'s test of a Connection header: a well-formed token list (websockets'
+    rule) with "upgrade" in it, any case."""
+    known = _upgrade_listed.get(connection) if REMEMBER_CONNECTION else None
+    if known is None:
+        known = bool(_TOKEN_LIST.match(connection)) and any(
+            p.strip().lower() == "upgrade" for p in connection.split(","))
+        if REMEMBER_CONNECTION and len(_upgrade_listed) < _CONNECTION_MAX:
+            _upgrade_listed[connection] = known
+    return known
+
+
+def asks_upgrade(connection: str) -> bool:
+    """werkzeug's test that a request is a WebSocket's (``SessionPostLane.upgrade``'s): an
+    "upgrade" among the header's comma-separated values, lower-cased, blanks and tabs
+    around it stripped."""
+    known = _asks_upgrade.get(connection) if REMEMBER_CONNECTION else None
+    if known is None:
+        known = any(v.strip(" \t") == "upgrade" for v in connection.lower().split(","))
+        if REMEMBER_CONNECTION and len(_asks_upgrade) < _CONNECTION_MAX:
+            _asks_upgrade[connection] = known
+    return known
 
 
 def accept_fast(environ: dict[str, Any], compression: bool
@@ -60,8 +93,7 @@ def accept_fast(environ: dict[str, Any], compression: bool
     if compression or environ.get("HTTP_SEC_WEBSOCKET_VERSION") != "13" or key is None \
             or connection is None or not key.isascii() \
             or environ.get("HTTP_UPGRADE", "").lower() != "websocket" \
-            or not _TOKEN_LIST.match(connection) \
-            or not any(p.strip().lower() == "upgrade" for p in connection.split(",")):
+            or not upgrade_listed(connection):
         return None
     try:  # base64.b64decode(validate=True) and b64encode, their C calls direct
         if len(binascii.a2b_base64(key.encode(), strict_mode=True)) != 16:
@@ -71,9 +103,9 @@ def accept_fast(environ: dict[str, Any], compression: bool
     accept = binascii.b2a_base64(hashlib.sha1((key + _WS_GUID).encode()).digest(),
                                  newline=False)
     now = int(time.time())
-    if _date_line[0] != now:
-        _date_line[:] = [now, f"Date: {email.utils.formatdate(now, usegmt=True)}\r\n"
-                         .encode()]
-    return [b"HTTP/1.1 101 Switching Protocols\r\n" + _date_line[1]
-            + b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: "
-            + accept + b"\r\n\r\n"], [], True
+    if _date_line[0] != now:  # the 101's head up to its accept value, made once a second
+        _date_line[:] = [now, b"HTTP/1.1 101 Switching Protocols\r\n"
+                         + f"Date: {email.utils.formatdate(now, usegmt=True)}\r\n".encode()
+                         + b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                         b"Sec-WebSocket-Accept: "]
+    return [_date_line[1] + accept + b"\r\n\r\n"], [], True

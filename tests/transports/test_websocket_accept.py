@@ -73,3 +73,35 @@ def test_the_common_upgrades_take_the_template() -> None:
     for env in CASES[:8]:
         assert accept_fast(env, False) is not None, env
         assert accept_fast(env, True) is None  # compression: websockets negotiates it
+
+
+CONNECTIONS = ["Upgrade", "upgrade", "UPGRADE", "keep-alive, Upgrade", "Upgrade, keep-alive",
+               "keep-alive", "", " ", ",", "Upgrade,", ", upgrade", "Upgrade, bad token",
+               "up grade", "\tUpgrade\t", " upgrade ", "keep-alive,\tupgrade", "Upgrade;q=1",
+               "upgrade\x0b", "Upgrade, Upgrade", "xupgrade", "ÿ"]
+
+
+def test_the_connection_verdicts_remembered_are_the_ones_worked_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The swap point ``ws_handshake.REMEMBER_CONNECTION``: each Connection value's two
+    verdicts the same remembered (asked twice: worked out, then remembered) as worked
+    out every time; the memories bounded."""
+    from protoflask.transports import ws_handshake as wh
+
+    def verdicts() -> list[tuple[bool, bool]]:
+        return [(wh.upgrade_listed(c), wh.asks_upgrade(c)) for c in CONNECTIONS]
+
+    monkeypatch.setattr(wh, "REMEMBER_CONNECTION", False)
+    plain = verdicts()
+    monkeypatch.setattr(wh, "REMEMBER_CONNECTION", True)
+    monkeypatch.setattr(wh, "_upgrade_listed", {})
+    monkeypatch.setattr(wh, "_asks_upgrade", {})
+    assert verdicts() == plain and verdicts() == plain
+    assert wh._upgrade_listed and wh._asks_upgrade
+    assert plain[0] == (True, True) and plain[5] == (False, False)
+    assert plain[11] == (False, True)  # websockets refuses the token list, werkzeug not
+    for i in range(200):
+        wh.upgrade_listed(f"x{i}")
+        wh.asks_upgrade(f"x{i}")
+    assert len(wh._upgrade_listed) <= wh._CONNECTION_MAX
+    assert len(wh._asks_upgrade) <= wh._CONNECTION_MAX
