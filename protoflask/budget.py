@@ -57,13 +57,13 @@ FULL_EVERY_MS = 10_000
 #: and before any refusal they could change (``Account.settle``): nobody is refused for
 #: bytes another session kept aside, and the counts never fall below what the sessions
 #: hold. The lending meters are kept (``Account.lent``, ``MemoryBudget.lent``), so a
-#: refusal takes back only the slices in its way, never walking the sessions: one for
-#: the user's maxUserBytes their own (at most LENT_SHARE * maxUserBytes / CAP), one for
-#: the memoryCeiling everyone's (at most LENT_SHARE * memoryCeiling / CAP, 192 at the
-#: defaults). Each slice taken back was lent by a call since (a lend of its session), so
-#: a flood of refusals costs the server no more than the lends it takes back: one cheap
-#: message never buys work in proportion to the sessions (docs/PERFORMANCE.md, "Slices
-#: taken back by the refusal's reason, branch budget7b").
+#: refusal takes back only the slices in its way, never walking the sessions: for the
+#: user's maxUserBytes their own (at most LENT_SHARE * maxUserBytes / CAP), for the
+#: memoryCeiling everyone's (at most LENT_SHARE * memoryCeiling / CAP, 192 at the
+#: defaults). Each slice taken back was lent since by a lend of its session, so a flood
+#: of refusals costs the server no more than the lends it takes back: one cheap message
+#: never buys work in proportion to the sessions (docs/PERFORMANCE.md, "Slices taken
+#: back by the refusal's reason, branch budget7b").
 SLICE = 64 << 10
 CAP = 2 * SLICE
 LEND_UNDER = 0.25
