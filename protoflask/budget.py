@@ -54,12 +54,23 @@ FULL_EVERY_MS = 10_000
 #: user's and the worker's counts, the slice included, stay under LEND_UNDER of their
 #: budgets, and to at most LENT_SHARE of each budget's worth of meters (CAP each): a
 #: maxUserBytes under 32 * CAP (4 MiB) lends none. They are taken back at each review
-#: and before any refusal (``MemoryBudget.settle``): nobody is refused for bytes
-#: another session kept aside, and the counts never fall below what the sessions hold.
+#: and before any refusal they could change (``Account.settle``): nobody is refused for
+#: bytes another session kept aside, and the counts never fall below what the sessions
+#: hold. The lending meters are kept (``Account.lent``, ``MemoryBudget.lent``), so a
+#: refusal takes back only the slices in its way, never walking the sessions: for the
+#: user's maxUserBytes their own (at most LENT_SHARE * maxUserBytes / CAP), for the
+#: memoryCeiling everyone's (at most LENT_SHARE * memoryCeiling / CAP, 192 at the
+#: defaults). Each slice taken back was lent since by a lend of its session, so a flood
+#: of refusals costs the server no more than the lends it takes back: one cheap message
+#: never buys work in proportion to the sessions (docs/PERFORMANCE.md, "Slices taken
+#: back by the refusal's reason, branch budget7b").
 SLICE = 64 << 10
 CAP = 2 * SLICE
 LEND_UNDER = 0.25
 LENT_SHARE = 1 / 32
+#: an account's ``lent`` until it lends (a set of its own then): no object per user
+#: that never borrows (tests/engine/test_session_objects.py)
+NONE_LENT: set[Meter] = frozenset()  # type: ignore[assignment]
 
 
 def window_bytes(live: LiveSession) -> int:
@@ -76,7 +87,7 @@ def held_bytes(live: LiveSession) -> int:
 class Account:
     """One user's running count (``core.meter.Account``), and the worker's through it."""
 
-    __slots__ = ("budget", "worker", "held", "window", "lenders")
+    __slots__ = ("budget", "worker", "held", "window", "lent")
 
     def __init__(self, budget: "MemoryBudget") -> None:
         self.budget = budget
@@ -87,7 +98,12 @@ class Account:
         # Slices lent (``lend``) are in ``held``; a meter moves bytes of its slice to
         # its held or window bytes without telling: ``held + window`` is exact, the
         # split again after ``MemoryBudget.settle`` or a review.
-        self.lenders = 0  # the user's meters holding a slice
+        self.lent = NONE_LENT  # the user's meters holding a slice (all in the worker's
+        # ``MemoryBudget.lent`` too)
+
+    @property
+    def lenders(self) -> int:
+        return len(self.lent)
 
     def over(self, more: int = 0) -> str | None:
         """Why ``more`` bytes would take the user or the worker over, or None."""
@@ -111,8 +127,8 @@ class Account:
         budget = self.budget  # ``over``'s test written out (texts, runs, unlent calls)
         if budget.user_budget and self.held + self.window + nbytes > budget.user_budget \
                 or budget.ceiling and budget.held + budget.window + nbytes > budget.ceiling:
-            if budget.lenders:  # refused, unless only slices lent elsewhere were in the way
-                budget.settle()
+            if budget.lent:  # refused, unless only slices lent were in the way
+                self.settle(nbytes)
             if self.refuses(nbytes):
                 raise OverBudget(self.over(nbytes))
         self.held += nbytes
@@ -129,24 +145,26 @@ class Account:
         the rest counted, and a new slice with it while the budgets have room for one."""
         budget = self.budget
         if self.refuses(nbytes - meter.spare):
-            if budget.lenders:
-                budget.settle()  # (this meter's spare too)
+            if budget.lent:
+                self.settle(nbytes - meter.spare)  # (this meter's spare too, if in the way)
             if self.refuses(nbytes - meter.spare):
                 raise OverBudget(self.over(nbytes - meter.spare))
         more = nbytes - meter.spare
         user, ceiling = budget.user_budget, budget.ceiling
         new = not meter.cap
         if (not user or self.held + self.window + more + SLICE <= user * LEND_UNDER
-                and (not new or (self.lenders + 1) * CAP <= user * LENT_SHARE)) \
+                and (not new or (len(self.lent) + 1) * CAP <= user * LENT_SHARE)) \
                 and (not ceiling or budget.held + budget.window + more + SLICE
                      <= ceiling * LEND_UNDER
-                     and (not new or (budget.lenders + 1) * CAP <= ceiling * LENT_SHARE)):
+                     and (not new or (len(budget.lent) + 1) * CAP <= ceiling * LENT_SHARE)):
             more += SLICE
             meter.spare = SLICE
             if new:
                 meter.cap = CAP
-                self.lenders += 1
-                budget.lenders += 1
+                if self.lent is NONE_LENT:
+                    self.lent = set()
+                self.lent.add(meter)
+                budget.lent.add(meter)
         else:
             meter.spare = 0
         self.held += more
@@ -172,10 +190,8 @@ class Account:
                 budget.user_budget and self.held + window + nbytes > budget.user_budget
                 or budget.ceiling and budget.held + budget.window + nbytes > budget.ceiling):
             self.window = window
-            if budget.lenders:  # counted from the meters again, then ``change`` on that
-                budget.settle()
-                self.window += change
-                budget.window += change
+            if budget.lent:  # (``change`` counted already: settling moves only spares)
+                self.settle(nbytes)
                 if not self.refuses(nbytes):
                     return self.queued(0, nbytes, False)
             return self.over(nbytes)
@@ -184,6 +200,24 @@ class Account:
         if self.held + window > budget.peak:
             budget.peak = self.held + window
         return None
+
+    def settle(self, more: int) -> None:
+        """Before refusing ``more`` bytes: the slices in the refusal's way taken back,
+        where taking them back could let ``more`` in (a meter's spare is at most CAP):
+        the user's own for their maxUserBytes, everyone's for the memoryCeiling. Never a
+        walk of the sessions: ``MemoryBudget.take_back`` visits the lent meters only."""
+        budget = self.budget
+        user, ceiling = budget.user_budget, budget.ceiling
+        mine = user and self.held + self.window + more > user
+        if mine and self.held + self.window + more - len(self.lent) * CAP > user:
+            return  # refused whatever the user's slices hold
+        every = ceiling and budget.held + budget.window + more > ceiling
+        if every and budget.held + budget.window + more - len(budget.lent) * CAP > ceiling:
+            return  # refused whatever anyone's slices hold
+        if every:
+            budget.take_back(budget.lent)
+        elif mine:
+            budget.take_back(self.lent)
 
     def grow(self, nbytes: int) -> None:
         """The user's windows and unsent bytes changed by ``nbytes`` (less when a window
@@ -205,10 +239,15 @@ class MemoryBudget:
         #: all sessions: what their meters hold now, and their windows at the last tick
         self.held = 0
         self.window = 0
-        self.lenders = 0  # meters holding a slice (SLICE)
+        #: the meters holding a slice (SLICE), every user's (``Account.lent``)
+        self.lent: set[Meter] = set()
         #: the most any user's running count reached since the last review
         self.peak = 0
         self._reviewed_at: int | None = None
+
+    @property
+    def lenders(self) -> int:
+        return len(self.lent)
 
     @property
     def total(self) -> int:
@@ -237,34 +276,39 @@ class MemoryBudget:
         if account is not None:
             account.give(meter.held + meter.spare)  # (its slice, if lent one)
             account.queued(-meter.window, 0, False)  # its window, given back
-            if meter.cap and isinstance(account, Account) and account.lenders > 0:
-                account.lenders -= 1  # (unless a review took its slice back already)
-                self.lenders -= 1
+            if meter.cap and isinstance(account, Account):  # (a review took it back if not)
+                account.lent.discard(meter)
+                self.lent.discard(meter)
             meter.spare = meter.cap = 0
             meter.account = None
 
+    def take_back(self, meters: set[Meter]) -> None:
+        """The slices of ``meters`` (an account's ``lent``, or the worker's) taken back:
+        their spare bytes no longer counted. (A meter moves bytes of its slice to its
+        held and window bytes unseen: the sum stays exact, the split waits for the
+        review.) Visits those meters only, each once."""
+        whole = meters is self.lent
+        while meters:
+            meter = meters.pop()
+            account = meter.account
+            if isinstance(account, Account):
+                account.held -= meter.spare
+                self.held -= meter.spare
+                if whole:
+                    account.lent.discard(meter)
+            if not whole:
+                self.lent.discard(meter)
+            meter.spare = meter.cap = 0
+
     def settle(self) -> None:
-        """Every slice taken back from the sessions' meters (their spare bytes no longer
-        counted): before a refusal while slices are lent, so that nobody is refused for
-        bytes another session kept aside. (A meter moves bytes of its slice to its held
-        and window bytes unseen: the sum stays exact, the split waits for the review.)"""
-        for live in self.kept.hub.sessions():
-            meter = live.core.meter
-            if meter.cap:
-                account = meter.account
-                if isinstance(account, Account):
-                    account.held -= meter.spare
-                    self.held -= meter.spare
-                    account.lenders -= 1
-                    self.lenders -= 1
-                meter.spare = meter.cap = 0
+        """Every slice taken back (the review's first step; a refusal takes back only
+        what is in its way: ``Account.settle``)."""
+        self.take_back(self.lent)
 
     def admit(self, user_id: str) -> None:
         """Refuse a new session while the worker or the user is over budget."""
-        if self.lenders and (self.ceiling and self.total > self.ceiling or self.user_budget
-                             and user_id in self.accounts and self.accounts[user_id].held
-                             + self.accounts[user_id].window > self.user_budget):
-            self.settle()  # not refused for slices lent
+        if self.lent:  # not refused for slices lent (those in the way taken back)
+            (self.accounts.get(user_id) or Account(self)).settle(0)
         if self.ceiling and self.total > self.ceiling:
             raise MaxConnections(f"the sessions hold {self.total} bytes "
                                  f"(memoryCeiling {self.ceiling})")
@@ -319,6 +363,7 @@ class MemoryBudget:
         review are left out, a user without sessions loses their account."""
         accounts: dict[str, Account] = {}
         held = window = 0
+        self.settle()  # every lent meter's, a session gone unforgotten's included
         for live in sessions:
             live.core.meter.spare = live.core.meter.cap = 0  # slices taken back
             weight = weights.get(live.id)
@@ -327,7 +372,7 @@ class MemoryBudget:
             account = accounts.get(live.user_id)
             if account is None:
                 account = self.accounts.get(live.user_id) or Account(self)
-                account.held = account.window = account.lenders = 0
+                account.held = account.window = 0
                 accounts[live.user_id] = account
             meter = live.core.meter
             meter.account = account
@@ -337,7 +382,7 @@ class MemoryBudget:
             held += meter.held
             window += weight - meter.held
         self.accounts = accounts
-        self.held, self.window, self.lenders = held, window, 0
+        self.held, self.window = held, window
         self.peak = max((a.held + a.window for a in accounts.values()), default=0)
 
     def _shed(self, user: str | None, held: int, budget: int, weights: dict[str, int],

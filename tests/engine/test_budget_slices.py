@@ -7,6 +7,7 @@ small budget lends none (every change told, as before slices)."""
 
 from __future__ import annotations
 
+import gc
 from sys import getsizeof
 from typing import Any
 
@@ -108,3 +109,89 @@ def test_a_small_budget_lends_nothing() -> None:
     echo(h, live, "a")
     assert live.core.meter.spare == live.core.meter.cap == 0
     assert h.engine.budget.lenders == 0
+
+
+def test_a_user_budget_refusal_takes_back_only_that_users_slices() -> None:
+    """u2, at their own maxUserBytes, is refused a call: their slice is taken back (it
+    could have let the call in), u1's stays lent (it never counted against u2)."""
+    h = Harness(maxUserBytes=8 * MIB, echoMessages=False)
+    budget = h.engine.budget
+    mine, theirs = greeted(h, "u1"), greeted(h, "u2")
+    echo(h, mine, "a")
+    echo(h, theirs, "b")
+    assert mine.core.meter.spare > 0 and theirs.core.meter.spare > 0
+    u1, u2 = budget.accounts["u1"], budget.accounts["u2"]
+    assert u1.lent == {mine.core.meter} and u2.lent == {theirs.core.meter}
+    # u2's sessions hold 100 bytes short of the budget: the call does not fit
+    theirs.core.meter.charge(8 * MIB - (told(h, "u2") - theirs.core.meter.spare) - 100)
+    out = echo(h, theirs, "c")
+    assert [m["payload"]["code"] for m in out if m["type"] == "ERROR"] == \
+        ["MAX_RUNS_EXCEEDED"]
+    assert theirs.core.meter.spare == theirs.core.meter.cap == 0 and not u2.lent
+    assert mine.core.meter.cap == CAP and mine.core.meter.spare > 0
+    assert budget.lent == u1.lent == {mine.core.meter}
+    for user, account in (("u1", u1), ("u2", u2)):
+        assert account.held + account.window == told(h, user)
+
+
+def test_a_ceiling_refusal_takes_back_everyones_slices_unless_none_could_help() -> None:
+    h = Harness(memoryCeiling=64 * MIB, maxUserBytes=0, echoMessages=False)
+    budget = h.engine.budget
+    lenders = [greeted(h, f"u{i}") for i in range(3)]
+    for i, live in enumerate(lenders):
+        echo(h, live, f"c{i}")
+    assert len(budget.lent) == 3
+    big = greeted(h, "big")
+    # a charge past the ceiling by more than every slice could give back: refused as it
+    # is, the slices left lent
+    hopeless = 64 * MIB - budget.total + 3 * CAP + 1
+    try:
+        big.core.meter.charge(hopeless)
+        raise AssertionError("not refused")
+    except Exception as exc:  # OverBudget
+        assert "memoryCeiling" in str(exc)
+    assert len(budget.lent) == 3
+    # one the slices are in the way of: taken back, every user's, and let in
+    big.core.meter.charge(64 * MIB - (budget.total - sum(
+        s.core.meter.spare for s in lenders)) - 1024)
+    assert not budget.lent and all(s.core.meter.spare == 0 for s in lenders)
+    assert budget.total == sum(told(h, u) for u in ("u0", "u1", "u2", "big")) <= 64 * MIB
+
+
+def test_a_refused_data_message_counts_the_windows_change_once() -> None:
+    """``Account.queued`` refusing with slices lent: the window's change since the last
+    message is counted once, whether the message is then let in (8 kB: the slice was in
+    its way) or not (128 kB)."""
+    for nbytes, let_in in ((8192, True), (128 << 10, False)):
+        h = Harness(maxUserBytes=8 * MIB, echoMessages=False)
+        budget = h.engine.budget
+        first, third = greeted(h, "u1"), greeted(h, "u1")
+        echo(h, first, "a")
+        assert budget.lent == {first.core.meter}
+        account = budget.accounts["u1"]
+        meter = third.core.meter
+        meter.charge(8 * MIB - told(h, "u1") - 2048)
+        assert account.held + account.window == told(h, "u1")
+        # the window shrank by 1000 (evictions) since
+        assert (meter.queue(meter.window - 1000, nbytes, True) is None) is let_in
+        assert not budget.lent and account.held + account.window == told(h, "u1")
+
+
+def test_a_gone_sessions_meter_leaves_the_lenders_and_nothing_of_the_budget_holds_it() -> None:
+    h = Harness(maxUserBytes=64 * MIB)
+    budget = h.engine.budget
+    dropped, vanished, other = greeted(h, "u1"), greeted(h, "u1"), greeted(h, "u2")
+    for i, live in enumerate((dropped, vanished, other)):
+        echo(h, live, f"c{i}")
+    assert len(budget.lent) == 3
+    meters = [dropped.core.meter, vanished.core.meter]
+    u1 = budget.accounts["u1"]
+    budget.drop(dropped, "the test ends it")  # forgotten: out of the lenders at once
+    assert len(budget.lent) == 2 and len(u1.lent) == 1
+    h.hub.remove(vanished.id)  # gone without a forget: the review takes its slice back
+    budget.review(h.hub.sessions())
+    assert not budget.lent and not u1.lent and "u1" not in budget.accounts
+    assert vanished.core.meter.cap == vanished.core.meter.spare == 0
+    for meter in meters:  # held by its session only: nothing of the budget's keeps it
+        assert [type(r) for r in gc.get_referrers(meter) if type(r) in (set, dict, list)
+                and r is not meters] == []
