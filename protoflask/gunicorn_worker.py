@@ -201,7 +201,8 @@ class GeventWorker(ggevent.GeventWorker):
         ``AsyncWorker.handle`` would; its error handling repeated here."""
         resp = None
         try:
-            opened = lane.open(head, client, addr, listener)
+            timed = access_timed(self.log)  # (the access line reads the whole environ)
+            opened = lane.open(head, client, addr, listener, whole=timed)
             if opened is None:
                 return False
             environ, response = opened
@@ -210,7 +211,7 @@ class GeventWorker(ggevent.GeventWorker):
             resp = lane.response(head, client)
             if not self.alive:
                 resp.force_close()
-            started = datetime.now() if access_timed(self.log) else None
+            started = datetime.now() if timed else None
             respiter = response(environ, resp.start_response)
             try:
                 for item in respiter:
