@@ -196,6 +196,12 @@ def send_bytes(sock: Any, data: bytes, at_once: bool) -> None:
 #: header name -> True for a name gunicorn's ``process_headers`` passes through when its
 #: value is valid (a token, not Content-Length, not hop-by-hop), False for the others
 _NAMES: dict[Any, bool] = {}
+#: (name, value) -> its head line, for the pairs passed as they are and seen twice in a
+#: row for their name (a stream's Proto-Session, new each time, never is); at most
+#: PAIRS_MAX kept
+_PAIRS: dict[tuple[str, str], str] = {}
+PAIRS_MAX = 256
+_last: dict[str, str] = {}  # a passed name's last value
 _http_cfgs: list[Any] = [None]  # the last config whose protocol was read and is "http"
 
 
@@ -221,6 +227,7 @@ class LeanResponse:
     _omits_body = False
     _omits_body_warned = False
     _held = b""
+    _lines: list[str] | None = None  # the head's lines of ``headers``, made with them
     send_at_once = True  # as LaneResponse's
 
     def __init__(self, req: Any, sock: Any, cfg: Any) -> None:
@@ -266,6 +273,7 @@ class LeanResponse:
             if code == 204 or code is not None and 100 <= code < 200:
                 self.headers = [(k, v) for k, v in self.headers
                                 if k.lower() != "content-length"]
+                self._lines = None  # (made from the headers left)
                 self.response_length = None
         cfg = self.cfg
         if cfg is not _http_cfgs[0]:
@@ -277,19 +285,42 @@ class LeanResponse:
         return self.write
 
     def process_headers(self, headers: list[tuple[str, str]]) -> None:
-        """gunicorn's ``process_headers``: a pair whose name is known as passed checked
-        for its value only (the same test, the same refusal), any other by gunicorn."""
-        names, out = _NAMES, self.headers
+        """gunicorn's ``process_headers``: a pair seen twice in a row for its name kept
+        with its head line (appended at once), a pair whose name is known as passed
+        checked for its value only (the same test, the same refusal), any other by
+        gunicorn; each appended pair's head line made here."""
+        names, pairs, out = _NAMES, _PAIRS, self.headers
+        lines: list[str] = []
+        self._lines = lines
         for pair in headers:
-            if pair.__class__ is tuple and len(pair) == 2:
-                name, value = pair
-                if names.get(name) and value.__class__ is str:
-                    if not HEADER_VALUE_RE.fullmatch(value):
-                        raise gunicorn_wsgi.InvalidResponseHeader('%r' % name)
-                    out.append((name, value.strip(" \t")))
+            if pair.__class__ is tuple:
+                try:
+                    line = pairs.get(pair)
+                except TypeError:  # (an unhashable value: gunicorn refuses it below)
+                    line = None
+                if line is not None:
+                    out.append(pair)
+                    lines.append(line)
                     continue
+                if len(pair) == 2:
+                    name, value = pair
+                    if names.get(name) and value.__class__ is str:
+                        if not HEADER_VALUE_RE.fullmatch(value):
+                            raise gunicorn_wsgi.InvalidResponseHeader('%r' % name)
+                        stripped = value.strip(" \t")
+                        out.append((name, stripped))
+                        line = "%s: %s\r\n" % (name, stripped)
+                        lines.append(line)
+                        if stripped == value:
+                            if _last.get(name) == value:
+                                if len(pairs) < PAIRS_MAX:
+                                    pairs[pair] = line
+                            else:
+                                _last[name] = value
+                        continue
             before = len(out)
             self._gunicorn_process_headers([pair])
+            lines.extend(["%s: %s\r\n" % kv for kv in out[before:]])
             name = pair[0]
             if name.__class__ is str and name not in names and len(names) < 256:
                 names[name] = len(out) == before + 1 and name.lower() not in _NOT_PASSED \
@@ -305,12 +336,13 @@ class LeanResponse:
         else:
             connection = "keep-alive"
         version = self.req.version
-        lines = ["HTTP/%s.%s %s\r\nServer: %s\r\n%sConnection: %s\r\n%s" % (
+        lines = self._lines
+        if lines is None:
+            lines = ["%s: %s\r\n" % kv for kv in self.headers]
+        return ("HTTP/%s.%s %s\r\nServer: %s\r\n%sConnection: %s\r\n%s%s\r\n" % (
             version[0], version[1], self.status, self.version, date_line(), connection,
-            "Transfer-Encoding: chunked\r\n" if self.chunked else "")]
-        lines.extend(["%s: %s\r\n" % (k, v) for k, v in self.headers])
-        lines.append("\r\n")
-        return "".join(lines).encode("latin-1")
+            "Transfer-Encoding: chunked\r\n" if self.chunked else "", "".join(lines))
+            ).encode("latin-1")
 
     def send_headers(self) -> None:
         if not self.headers_sent:
