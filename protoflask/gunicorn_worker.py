@@ -196,8 +196,8 @@ class GeventWorker(ggevent.GeventWorker):
                       addr: Any) -> bool:
         """A stream opened by a head the lane read (False: left to gunicorn, nothing taken
         off the socket): its response written as gunicorn's ``handle_request`` writes it
-        (``lane_response.LaneResponse``: gunicorn's writer, its head sent with the first
-        chunk), then the rest of the connection served by gunicorn, as its
+        (``lane_response``: gunicorn's writer's bytes, its head sent with the first
+        chunk), its environ whole only where the access line reads it, then the rest of the connection served by gunicorn, as its
         ``AsyncWorker.handle`` would; its error handling repeated here."""
         resp = None
         try:

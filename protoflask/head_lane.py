@@ -16,9 +16,11 @@ are one whole request head of those three and nothing else, reads it here:
   reads the same head and answers it as before (counted once, a ticket spent once).
 - ``GET /proto/sse`` and the opening ``POST /proto/stream`` (new, or resumed with
   ``last_seq``): the environ with the body read with the head, straight to
-  ``SessionPostLane.open``; the stream's response written by gunicorn's writer
-  (``LaneResponse``: its head sent with the first chunk, one write where gunicorn makes
-  two), its access log line and errors as gunicorn's ``handle_request`` has them
+  ``SessionPostLane.open`` (only what the open and the stream read of it where
+  gunicorn's access log, which reads every key, is off); the stream's response written as
+  gunicorn's writer writes it (``LeanResponse``, or gunicorn's own as ``LaneResponse``:
+  its head sent with the first chunk, one write where gunicorn makes two), its access log
+  line and errors as gunicorn's ``handle_request`` has them
   (``gunicorn_worker.GeventWorker._serve_stream``). A refusal is left as the upgrade's.
 
 Anything else is left on the socket for gunicorn: another path or method (a session's
