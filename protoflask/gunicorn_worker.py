@@ -197,8 +197,9 @@ class GeventWorker(ggevent.GeventWorker):
         """A stream opened by a head the lane read (False: left to gunicorn, nothing taken
         off the socket): its response written as gunicorn's ``handle_request`` writes it
         (``lane_response``: gunicorn's writer's bytes, its head sent with the first
-        chunk), its environ whole only where the access line reads it, then the rest of the connection served by gunicorn, as its
-        ``AsyncWorker.handle`` would; its error handling repeated here."""
+        chunk), its environ whole only where the access line reads it, then the rest of
+        the connection served by gunicorn, as its ``AsyncWorker.handle`` would; its error
+        handling repeated here."""
         resp = None
         try:
             timed = access_timed(self.log)  # (the access line reads the whole environ)

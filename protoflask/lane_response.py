@@ -291,7 +291,9 @@ class LeanResponse:
         gunicorn; each appended pair's head line made here."""
         names, pairs, out = _NAMES, _PAIRS, self.headers
         lines: list[str] = []
-        self._lines = lines
+        # (a second start_response, with exc_info, adds to the first's headers as
+        # gunicorn's does: the head's lines are then made from them all)
+        self._lines = lines if not out else None
         for pair in headers:
             if pair.__class__ is tuple:
                 try:

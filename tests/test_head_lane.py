@@ -6,6 +6,7 @@ builds the same WSGI environ from; every head gunicorn refuses, the lane leaves 
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 import pytest
@@ -324,6 +325,30 @@ def test_the_lane_writes_the_bytes_gunicorns_writer_writes(case: str, connection
                      resp.response_length, resp.chunked, resp.headers_sent,
                      resp.should_close()))
     assert seen[0] == seen[1]
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["LeanResponse", "LaneResponse"])
+def test_a_second_start_with_exc_info_writes_what_gunicorn_writes(lean: bool) -> None:
+    """start_response again with exc_info before the head is sent: gunicorn's writer
+    takes the new status and adds the new headers to the first's; both lane writers
+    write the same bytes."""
+    from protoflask.head_lane import LaneResponse, LeanResponse
+
+    head = parse_head(b"GET /proto/sse HTTP/1.1\r\nHost: h\r\n\r\n", HeadLimits.of(Config()))
+    writes = []
+    for response_class in (wsgi.Response, LeanResponse if lean else LaneResponse):
+        wire = Wire()
+        resp = response_class(head, wire, Config())
+        resp.start_response("200 OK", [("X-First", "1"), ("Content-Type", "text/plain")])
+        try:
+            raise RuntimeError("late")
+        except RuntimeError:
+            resp.start_response("500 INTERNAL SERVER ERROR", [("X-Second", "2")],
+                                sys.exc_info())
+        resp.write(b"oops")
+        resp.close()
+        writes.append(re.sub(rb"\r\nDate: [^\r]*", b"", b"".join(wire.writes)))
+    assert writes[0] == writes[1]
 
 
 HEADER_LISTS = [
