@@ -106,7 +106,10 @@ class LaneResponse(Response):
         passed, out = self._passed, self.headers
         for pair in headers:
             hashable = pair.__class__ is tuple
-            kept = passed.get(pair) if hashable else None
+            try:
+                kept = passed.get(pair) if hashable else None
+            except TypeError:  # (a list or the like inside: gunicorn refuses it below)
+                hashable, kept = False, None
             if kept is not None:
                 out.append(kept)
                 continue
@@ -306,7 +309,7 @@ class LeanResponse:
                     continue
                 if len(pair) == 2:
                     name, value = pair
-                    if names.get(name) and value.__class__ is str:
+                    if name.__class__ is str and value.__class__ is str and names.get(name):
                         if not HEADER_VALUE_RE.fullmatch(value):
                             raise gunicorn_wsgi.InvalidResponseHeader('%r' % name)
                         stripped = value.strip(" \t")

@@ -368,6 +368,8 @@ HEADER_LISTS = [
     [("X-A", " padded\t"), ("Proto-Session", "x\x00y")],
     [("Proto-Session", "s"), ("X-A", 5)],
     [("X-A", "1"), ("x-a", "2"), ("Content-Type", "a\x7f")],
+    [("X-A", "1"), (["X-A"], "1")],
+    [("X-A", "1"), (("X", "A"), "1")],
 ]
 
 
