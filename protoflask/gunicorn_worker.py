@@ -196,12 +196,14 @@ class GeventWorker(ggevent.GeventWorker):
                       addr: Any) -> bool:
         """A stream opened by a head the lane read (False: left to gunicorn, nothing taken
         off the socket): its response written as gunicorn's ``handle_request`` writes it
-        (``lane_response.LaneResponse``: gunicorn's writer, its head sent with the first
-        chunk), then the rest of the connection served by gunicorn, as its
-        ``AsyncWorker.handle`` would; its error handling repeated here."""
+        (``lane_response``: gunicorn's writer's bytes, its head sent with the first
+        chunk), its environ whole only where the access line reads it, then the rest of
+        the connection served by gunicorn, as its ``AsyncWorker.handle`` would; its error
+        handling repeated here."""
         resp = None
         try:
-            opened = lane.open(head, client, addr, listener)
+            timed = access_timed(self.log)  # (the access line reads the whole environ)
+            opened = lane.open(head, client, addr, listener, whole=timed)
             if opened is None:
                 return False
             environ, response = opened
@@ -210,7 +212,7 @@ class GeventWorker(ggevent.GeventWorker):
             resp = lane.response(head, client)
             if not self.alive:
                 resp.force_close()
-            started = datetime.now() if access_timed(self.log) else None
+            started = datetime.now() if timed else None
             respiter = response(environ, resp.start_response)
             try:
                 for item in respiter:

@@ -16,9 +16,11 @@ are one whole request head of those three and nothing else, reads it here:
   reads the same head and answers it as before (counted once, a ticket spent once).
 - ``GET /proto/sse`` and the opening ``POST /proto/stream`` (new, or resumed with
   ``last_seq``): the environ with the body read with the head, straight to
-  ``SessionPostLane.open``; the stream's response written by gunicorn's writer
-  (``LaneResponse``: its head sent with the first chunk, one write where gunicorn makes
-  two), its access log line and errors as gunicorn's ``handle_request`` has them
+  ``SessionPostLane.open`` (only what the open and the stream read of it where
+  gunicorn's access log, which reads every key, is off); the stream's response written as
+  gunicorn's writer writes it (``LeanResponse``, or gunicorn's own as ``LaneResponse``:
+  its head sent with the first chunk, one write where gunicorn makes two), its access log
+  line and errors as gunicorn's ``handle_request`` has them
   (``gunicorn_worker.GeventWorker._serve_stream``). A refusal is left as the upgrade's.
 
 Anything else is left on the socket for gunicorn: another path or method (a session's
@@ -44,13 +46,14 @@ from gunicorn.http.body import Body, LengthReader
 from gunicorn.http.unreader import IterUnreader
 from gunicorn.http.wsgi import WSGIErrorsWrapper, base_environ
 
-from .lane_response import LaneErrors, LaneResponse
+from .lane_response import LaneErrors, LaneResponse, LeanResponse
 from .transports.stream import CARRIED_BODY
 from .post_lane import SSE_PATH, STREAM_PATH, WEBSOCKET_PATH, SessionPostLane, plain_query
 from .web import REFUSED_KEY
 
 __all__ = ["HeadLane", "HeadRequest", "LANE_HEAD_MAX", "LaneErrors", "LaneResponse",
-           "environ_for", "handshake_of", "lane_config_ok", "parse_head", "upgrade_environ"]
+           "LeanResponse", "environ_for", "handshake_of", "lane_config_ok", "parse_head",
+           "stream_environ", "upgrade_environ"]
 
 #: At most this many bytes are peeked, and a head (with its body) must fit in them.
 LANE_HEAD_MAX = 8192
@@ -293,6 +296,24 @@ def upgrade_environ(handshake: dict[str, Any], head: HeadRequest, sock: Any
     return environ
 
 
+def stream_environ(head: HeadRequest, sock: Any) -> dict[str, Any]:
+    """A stream open's environ as far as ``SessionPostLane.open`` and the stream read it
+    (the socket, the method, the path and query, the headers, the body's length and
+    type): each key's value is ``environ_for``'s. Only where nothing else reads it:
+    gunicorn's access log (which reads every key) off, and the app plain (``open``)."""
+    environ = {"gunicorn.socket": sock, "REQUEST_METHOD": head.method,
+               "QUERY_STRING": head.query, "PATH_INFO": head.path}
+    keys = _ENVIRON_KEYS
+    for name, value in head.headers:
+        if name == "CONTENT-TYPE":
+            environ["CONTENT_TYPE"] = value
+        elif name == "CONTENT-LENGTH":
+            environ["CONTENT_LENGTH"] = value
+        else:
+            environ[keys.get(name) or environ_key(name)] = value
+    return environ
+
+
 #: gunicorn's ``base_environ`` less ``wsgi.errors``, set by the worker at start-up
 BASE_ENVIRON: dict[str, Any] = {}
 
@@ -324,6 +345,16 @@ class HeadLane:
     #: handshake filtered out of it by ``web.serve_apart`` (tests/test_head_lane.py holds
     #: them equal)
     lean_upgrade = True
+    #: The swap point of a stream open's environ: where nothing but the stream reads it
+    #: (``open(whole=False)``: gunicorn's access log off), only what the open and the
+    #: stream read (``stream_environ``), without ``wsgi.errors``; or with False always
+    #: gunicorn's whole environ (``environ_for``). tests/test_head_lane.py holds what they
+    #: hand the open equal.
+    lean_open = True
+    #: The swap point of a stream's writer: ``LeanResponse`` (no gunicorn ``Response``),
+    #: or with False ``LaneResponse`` (gunicorn's, its head held for the first chunk);
+    #: tests/test_head_lane.py and tests/integration/test_head_lane.py hold the bytes equal.
+    lean_response = True
     #: The swap point of the peek: first tried on a gevent socket's non-blocking descriptor
     #: (the head is most often there already), waiting (gevent's ``recv`` under the
     #: socket's timeout, set and set back) only when it is not; or with False always the
@@ -391,23 +422,28 @@ class HeadLane:
             self.post_lane.refusals[client] = refused
         return False
 
-    def open(self, head: HeadRequest, client: Any, addr: Any, listener: Any
-             ) -> tuple[dict[str, Any], Any] | None:
+    def open(self, head: HeadRequest, client: Any, addr: Any, listener: Any,
+             whole: bool = True) -> tuple[dict[str, Any], Any] | None:
         """``GET /proto/sse`` or an opening ``POST /proto/stream``: (its environ, the
         stream's response) once admitted, the head taken off the socket; None for
         gunicorn's path (anything else: a session's POST batch; a refusal, left for
-        ``post_lane``)."""
+        ``post_lane``). ``whole``: the environ is read by more than the stream (the
+        access log): gunicorn's whole environ, else only what the stream reads
+        (``lean_open``)."""
         kind = "sse" if head.method == "GET" else "stream"
         args = plain_query(head.query)
         if kind == "stream":
             if args is None or args.get("session") and not args.get("last_seq"):
                 return None  # a session's upstream batch, or a query Flask decodes
-        environ = environ_for(head, client, addr, self.server_of(listener))
+        lean = not whole and self.lean_open
+        environ = stream_environ(head, client) if lean \
+            else environ_for(head, client, addr, self.server_of(listener))
         environ["wsgi.input"] = LazyInput(head) if self.lazy_input else head.body
         if kind == "stream":  # the HELLO, handed to the session without a reader greenlet
             environ[CARRIED_BODY] = head.carried
-        environ["wsgi.errors"] = LaneErrors(self.cfg) if self.lane_errors \
-            else WSGIErrorsWrapper(self.cfg)
+        if not lean:
+            environ["wsgi.errors"] = LaneErrors(self.cfg) if self.lane_errors \
+                else WSGIErrorsWrapper(self.cfg)
         response = self.post_lane.open(environ, kind, args)  # the query read once
         if response is None:
             refused = environ.pop(REFUSED_KEY, None)
@@ -417,7 +453,9 @@ class HeadLane:
         self.take_off(client, head)
         return environ, response
 
-    def response(self, head: HeadRequest, client: Any) -> LaneResponse:
+    def response(self, head: HeadRequest, client: Any) -> LaneResponse | LeanResponse:
+        if self.lean_response:
+            return LeanResponse(head, client, self.cfg)
         return LaneResponse(head, client, self.cfg)
 
     @classmethod

@@ -1,7 +1,8 @@
 """The writer of a stream the head lane opened (head_lane.py): gunicorn's response writer,
-its head sent with the first chunk (``LaneResponse``), and gunicorn's ``wsgi.errors``
-with its logger looked up once (``LaneErrors``). Apart from head_lane.py, which reads
-the heads, for room (no file over 500 lines)."""
+its head sent with the first chunk (``LaneResponse``), or the same bytes written without
+gunicorn's ``Response`` (``LeanResponse``); and gunicorn's ``wsgi.errors`` with its logger
+looked up once (``LaneErrors``). Apart from head_lane.py, which reads the heads, for room
+(no file over 500 lines)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import sys
 import time
 from typing import Any
 
-from gunicorn.http.wsgi import Response, WSGIErrorsWrapper
-from gunicorn.util import hop_headers, http_date
+from gunicorn.http import wsgi as gunicorn_wsgi
+from gunicorn.http.wsgi import HEADER_VALUE_RE, SERVER, STATUS_RE, Response, WSGIErrorsWrapper
+from gunicorn.util import hop_headers, http_date, reraise
 
 from .transports.sockets import immediate_send
 
-__all__ = ["LaneErrors", "LaneResponse", "date_line"]
+__all__ = ["LaneErrors", "LaneResponse", "LeanResponse", "date_line"]
 
 
 class LaneErrors(WSGIErrorsWrapper):
@@ -104,7 +106,10 @@ class LaneResponse(Response):
         passed, out = self._passed, self.headers
         for pair in headers:
             hashable = pair.__class__ is tuple
-            kept = passed.get(pair) if hashable else None
+            try:
+                kept = passed.get(pair) if hashable else None
+            except TypeError:  # (a list or the like inside: gunicorn refuses it below)
+                hashable, kept = False, None
             if kept is not None:
                 out.append(kept)
                 continue
@@ -163,17 +168,7 @@ class LaneResponse(Response):
     send_at_once = True
 
     def _send(self, data: bytes) -> None:
-        send = immediate_send(self.sock) if self.send_at_once else None
-        if send is not None:
-            try:
-                sent = send(data)
-            except BlockingIOError:
-                sent = 0
-            if sent == len(data):
-                return
-            self.sock.sendall(memoryview(data)[sent:])
-            return
-        self.sock.sendall(data)
+        send_bytes(self.sock, data, self.send_at_once)
 
     def write(self, arg: bytes) -> None:
         super().write(arg)
@@ -183,3 +178,222 @@ class LaneResponse(Response):
         self.send_headers()
         self.flush_head()
         super().close()
+
+
+def send_bytes(sock: Any, data: bytes, at_once: bool) -> None:
+    """``data`` on ``sock``: tried at once on its descriptor (``at_once``), what that did
+    not take through the socket's ``sendall``; or ``sendall`` alone."""
+    send = immediate_send(sock) if at_once else None
+    if send is not None:
+        try:
+            sent = send(data)
+        except BlockingIOError:
+            sent = 0
+        if sent == len(data):
+            return
+        sock.sendall(memoryview(data)[sent:])
+        return
+    sock.sendall(data)
+
+
+#: header name -> True for a name gunicorn's ``process_headers`` passes through when its
+#: value is valid (a token, not Content-Length, not hop-by-hop), False for the others
+_NAMES: dict[Any, bool] = {}
+#: (name, value) -> its head line, for the pairs passed as they are and seen twice in a
+#: row for their name (a stream's Proto-Session, new each time, never is); at most
+#: PAIRS_MAX kept
+_PAIRS: dict[tuple[str, str], str] = {}
+PAIRS_MAX = 256
+_last: dict[str, str] = {}  # a passed name's last value
+_http_cfgs: list[Any] = [None]  # the last config whose protocol was read and is "http"
+
+
+class LeanResponse:
+    """A lane stream's writer without gunicorn's ``Response``: what gunicorn's writer
+    does for one request (its checks of the status and the headers, its Connection,
+    chunked framing and length rules, ``should_close``), the bytes ``LaneResponse``
+    writes (the head with the first body bytes), with the attributes gunicorn's access
+    log and worker read (``status``, ``headers``, ``sent``, ``headers_sent``...). A
+    header whose name it knows as passed is checked for its value alone (gunicorn's
+    regular expression); any other goes through gunicorn's own ``process_headers``.
+    tests/test_head_lane.py holds the bytes, headers and refusals equal to gunicorn's."""
+
+    version = SERVER
+    status: str | None = None
+    status_code: int | None = None
+    headers_sent = False
+    response_length: int | None = None
+    sent = 0
+    chunked = False
+    must_close = False
+    upgrade = False
+    _omits_body = False
+    _omits_body_warned = False
+    _held = b""
+    _lines: list[str] | None = None  # the head's lines of ``headers``, made with them
+    send_at_once = True  # as LaneResponse's
+
+    def __init__(self, req: Any, sock: Any, cfg: Any) -> None:
+        self.req = req
+        self.sock = sock
+        self.cfg = cfg
+        self.headers: list[tuple[str, str]] = []
+
+    def force_close(self) -> None:
+        self.must_close = True
+
+    # gunicorn's Response.should_close and process_headers, verbatim
+    should_close = Response.should_close
+    _gunicorn_process_headers = Response.process_headers
+
+    def start_response(self, status: str, headers: list[tuple[str, str]],
+                       exc_info: Any = None) -> Any:
+        if exc_info:
+            try:
+                if self.status and self.headers_sent:
+                    reraise(exc_info[0], exc_info[1], exc_info[2])
+            finally:
+                exc_info = None
+        elif self.status is not None:
+            raise AssertionError("Response headers already set!")
+        if status == "200 OK" and status.__class__ is str:
+            self.status, self.status_code = status, 200
+        else:
+            if not isinstance(status, str):
+                raise TypeError('%r is not a string' % status)
+            if not STATUS_RE.fullmatch(status):
+                raise ValueError('Invalid status %r' % status)
+            self.status = status
+            try:
+                self.status_code = int(status.split()[0])
+            except ValueError:
+                self.status_code = None
+        self.process_headers(headers)
+        code = self.status_code
+        if code is not None and (code in (204, 304) or 100 <= code < 200) \
+                or self.req.method == "HEAD":
+            self._omits_body = True
+            if code == 204 or code is not None and 100 <= code < 200:
+                self.headers = [(k, v) for k, v in self.headers
+                                if k.lower() != "content-length"]
+                self._lines = None  # (made from the headers left)
+                self.response_length = None
+        cfg = self.cfg
+        if cfg is not _http_cfgs[0]:
+            if getattr(cfg, "protocol", "http") == "uwsgi":
+                return self.write  # (not chunked)
+            _http_cfgs[0] = cfg
+        self.chunked = self.response_length is None and self.req.version > (1, 0) \
+            and not self._omits_body
+        return self.write
+
+    def process_headers(self, headers: list[tuple[str, str]]) -> None:
+        """gunicorn's ``process_headers``: a pair seen twice in a row for its name kept
+        with its head line (appended at once), a pair whose name is known as passed
+        checked for its value only (the same test, the same refusal), any other by
+        gunicorn; each appended pair's head line made here."""
+        names, pairs, out = _NAMES, _PAIRS, self.headers
+        lines: list[str] = []
+        # (a second start_response, with exc_info, adds to the first's headers as
+        # gunicorn's does: the head's lines are then made from them all)
+        self._lines = lines if not out else None
+        for pair in headers:
+            if pair.__class__ is tuple:
+                try:
+                    line = pairs.get(pair)
+                except TypeError:  # (an unhashable value: gunicorn refuses it below)
+                    line = None
+                if line is not None:
+                    out.append(pair)
+                    lines.append(line)
+                    continue
+                if len(pair) == 2:
+                    name, value = pair
+                    if name.__class__ is str and value.__class__ is str and names.get(name):
+                        if not HEADER_VALUE_RE.fullmatch(value):
+                            raise gunicorn_wsgi.InvalidResponseHeader('%r' % name)
+                        stripped = value.strip(" \t")
+                        out.append((name, stripped))
+                        line = "%s: %s\r\n" % (name, stripped)
+                        lines.append(line)
+                        if stripped == value:
+                            if _last.get(name) == value:
+                                if len(pairs) < PAIRS_MAX:
+                                    pairs[pair] = line
+                            else:
+                                _last[name] = value
+                        continue
+            before = len(out)
+            self._gunicorn_process_headers([pair])
+            lines.extend(["%s: %s\r\n" % kv for kv in out[before:]])
+            name = pair[0]
+            if name.__class__ is str and name not in names and len(names) < 256:
+                names[name] = len(out) == before + 1 and name.lower() not in _NOT_PASSED \
+                    and name.strip() == name
+
+    def _head(self) -> bytes:
+        """gunicorn's ``default_headers`` and ``send_headers``' lines (the Date made once
+        a second)."""
+        if self.upgrade:
+            connection = "upgrade"
+        elif self.should_close():
+            connection = "close"
+        else:
+            connection = "keep-alive"
+        version = self.req.version
+        lines = self._lines
+        if lines is None:
+            lines = ["%s: %s\r\n" % kv for kv in self.headers]
+        return ("HTTP/%s.%s %s\r\nServer: %s\r\n%sConnection: %s\r\n%s%s\r\n" % (
+            version[0], version[1], self.status, self.version, date_line(), connection,
+            "Transfer-Encoding: chunked\r\n" if self.chunked else "", "".join(lines))
+            ).encode("latin-1")
+
+    def send_headers(self) -> None:
+        if not self.headers_sent:
+            self._held = self._head()
+            self.headers_sent = True
+
+    def write(self, arg: bytes) -> None:
+        """gunicorn's ``Response.write``, the head held for the first body bytes."""
+        if not self.headers_sent:
+            self._held = self._head()
+            self.headers_sent = True
+        if arg.__class__ is not bytes and not isinstance(arg, bytes):
+            raise TypeError('%r is not a byte' % arg)
+        data = b""
+        if self._omits_body:
+            if arg and not self._omits_body_warned:
+                gunicorn_wsgi.log.warning(
+                    "WSGI app sent body bytes on a no-body response "
+                    "(method=%s status=%s); dropping per RFC 9110.",
+                    self.req.method, self.status_code)
+                self._omits_body_warned = True
+        else:
+            tosend = len(arg)
+            length = self.response_length
+            if length is not None:
+                if self.sent >= length:
+                    tosend = 0
+                    arg = b""
+                elif length - self.sent < tosend:
+                    tosend = length - self.sent
+                    arg = arg[:tosend]
+            if self.chunked:
+                if tosend:
+                    data = b"%X\r\n%s\r\n" % (tosend, arg)
+            else:
+                data = arg
+            self.sent += tosend
+        held = self._held
+        if held or data:
+            self._held = b""
+            send_bytes(self.sock, held + data, self.send_at_once)
+
+    def close(self) -> None:
+        """gunicorn's ``Response.close``: the head if not sent yet, the last chunk."""
+        self.send_headers()
+        held, self._held = self._held, b""
+        data = held + b"0\r\n\r\n" if self.chunked else held
+        if data:
+            send_bytes(self.sock, data, self.send_at_once)

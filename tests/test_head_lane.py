@@ -6,6 +6,7 @@ builds the same WSGI environ from; every head gunicorn refuses, the lane leaves 
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from gunicorn.http import wsgi
 from gunicorn.http.parser import RequestParser
 from hypothesis import given, settings, strategies as st
 
+from protoflask.transports.stream import CARRIED_BODY
 from protoflask.head_lane import (HeadLane, HeadLimits, HeadRequest, environ_for,
                                   handshake_of, parse_head, set_base_environ,
                                   upgrade_environ)
@@ -259,18 +261,37 @@ RESPONSES = {
 }
 
 
+RESPONSES.update({
+    "a length, written past": ("200 OK", [("Content-Length", "3")], [b"ab", b"cd", b"e"]),
+    "a length, empty writes": ("200 OK", [("Content-Length", "2")], [b"", b"ab", b""]),
+    "a 304 with a body": ("304 NOT MODIFIED", [("X-A", "1")], [b"dropped"]),
+    "a 101": ("101 SWITCHING PROTOCOLS", [("Connection", "Upgrade"),
+                                          ("Upgrade", "websocket")], []),
+    "a chunk of 26 bytes": ("200 OK", [("X-A", "1")], [b"abcdefghijklmnopqrstuvwxyz"]),
+    "a stream's head": ("200 OK", [("Content-Type", "application/x-ndjson"),
+                                   ("Cache-Control", "no-cache"), ("Proto-Session", "s1"),
+                                   ("X-Padded", " v\t")], [b'{"type":"HELLO"}\n']),
+})
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["LeanResponse", "LaneResponse"])
 @pytest.mark.parametrize("remember", [True, False])
 @pytest.mark.parametrize("version", ["1.1", "1.0"])
 @pytest.mark.parametrize("connection", ["", "close", "keep-alive"])
 @pytest.mark.parametrize("case", sorted(RESPONSES))
 def test_the_lane_writes_the_bytes_gunicorns_writer_writes(case: str, connection: str,
                                                            version: str,
-                                                           remember: bool) -> None:
-    """``LaneResponse`` is gunicorn's ``Response`` with the head held for the first body
-    bytes and the Date made once a second: the same bytes, in no more writes; its
+                                                           remember: bool,
+                                                           lean: bool) -> None:
+    """Both of the swap point ``HeadLane.lean_response``: ``LaneResponse`` is gunicorn's
+    ``Response`` with the head held for the first body bytes and the Date made once a
+    second, ``LeanResponse`` the same without gunicorn's ``Response``: the same bytes,
+    in no more writes, and what gunicorn's access log reads of it the same; its
     ``is_chunked`` with the protocol setting read once (``remember_settings``) or not.
     (An HTTP/1.0 head is gunicorn's to read: its request is made as one here.)"""
-    from protoflask.head_lane import LaneResponse
+    from protoflask.head_lane import LaneResponse, LeanResponse
+
+    writer = LeanResponse if lean else LaneResponse
 
     data = ("GET /proto/sse HTTP/1.1\r\nHost: h\r\n"
             + (f"Connection: {connection}\r\n" if connection else "") + "\r\n").encode()
@@ -283,7 +304,7 @@ def test_the_lane_writes_the_bytes_gunicorns_writer_writes(case: str, connection
             if version == "1.0":
                 head.version = (1, 0)
             theirs = written(wsgi.Response, head, *RESPONSES[case])
-            ours = written(LaneResponse, head, *RESPONSES[case])
+            ours = written(writer, head, *RESPONSES[case])
             if b"".join(ours) == b"".join(theirs):
                 break
     finally:
@@ -292,6 +313,42 @@ def test_the_lane_writes_the_bytes_gunicorns_writer_writes(case: str, connection
     assert len(ours) <= len(theirs)
     if RESPONSES[case][2][:1] == [b"event: session\n\n"]:
         assert len(ours) == len(theirs) - 1  # the head went with the first event
+    # what gunicorn's access log and worker read of the writer once it is done
+    seen = []
+    for response_class in (wsgi.Response, writer):
+        resp = response_class(head, Wire(), Config())
+        resp.start_response(*RESPONSES[case][:2])
+        for chunk in RESPONSES[case][2]:
+            resp.write(chunk)
+        resp.close()
+        seen.append((resp.status, resp.status_code, resp.headers, resp.sent,
+                     resp.response_length, resp.chunked, resp.headers_sent,
+                     resp.should_close()))
+    assert seen[0] == seen[1]
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["LeanResponse", "LaneResponse"])
+def test_a_second_start_with_exc_info_writes_what_gunicorn_writes(lean: bool) -> None:
+    """start_response again with exc_info before the head is sent: gunicorn's writer
+    takes the new status and adds the new headers to the first's; both lane writers
+    write the same bytes."""
+    from protoflask.head_lane import LaneResponse, LeanResponse
+
+    head = parse_head(b"GET /proto/sse HTTP/1.1\r\nHost: h\r\n\r\n", HeadLimits.of(Config()))
+    writes = []
+    for response_class in (wsgi.Response, LeanResponse if lean else LaneResponse):
+        wire = Wire()
+        resp = response_class(head, wire, Config())
+        resp.start_response("200 OK", [("X-First", "1"), ("Content-Type", "text/plain")])
+        try:
+            raise RuntimeError("late")
+        except RuntimeError:
+            resp.start_response("500 INTERNAL SERVER ERROR", [("X-Second", "2")],
+                                sys.exc_info())
+        resp.write(b"oops")
+        resp.close()
+        writes.append(re.sub(rb"\r\nDate: [^\r]*", b"", b"".join(wire.writes)))
+    assert writes[0] == writes[1]
 
 
 HEADER_LISTS = [
@@ -306,6 +363,13 @@ HEADER_LISTS = [
     [("X-A", "1"), (b"X-Bytes", "1")],
     [("X-A", "1"), ("X-D", 5)],
     [["X-List", "1"], ("X-A", "1")],
+    # names passed before (X-A, Vary, Proto-Session), with values gunicorn refuses or strips
+    [("Vary", "Origin"), ("X-A", "a\r\nInjected: 1")],
+    [("X-A", " padded\t"), ("Proto-Session", "x\x00y")],
+    [("Proto-Session", "s"), ("X-A", 5)],
+    [("X-A", "1"), ("x-a", "2"), ("Content-Type", "a\x7f")],
+    [("X-A", "1"), (["X-A"], "1")],
+    [("X-A", "1"), (("X", "A"), "1")],
 ]
 
 
@@ -313,8 +377,9 @@ HEADER_LISTS = [
 def test_remembered_headers_are_processed_as_gunicorn_processes_them(headers: Any) -> None:
     """``LaneResponse.process_headers`` (a pair gunicorn passed before appended at once):
     the same headers, length, upgrade and refusals as gunicorn's, the first time and
-    from memory."""
-    from protoflask.head_lane import LaneResponse
+    from memory; ``LeanResponse.process_headers`` (a name passed before: its value
+    checked alone) the same."""
+    from protoflask.head_lane import LaneResponse, LeanResponse
 
     head = parse_head(b"GET /proto/sse HTTP/1.1\r\nHost: h\r\n\r\n", HeadLimits.of(Config()))
 
@@ -332,6 +397,7 @@ def test_remembered_headers_are_processed_as_gunicorn_processes_them(headers: An
     assert processed(LaneResponse, remember=False) == theirs
     for _ in range(3):
         assert processed(LaneResponse) == theirs
+        assert processed(LeanResponse) == theirs  # (names remembered after the first)
 
 
 @pytest.mark.parametrize("size", [10, 4 << 20], ids=["small", "over the buffer"])
@@ -342,7 +408,7 @@ def test_a_write_at_once_puts_the_bytes_gunicorns_writer_puts(size: int) -> None
     import gevent
     import gevent.socket
 
-    from protoflask.head_lane import LaneResponse
+    from protoflask.head_lane import LaneResponse, LeanResponse
 
     head = parse_head(b"GET /proto/sse HTTP/1.1\r\nHost: h\r\n\r\n", HeadLimits.of(Config()))
     chunks = [b"event: session\n\n", bytes(range(256)) * (size // 256 + 1), b"x"]
@@ -368,6 +434,8 @@ def test_a_write_at_once_puts_the_bytes_gunicorns_writer_puts(size: int) -> None
     theirs = received(wsgi.Response, False)
     assert received(LaneResponse, True) == theirs
     assert received(LaneResponse, False) == theirs
+    assert received(LeanResponse, True) == theirs
+    assert received(LeanResponse, False) == theirs
     assert len(theirs) > size
 
 
@@ -533,3 +601,57 @@ def test_the_take_off_leaves_what_follows_the_head(at_once: bool,
     finally:
         ours.close()
         theirs.close()
+
+
+# -- a stream open's environ, lean and whole --------------------------------------------------
+
+
+class Opens:
+    """In ``SessionPostLane``'s place: records what the lane hands a stream open, refuses
+    it."""
+
+    refusals: dict[Any, Any] = {}
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[dict[str, Any], str, Any]] = []
+
+    def open(self, environ: dict[str, Any], kind: str, args: Any = None) -> Any:
+        self.seen.append((environ, kind, args))
+        return None
+
+
+#: what SessionPostLane.open and the SSE and NDJSON streams read of an open's environ
+STREAM_READS = ("gunicorn.socket", "protoflask.socket", "REQUEST_METHOD", "QUERY_STRING",
+                "PATH_INFO", "HTTP_ORIGIN", "HTTP_AUTHORIZATION", "HTTP_LAST_EVENT_ID",
+                "CONTENT_LENGTH", "CONTENT_TYPE", CARRIED_BODY)
+
+
+@pytest.mark.parametrize("case", sorted(c for c in READ if READ[c].split(" ")[1]
+                                        .startswith(("/proto/sse", "/proto/stream"))))
+def test_a_lean_open_hands_over_what_the_whole_environ_did(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways of the swap point ``HeadLane.lean_open`` (and ``whole``, the access log
+    on): every key the open and the stream read the same, the body read the same; the
+    whole environ where the access log reads it, whichever the swap point."""
+    from protoflask.post_lane import plain_query
+
+    data = READ[case].encode("latin-1")
+    if plain_query(data.split(b" ")[1].partition(b"?")[2].decode()) is None:
+        return  # (a query Flask decodes: the lane hands nothing over)
+    handed = []
+    for lean, whole in ((True, False), (False, False), (True, True)):
+        head = parse_head(data, HeadLimits.of(Config()))
+        assert head is not None
+        monkeypatch.setattr(HeadLane, "lean_open", lean)
+        post_lane = Opens()
+        lane = HeadLane(post_lane, Config())  # type: ignore[arg-type]
+        listener = type("Listener", (), {"getsockname": lambda self: SERVER})()
+        assert lane.open(head, "sock", PEER, listener, whole=whole) is None
+        if not post_lane.seen:
+            handed.append(None)  # (a session's batch: left to gunicorn either way)
+            continue
+        (environ, kind, args), = post_lane.seen
+        assert ("SERVER_NAME" in environ and "wsgi.errors" in environ) is (whole or not lean)
+        handed.append((kind, args, {k: environ.get(k) for k in STREAM_READS},
+                       environ["wsgi.input"].read()))
+    assert handed[0] == handed[1] == handed[2]

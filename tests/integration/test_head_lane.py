@@ -41,11 +41,20 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     except BaseException:
         lane.stop()
         raise
+    try:  # the lane without an access log: a stream's environ only what it reads
+        quiet = GunicornServer({**env, "HEAD_LANE_LOG": str(where / "quiet-taken")},
+                               args=("-k", workers + "CountingHeadWorker"))
+    except BaseException:
+        lane.stop()
+        plain.stop()
+        raise
     try:
-        yield {"lane": lane, "plain": plain, "log": log, "access": access}
+        yield {"lane": lane, "plain": plain, "quiet": quiet, "log": log,
+               "quiet-log": where / "quiet-taken", "access": access}
     finally:
         lane.stop()
         plain.stop()
+        quiet.stop()
 
 
 def token(user: str = "alice") -> str:
@@ -164,6 +173,23 @@ def test_the_lane_answers_byte_for_byte_as_gunicorn(servers: dict[str, Any], cas
     assert lane == plain
     assert lane.startswith(b"HTTP/1."), lane
     assert log == ([taken] if taken else []), log
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.startswith(("sse", "stream"))])
+def test_without_an_access_log_the_lane_answers_as_gunicorn(servers: dict[str, Any],
+                                                            case: str) -> None:
+    """The lane with gunicorn's access log off (``HeadLane.open(whole=False)``: the lean
+    environ, ``HeadLane.lean_open``): the same bytes as gunicorn's path."""
+    make, taken = CASES[case]
+    log: Path = servers["quiet-log"]
+    before = log.read_text().split() if log.exists() else []
+    request = make()
+    quiet = exchange(servers["quiet"], request, whole)
+    plain = exchange(servers["plain"], request, whole)
+    after = log.read_text().split() if log.exists() else []
+    assert quiet == plain
+    assert quiet.startswith(b"HTTP/1."), quiet
+    assert after[len(before):] == ([taken] if taken else [])
 
 
 def refusals(server: GunicornServer) -> float:
