@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .calls import Call, CallRegistry, Run
+from .heartbeat import Heartbeat
 from .texts import OpenTexts
 from .work import Work
 
@@ -34,18 +35,22 @@ if TYPE_CHECKING:
 _NONE: Mapping[str, Any] = MappingProxyType({})
 
 
-class SessionParts:
+class SessionParts(Heartbeat):
+    """The session's parts. Its heartbeat (heartbeat.py) is its base, not a part: every
+    session keeps one, so it is four slots of the session's own (``settings`` among
+    them), not an object more (``heartbeat`` reads the session itself)."""
+
     __slots__ = ("_texts", "_registry", "_work")
 
     # set by ProtocolSession.__init__ (declared here for the views below)
     id: str
-    settings: SessionSettings
     meter: Meter
     events: list[Any]
     up_seqs: SeenSeqs
     outbound: OutboundQueue
 
-    def __init__(self) -> None:
+    def __init__(self, settings: SessionSettings, now: int) -> None:
+        super().__init__(settings, now)
         self._texts: OpenTexts | None = None
         self._registry: CallRegistry | None = None
         self._work: Work | None = None
@@ -94,6 +99,11 @@ class SessionParts:
         return bool(self._texts)
 
     # -- views of the parts callers read --------------------------------------------------
+
+    @property
+    def heartbeat(self) -> Heartbeat:
+        """The heartbeat: the session itself (its base)."""
+        return self
 
     @property
     def upstream_seq(self) -> int:
