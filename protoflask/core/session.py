@@ -64,7 +64,6 @@ from .meter import Meter
 from .parts import SessionParts
 from .outbound import OutboundQueue
 from .ratelimit import Verdict, limiter
-from .seen import SeenSeqs
 from .settings import SessionSettings
 from .state import RESET_STEPS, TRANSITIONS, SessionState, Transition
 from .texts import outgoing_text
@@ -102,7 +101,7 @@ class ProtocolSession(SessionParts):
     """Slotted, and the parts most sessions never use made on first use (parts.py)."""
 
     __slots__ = ("id", "user_id", "_state", "last_activity", "disconnected_at",
-                 "up_seqs", "last_ack", "accept_events", "extensions", "rate", "credits",
+                 "last_ack", "accept_events", "extensions", "rate", "credits",
                  "traffic", "events", "outbound", "meter", "id_counter",
                  "__weakref__")  # (an adapter keeps its state per session, weakly: agui)
 
@@ -111,14 +110,13 @@ class ProtocolSession(SessionParts):
                  greeted: bool = False) -> None:
         """``greeted``: the handshake was completed already (a session moved from another
         node)."""
-        super().__init__(settings, now)  # the settings, and the heartbeat's start
+        SessionParts.__init__(self, settings, now)  # the settings, the heartbeat's start
         self.id = session_id
         self.user_id = user_id
         self._state = SessionState.DETACHED if greeted else SessionState.NEW
         self.last_activity = now
         self.disconnected_at: int | None = now
 
-        self.up_seqs = SeenSeqs()  # upstream seqs seen: the highest, and gaps below it
         self.last_ack = 0
         self.accept_events: frozenset[str] | None = None
         #: the protocol extensions the client asked for in its first HELLO (hello.py)
@@ -257,9 +255,8 @@ class ProtocolSession(SessionParts):
             received[mtype] += 1
         except KeyError:  # a type no client may send: one bounded label for all of them
             received[UNKNOWN_TYPE] += 1
-        seen = self.up_seqs
-        seen_before = seen.highest
-        if not seen.first_time(msg.seq):
+        seen_before = self.highest  # the upstream seqs seen (seen.py: the session's base)
+        if not self.first_time(msg.seq):
             return  # a retransmission: already seen
         charged = False
         try:
