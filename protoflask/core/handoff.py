@@ -20,7 +20,6 @@ from typing import Any, Iterable
 from .envelope import decode_json
 from .errors import ReplayUnavailable
 from .messages import error as error_message
-from .seen import SeenSeqs
 from .session import ProtocolSession
 from .settings import SessionSettings
 
@@ -101,7 +100,7 @@ def restore(state: dict[str, Any], settings: SessionSettings, now: int,
                               greeted=bool(state["handshake"]))
     session.last_activity = int(state["last_activity"])
     # absent in a state exported before out-of-order seqs: everything below counts as seen
-    session.up_seqs = SeenSeqs(int(state["upstream_seq"]), state.get("upstream_missing") or ())
+    session.remember(int(state["upstream_seq"]), state.get("upstream_missing") or ())
     session.last_ack = int(state["last_ack"])
     accept = state.get("accept_events")
     session.accept_events = frozenset(accept) if accept else None

@@ -57,12 +57,30 @@ def asked_extensions(payload: dict[str, Any]) -> frozenset[str] | None:
     return EXTENSIONS.intersection(e for e in asked[:16] if isinstance(e, str))
 
 
-@lru_cache(maxsize=64)
 def capabilities(s: SessionSettings, extensions: frozenset[str]) -> dict[str, Any]:
     """``capabilities_plain``, made once per settings and extensions (every HELLO reply of
     a server announces the same: issue 29). Shared by every reply: never changed, as no
-    message's payload is once built (messages.Outbound)."""
+    message's payload is once built (messages.Outbound).
+
+    The last pair asked for is answered by identity (a worker's sessions share one
+    settings object and, without extensions, one empty set): no hash of the settings,
+    a dataclass's of every field, nested ones too, for every HELLO."""
+    last = _last
+    if s is last[0] and extensions is last[1]:
+        return last[2]  # type: ignore[no-any-return]
+    caps = _made(s, extensions)
+    _last[:] = [s, extensions, caps]
+    return caps
+
+
+@lru_cache(maxsize=64)
+def _made(s: SessionSettings, extensions: frozenset[str]) -> dict[str, Any]:
     return capabilities_plain(s, extensions)
+
+
+#: the last settings and extensions ``capabilities`` was asked for, and their answer
+#: (held here: an id is not reused while they live)
+_last: list[Any] = [None, None, None]
 
 
 def capabilities_plain(s: SessionSettings, extensions: frozenset[str]) -> dict[str, Any]:

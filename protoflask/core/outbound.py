@@ -53,10 +53,11 @@ class OutboundQueue:
         # bytes an idle session, issue 29): change them with pause / resume
         self.paused_by_client: AbstractSet[str] = _NONE
         self.paused_by_server: AbstractSet[str] = _NONE
-        # Lists, not deques: take_writable drains them whole, and an idle session's empty
-        # list costs 56 bytes where a deque costs 760.
-        self.pending: list[Outbound] = []
-        self._pending_sizes: list[int] = []
+        # Lists, not deques: take_writable drains them whole. Empty, both are the shared
+        # empty tuple (an idle session keeps no list of its own, and no take remakes two
+        # empty lists): the first message queued makes them (``_put``).
+        self.pending: list[Outbound] = _EMPTY
+        self._pending_sizes: list[int] = _EMPTY
         # estimated encoded size of what ``pending`` holds, per channel
         self._pending_channel_bytes: dict[str, int] = {}
         self._pending_bytes = 0  # their sum, read for every message
@@ -159,8 +160,11 @@ class OutboundQueue:
                     self._events.append(SendRefused(out.type, out.channel, why))
                     return False
         # _enqueue, inline
-        pending.append(out)
-        self._pending_sizes.append(size)
+        if pending:
+            pending.append(out)
+            self._pending_sizes.append(size)
+        else:  # the queue's lists, made with its first message
+            self.pending, self._pending_sizes = [out], [size]
         by_channel = self._pending_channel_bytes
         channel = out.channel
         by_channel[channel] = by_channel.get(channel, 0) + size
@@ -178,11 +182,18 @@ class OutboundQueue:
     def _enqueue(self, out: Outbound) -> None:
         # the payload's encoded size (as take_writable encodes it) plus the envelope's
         size = len(dumps(out.payload, option=ENCODING)) + ENVELOPE_OVERHEAD
-        self.pending.append(out)
-        self._pending_sizes.append(size)
+        self._put(out, size)
         by_channel = self._pending_channel_bytes
         by_channel[out.channel] = by_channel.get(out.channel, 0) + size
         self._pending_bytes += size
+
+    def _put(self, out: Outbound, size: int) -> None:
+        """Append to the queue (its lists made with the first message)."""
+        if self.pending:
+            self.pending.append(out)
+            self._pending_sizes.append(size)
+        else:
+            self.pending, self._pending_sizes = [out], [size]
 
     @property
     def pending_bytes(self) -> int:
@@ -273,7 +284,7 @@ class OutboundQueue:
         pending, sizes = self.pending, self._pending_sizes
         if not pending:
             return out
-        self.pending, self._pending_sizes = [], []
+        self.pending = self._pending_sizes = _EMPTY
         credits = self.credits
         paused = self.paused_by_client
         blocked: set[str] | None = None  # channels held back in this pass (rarely any)
@@ -321,8 +332,7 @@ class OutboundQueue:
               size: int) -> set[str]:
         """Put a message back, behind those held before it (order within a channel); the
         channel is held back for the rest of the pass. Returns the held channels."""
-        self.pending.append(ob)
-        self._pending_sizes.append(size)
+        self._put(ob, size)
         if blocked is None:
             return {channel}
         blocked.add(channel)
@@ -374,8 +384,8 @@ class OutboundQueue:
     def take_pending(self) -> list[Outbound]:
         """Remove and return every message queued but not yet stamped (a session that
         moves to another node hands them over), keeping the byte counts true."""
-        pending = self.pending
-        self.pending, self._pending_sizes = [], []
+        pending = self.pending or []  # its own list (a new one when empty)
+        self.pending = self._pending_sizes = _EMPTY
         self._pending_channel_bytes.clear()
         self._pending_bytes = 0
         return pending
@@ -404,6 +414,8 @@ class OutboundQueue:
 
 
 _NONE: frozenset[str] = frozenset()
+#: an empty queue's ``pending`` and sizes: the empty tuple (read as a list, never changed)
+_EMPTY: Any = ()
 
 
 def _hello_shared(ob: Outbound) -> tuple[bytes, ...] | None:

@@ -19,6 +19,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .calls import Call, CallRegistry, Run
+from .heartbeat import Heartbeat
+from .seen import SeenMemory
 from .texts import OpenTexts
 from .work import Work
 
@@ -27,25 +29,30 @@ if TYPE_CHECKING:
     from .meter import Meter
     from .messages import Outbound
     from .replay import ReplayWindow
-    from .seen import SeenSeqs
     from .settings import SessionSettings
 
 #: what ``runs`` and ``calls`` read while a session has had none (read-only, shared)
 _NONE: Mapping[str, Any] = MappingProxyType({})
 
 
-class SessionParts:
-    __slots__ = ("_texts", "_registry", "_work")
+class SessionParts(Heartbeat, SeenMemory):
+    """The session's parts. Its heartbeat (heartbeat.py) and the upstream seqs it has
+    seen (seen.py) are its bases, not parts: every session keeps both, so they are six
+    slots of the session's own (``settings`` among them), not two objects more
+    (``heartbeat`` and ``up_seqs`` read the session itself)."""
+
+    __slots__ = ("_texts", "_registry", "_work", "highest", "_missing")
 
     # set by ProtocolSession.__init__ (declared here for the views below)
     id: str
-    settings: SessionSettings
     meter: Meter
     events: list[Any]
-    up_seqs: SeenSeqs
     outbound: OutboundQueue
 
-    def __init__(self) -> None:
+    def __init__(self, settings: SessionSettings, now: int) -> None:
+        Heartbeat.__init__(self, settings, now)
+        self.highest = 0  # SeenMemory's start: nothing seen
+        self._missing = 0
         self._texts: OpenTexts | None = None
         self._registry: CallRegistry | None = None
         self._work: Work | None = None
@@ -96,9 +103,19 @@ class SessionParts:
     # -- views of the parts callers read --------------------------------------------------
 
     @property
+    def heartbeat(self) -> Heartbeat:
+        """The heartbeat: the session itself (its base)."""
+        return self
+
+    @property
+    def up_seqs(self) -> SeenMemory:
+        """The upstream seqs seen: the session itself (its base)."""
+        return self
+
+    @property
     def upstream_seq(self) -> int:
         """The highest upstream seq seen."""
-        return self.up_seqs.highest
+        return self.highest
 
     @property
     def runs(self) -> Mapping[str, Run]:

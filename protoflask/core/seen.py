@@ -19,16 +19,26 @@ one body (or waits for each 202).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 #: how many seqs below the highest are remembered individually (at least 1024)
 WINDOW = 1024
 _ALL = ((1 << WINDOW) - 1) << 1  # bits 1..WINDOW
 
 
-class SeenSeqs:
-    __slots__ = ("highest", "_missing")
+class SeenMemory:
+    """What SeenSeqs does, over the ``highest`` and ``_missing`` of whatever it is mixed
+    into (no slots of its own): a session keeps them as slots of its own, no object more
+    (core/parts.py); ``SeenSeqs`` below is the memory on its own."""
 
-    def __init__(self, highest: int = 0, missing: Iterable[int] = ()) -> None:
+    if not TYPE_CHECKING:  # no slots of its own (mypy would take them for its fields')
+        __slots__ = ()
+
+    highest: int
+    _missing: int
+
+    def remember(self, highest: int = 0, missing: Iterable[int] = ()) -> None:
+        """Start over: ``highest`` seen, ``missing`` (below it) not seen yet."""
         self.highest = highest
         self._missing = 0
         for seq in missing:
@@ -72,3 +82,10 @@ class SeenSeqs:
             bits ^= low
         out.reverse()
         return out
+
+
+class SeenSeqs(SeenMemory):
+    __slots__ = ("highest", "_missing")
+
+    def __init__(self, highest: int = 0, missing: Iterable[int] = ()) -> None:
+        self.remember(highest, missing)

@@ -52,7 +52,6 @@ from .events import (
     RunChanged, SendRefused, SlowConsumer, TextReceived, ToolCallReceived, ToolCancelRequested,
     ToolListRequested,
 )
-from .heartbeat import Heartbeat
 from .hello import (
     PRE_HANDSHAKE_TYPES, accepted_events, asked_extensions, capabilities, client_flow_control,
     version_refused,
@@ -65,7 +64,6 @@ from .meter import Meter
 from .parts import SessionParts
 from .outbound import OutboundQueue
 from .ratelimit import Verdict, limiter
-from .seen import SeenSeqs
 from .settings import SessionSettings
 from .state import RESET_STEPS, TRANSITIONS, SessionState, Transition
 from .texts import outgoing_text
@@ -102,9 +100,9 @@ def _detached() -> bool:
 class ProtocolSession(SessionParts):
     """Slotted, and the parts most sessions never use made on first use (parts.py)."""
 
-    __slots__ = ("id", "user_id", "settings", "_state", "last_activity", "disconnected_at",
-                 "up_seqs", "last_ack", "accept_events", "extensions", "rate", "credits",
-                 "traffic", "events", "outbound", "meter", "id_counter", "heartbeat",
+    __slots__ = ("id", "user_id", "_state", "last_activity", "disconnected_at",
+                 "last_ack", "accept_events", "extensions", "rate", "credits",
+                 "traffic", "events", "outbound", "meter", "id_counter",
                  "__weakref__")  # (an adapter keeps its state per session, weakly: agui)
 
     def __init__(self, session_id: str, user_id: str, settings: SessionSettings,
@@ -112,15 +110,13 @@ class ProtocolSession(SessionParts):
                  greeted: bool = False) -> None:
         """``greeted``: the handshake was completed already (a session moved from another
         node)."""
-        super().__init__()
+        SessionParts.__init__(self, settings, now)  # the settings, the heartbeat's start
         self.id = session_id
         self.user_id = user_id
-        self.settings = settings
         self._state = SessionState.DETACHED if greeted else SessionState.NEW
         self.last_activity = now
         self.disconnected_at: int | None = now
 
-        self.up_seqs = SeenSeqs()  # upstream seqs seen: the highest, and gaps below it
         self.last_ack = 0
         self.accept_events: frozenset[str] | None = None
         #: the protocol extensions the client asked for in its first HELLO (hello.py)
@@ -139,7 +135,6 @@ class ProtocolSession(SessionParts):
         #: the last number used in an id this session made (message and run ids); it
         #: moves with the session so that ids never repeat
         self.id_counter = 0
-        self.heartbeat = Heartbeat(settings, now)
 
     def has_writable(self) -> bool:
         """Whether messages are ready for the wire (the transports ask the queue itself:
@@ -191,7 +186,7 @@ class ProtocolSession(SessionParts):
         self._to(Transition.ATTACH)
         self.disconnected_at = None
         self.last_activity = now
-        self.heartbeat.restart(now)
+        self.restart(now)  # the heartbeat's (its base)
         self.outbound.drop_resends()  # a fresh connection: nothing to resend yet
         if last_seq is not None:
             self._queue_replay(last_seq + 1, None, now, source="resume")
@@ -260,9 +255,8 @@ class ProtocolSession(SessionParts):
             received[mtype] += 1
         except KeyError:  # a type no client may send: one bounded label for all of them
             received[UNKNOWN_TYPE] += 1
-        seen = self.up_seqs
-        seen_before = seen.highest
-        if not seen.first_time(msg.seq):
+        seen_before = self.highest  # the upstream seqs seen (seen.py: the session's base)
+        if not self.first_time(msg.seq):
             return  # a retransmission: already seen
         charged = False
         try:
@@ -327,7 +321,7 @@ class ProtocolSession(SessionParts):
         self.send(pong_message(msg.payload["nonce"]))
 
     def _on_pong(self, msg: Message, seen_before: int, now: int) -> None:
-        self.heartbeat.answered(msg.payload["nonce"])
+        self.answered(msg.payload["nonce"])
 
     def _on_text(self, msg: Message, seen_before: int, now: int) -> None:
         """MESSAGE_START, PART, END: assembled by ``texts`` (texts.py), each reported."""
@@ -433,7 +427,7 @@ class ProtocolSession(SessionParts):
     def tick(self, now: int) -> None:
         """Heartbeat and expiry; call about once a second."""
         if self.connected:
-            nonce, timed_out = self.heartbeat.beat(now)
+            nonce, timed_out = self.beat(now)
             if nonce is not None:
                 self.send(ping_message(nonce))
             elif timed_out:

@@ -23,6 +23,19 @@ def test_capabilities_are_made_once_and_equal_to_a_fresh_build(config, extension
     assert capabilities(settings, extensions) is made  # the template, not a new one
 
 
+def test_the_last_pair_answered_is_never_another_pairs() -> None:
+    """``capabilities`` answers the last pair by identity: asked in turn for settings
+    and extensions that differ, each gets its own, the same object as before."""
+    a, b = (ServerConfig.load(c, environ={}).session_settings() for c in CONFIGS[2:4])
+    agui = frozenset({"agui"})
+    first = {(s, e): capabilities(s, e) for s in (a, b) for e in (frozenset(), agui)}
+    for _ in range(2):
+        for s in (a, b, b, a):
+            for e in (agui, frozenset(), frozenset()):
+                made = capabilities(s, e)
+                assert made is first[s, e] and made == capabilities_plain(s, e)
+
+
 @pytest.mark.parametrize("types", [SERVER_TYPES, frozenset({"PONG", "HELLO", "ERROR"}),
                                    frozenset(), ["b", "a"], ("z", "y")])
 def test_sorted_types_are_sorted(types) -> None:

@@ -101,6 +101,6 @@ def test_taking_the_pending_messages_keeps_the_byte_counts_true() -> None:
     assert s.outbound.pending_bytes > 0
     taken = s.outbound.take_pending()
     assert [ob.payload["n"] for ob in taken] == [0, 1, 2]
-    assert s.pending == [] and s.outbound.pending_bytes == 0 and s.unsent_bytes == 0
+    assert not s.pending and s.outbound.pending_bytes == 0 and s.unsent_bytes == 0
     s.send(messages.create("NOTE", {"n": 3}, channel="AGENT"))  # counting starts afresh
     assert len(s.pending) == 1 and s.outbound.pending_bytes > 0
