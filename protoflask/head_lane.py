@@ -249,14 +249,20 @@ def environ_for(head: HeadRequest, sock: Any, addr: tuple[Any, ...],
                "REMOTE_ADDR": addr[0], "REMOTE_PORT": str(addr[1]),
                "SERVER_NAME": server[0], "SERVER_PORT": str(server[1]),
                "PATH_INFO": head.path, "SCRIPT_NAME": ""}
-    for name, value in head.headers:
+    put_headers(environ, head.headers)
+    return environ
+
+
+def put_headers(environ: dict[str, Any], headers: Any) -> None:
+    """The head's fields as gunicorn's ``wsgi.create`` puts them in an environ."""
+    keys = _ENVIRON_KEYS
+    for name, value in headers:
         if name == "CONTENT-TYPE":
             environ["CONTENT_TYPE"] = value
         elif name == "CONTENT-LENGTH":
             environ["CONTENT_LENGTH"] = value
         else:
-            environ[environ_key(name)] = value
-    return environ
+            environ[keys.get(name) or environ_key(name)] = value
 
 
 #: a header's environ key by its name (``HTTP_`` and "-" as "_"), at most 256 kept
@@ -303,14 +309,7 @@ def stream_environ(head: HeadRequest, sock: Any) -> dict[str, Any]:
     gunicorn's access log (which reads every key) off, and the app plain (``open``)."""
     environ = {"gunicorn.socket": sock, "REQUEST_METHOD": head.method,
                "QUERY_STRING": head.query, "PATH_INFO": head.path}
-    keys = _ENVIRON_KEYS
-    for name, value in head.headers:
-        if name == "CONTENT-TYPE":
-            environ["CONTENT_TYPE"] = value
-        elif name == "CONTENT-LENGTH":
-            environ["CONTENT_LENGTH"] = value
-        else:
-            environ[keys.get(name) or environ_key(name)] = value
+    put_headers(environ, head.headers)
     return environ
 
 

@@ -63,6 +63,14 @@ def date_line() -> str:
     return str(_date[1])
 
 
+def connection_token(response: Any) -> str:
+    """The Connection header's value gunicorn's ``default_headers`` gives ``response``
+    (a ``Response`` or a ``LeanResponse``)."""
+    if response.upgrade:
+        return "upgrade"
+    return "close" if response.should_close() else "keep-alive"
+
+
 class LaneResponse(Response):
     """gunicorn's response writer, its head sent with the first body bytes: one write
     where gunicorn makes two (the bytes are the same). A stream's first chunk (its
@@ -74,12 +82,7 @@ class LaneResponse(Response):
     def default_headers(self) -> list[str]:
         """gunicorn's (``Response.default_headers``), its Date line made once a second
         (gunicorn formats it for every response: ~8 us here)."""
-        if self.upgrade:
-            connection = "upgrade"
-        elif self.should_close():
-            connection = "close"
-        else:
-            connection = "keep-alive"
+        connection = connection_token(self)
         lines = ["HTTP/%s.%s %s\r\n" % (self.req.version[0], self.req.version[1], self.status),
                  "Server: %s\r\n" % self.version, date_line(),
                  "Connection: %s\r\n" % connection]
@@ -334,12 +337,7 @@ class LeanResponse:
     def _head(self) -> bytes:
         """gunicorn's ``default_headers`` and ``send_headers``' lines (the Date made once
         a second)."""
-        if self.upgrade:
-            connection = "upgrade"
-        elif self.should_close():
-            connection = "close"
-        else:
-            connection = "keep-alive"
+        connection = connection_token(self)
         version = self.req.version
         lines = self._lines
         if lines is None:
