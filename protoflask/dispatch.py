@@ -177,7 +177,9 @@ class Dispatcher:
         returns it, not kept for ``settle_calls``' loop to take (every echo's end:
         docs/PERFORMANCE.md, "The tool row within 5%"). While other reports wait, or
         another greenlet applies them, it takes its turn after them, as there."""
-        runner = self._tool_runner(live)
+        runner = live.runner  # (Engine.tool_runner's first test: no frame once built)
+        if runner is None:
+            runner = self._tool_runner(live)
         if not tool.inline:
             runner.submit(execution, tool, pulled=True)
             self._settle_calls(live)
