@@ -197,7 +197,10 @@ class Dispatcher:
                                   else completed_report(execution))
             else:  # apply_report of the completed report, without the report: every echo
                 core = live.core
-                core.work.tool_done(execution.call_id, "OK", execution.result)
+                work = runner.work
+                if work is None:
+                    work = runner.work = core.work
+                work.tool_done(execution.call_id, "OK", execution.result)
                 live.notify()  # (LiveSession.report's steps on one process)
                 if core.events:
                     self.dispatch(live, core.take_events())
