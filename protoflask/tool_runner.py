@@ -73,7 +73,8 @@ class SessionToolRunner:
     Every call it accepts ends in exactly one TOOL_DONE: a report (see the module doc)."""
 
     __slots__ = ("sink", "on_finish", "limit", "queue_size", "default_timeout_ms", "running",
-                 "waiting", "executions", "tally", "reports", "pulling", "caller_pulls")
+                 "waiting", "executions", "tally", "reports", "pulling", "caller_pulls",
+                 "work")
 
     def __init__(self, sink: CallSink, limit: int, queue_size: int, default_timeout_ms: int,
                  on_finish: Callable[[ToolExecution], None] | None = None,
@@ -96,6 +97,10 @@ class SessionToolRunner:
         #: inside a ``submit`` or ``cancel`` whose caller pulls the reports at once: no ring
         #: (docs/PERFORMANCE.md, "Tool calls and the runner's bell")
         self.caller_pulls = False
+        #: the session core's ``Work`` (core/work.py), kept here by the layer above on its
+        #: first inline call's end (``Dispatcher.run_call_fast``): a session's Work, once
+        #: made, is never replaced, and the core's lazy property is a frame per call
+        self.work: Any = None
 
     def take_reports(self) -> list[Report]:
         """What the calls came to since the last take, oldest first."""

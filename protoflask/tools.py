@@ -6,6 +6,7 @@ per-session executor that runs them is ``tool_runner.py``.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
@@ -165,6 +166,8 @@ def builtin_tools() -> list[Tool]:
 class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        #: ``get`` without a frame of its own (the dict is never replaced): every call
+        self.find: Callable[[str], Tool | None] = self._tools.get
         #: called (no arguments, must not block) after every register / unregister: the
         #: MCP endpoint's tools/list_changed follows the registry through it
         self.listeners: list[Callable[[], None]] = []
@@ -195,9 +198,10 @@ class ToolRegistry:
         return len(self._tools)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class ToolExecution:
-    """One call's record (docs/PROTOCOL.md §12), handed to ``toolCall`` listeners."""
+    """One call's record (docs/PROTOCOL.md §12), handed to ``toolCall`` listeners.
+    ``start_time`` is the clock's (``now_ms``) when not given."""
 
     call_id: str
     tool_name: str
@@ -215,6 +219,27 @@ class ToolExecution:
         default=None, repr=False, compare=False)
     #: time.perf_counter() when execute was called (None until then): its duration metric
     run_started: float | None = field(default=None, repr=False, compare=False)
+
+    def __init__(self, call_id: str, tool_name: str, arguments: Any, status: str = "pending",
+                 start_time: int | None = None, end_time: int | None = None,
+                 result: Any = None, progress: float | None = None, partial: Any = None,
+                 run_id: str | None = None,
+                 on_done: Callable[["ToolExecution", ProtoError | None], None] | None = None,
+                 run_started: float | None = None) -> None:
+        # the dataclass's own __init__, its start_time's default_factory (a frame of
+        # now_ms on every call) written out: tests/tools/test_execution_init.py
+        self.call_id = call_id
+        self.tool_name = tool_name
+        self.arguments = arguments
+        self.status = status
+        self.start_time = time.time_ns() // 1_000_000 if start_time is None else start_time
+        self.end_time = end_time
+        self.result = result
+        self.progress = progress
+        self.partial = partial
+        self.run_id = run_id
+        self.on_done = on_done
+        self.run_started = run_started
 
     def to_dict(self) -> dict[str, Any]:
         out = {"callId": self.call_id, "toolName": self.tool_name, "arguments": self.arguments,

@@ -77,6 +77,8 @@ def run(how: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     call("h", "echo", {"message": "after"})
     gevent.sleep(0)
     runner = h.engine.tool_runner(live)
+    # the fast path keeps the session's Work on the runner: it must be the core's own
+    assert runner.work is (live.core.work if how == "run_call_fast" else None)
     written = [{k: v for k, v in m.items() if k not in ("id", "ts", "session")}
                for m in h.written(live)]
     signals = [(s.name, {k: v for k, v in kw.items() if k != "execution"})
