@@ -12,6 +12,7 @@ No timed assertions: what happened before what.
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 
 import orjson
@@ -53,6 +54,13 @@ def test_a_body_of_tiny_messages_leaves_turns_for_everyone(live, form):
     # attack pause the server as well as this test for over half a second (CI, once);
     # collected now, a collection scans what the server holds
     gc.collect()
+    # ...and it shares this process's GIL: the server's thread, busy with the body, lets
+    # the test's threads (the bystander's client, the stream's reader) run only at each
+    # switch interval (5 ms), so the bystander's many small steps waited on the GIL, not
+    # on the server. A shorter interval while the attack runs: the turns measured are the
+    # server's to its other greenlets, as with the gunicorn server (its own process)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)
     attacker = SSEClient(live.base_url, live.token("attacker"))
     try:
         if form == "array":
@@ -73,5 +81,6 @@ def test_a_body_of_tiny_messages_leaves_turns_for_everyone(live, form):
         assert served_while_the_body_was_handled, \
             "the bystander was served only once the body had been handled"
     finally:
+        sys.setswitchinterval(switch)
         attacker.close()
     answers(live.base_url, live.token("bystander"))
