@@ -365,7 +365,6 @@ class MemoryBudget:
         held = window = 0
         self.settle()  # every lent meter's, a session gone unforgotten's included
         for live in sessions:
-            live.core.meter.spare = live.core.meter.cap = 0  # slices taken back
             weight = weights.get(live.id)
             if weight is None or live.core.closed:
                 continue
