@@ -50,3 +50,18 @@ def totals(pattern: str, label: str = "(?:summary|totals)") -> list[int]:
         if m:
             found.append(int(m.group(1)))
     return found
+
+
+def events(pattern: str) -> list[dict[str, int]]:
+    """Every event of the callgrind files matching ``pattern``, by name (``Ir``, and with
+    the cache and branch simulation ``D1mr``, ``Bcm``...): each file's first ``summary:``
+    or ``totals:`` line against its ``events:`` line."""
+    found = []
+    for path in glob.glob(pattern):
+        text = Path(path).read_text()
+        names = re.search(r"^events: (.*)$", text, re.M)
+        counts = re.search(r"^(?:summary|totals): (.*)$", text, re.M)
+        if names and counts:
+            found.append(dict(zip(names.group(1).split(), map(int, counts.group(1).split()),
+                                  strict=True)))
+    return found

@@ -106,7 +106,15 @@ def make_server(redis: str | None) -> Any:
     if redis:
         config["redisUrl"] = redis
         config["redisPrefix"] = f"protoflask-micro-{os.getpid()}"
-    return ProtoServer(config)
+    server = ProtoServer(config)
+    # the GC policy of a serving worker (gunicorn's, the embedded server's): without it
+    # every full collection here walks the whole start-up heap, which a worker froze, and
+    # checkouts from before the policy moved out of the engine (which froze it there)
+    # would be measured under another policy than this one
+    from protoflask.serving import freeze_startup_heap
+
+    freeze_startup_heap()
+    return server
 
 
 def time_read_loop(engine: Any, live: Any, sock: FakeSocket) -> float:

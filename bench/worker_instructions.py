@@ -1,6 +1,7 @@
 """Instructions per message in a real gunicorn worker, counted by valgrind's callgrind.
 
-    python bench/worker_instructions.py ws|sse|stream [--k1 2] [--k2 6] [--app wsgi:app]
+    python bench/worker_instructions.py ws|sse|stream|tool [--k1 2] [--k2 6] [--app wsgi:app]
+        [--root DIR] [--sim]
 
 Starts ``gunicorn -c gunicorn.conf.py wsgi:app`` under callgrind (the worker is followed
 across gunicorn's fork), drives it with 10 sessions that each send ``k`` batches of 50
@@ -8,10 +9,18 @@ PINGs (one WebSocket write, or one NDJSON POST to ``?session=``) and wait for th
 PONGs downstream, stops it and reads the worker's total. Run with k1 and with k2 batches,
 the difference over the (k2 - k1) x 500 extra messages is the worker's cost of one
 message: gunicorn's request handling, Flask, the protocol and the framing, in user space
-(the kernel's share of the syscalls is not counted). Repeatable to about 1% whatever else
-the machine is doing, where bench/run.py's CPU times move by 10%. The worker's timers
-(heartbeats, gunicorn's own) add about 0.4M instructions per second of the slowed run,
-under 2k a message.
+(the kernel's share of the syscalls is not counted). Repeatable to about 1% whatever
+else the machine is doing, where bench/run.py's CPU times move by 10%. The worker's
+timers (heartbeats, gunicorn's own) add about 0.4M instructions per second of the slowed
+run, under 2k a message.
+
+``tool``: each session sends its 50 TOOL_CALLs of the built-in echo one at a time over
+WebSocket, each after the last one's TOOL_DONE (bench/run.py's tool row: 10 connections,
+one call in flight each). ``--root``: another checkout's server (e.g. a ``git archive``
+of the commit before a change), run by this script. ``--sim``: callgrind's cache and
+branch simulation too, every event per message printed (instruction and data cache
+misses, mispredicted branches): some of what a clock sees that an instruction count
+does not.
 
 gunicorn's optional C request parser (gunicorn_h1c) uses instructions valgrind does not
 know: the worker runs with ``--http-parser python``.
@@ -35,12 +44,13 @@ import gevent  # noqa: E402
 import jwt  # noqa: E402
 
 import http_downstream as downstream  # noqa: E402
-from _callgrind import gunicorn_under_callgrind, totals  # noqa: E402
+from _callgrind import events, gunicorn_under_callgrind  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "bench-secret-0123456789abcdef0123456789"
 SESSIONS = 10
 BATCH = 50
+TOOL_DONE = b'"type":"TOOL_DONE"'
 
 
 def free_port() -> int:
@@ -58,7 +68,13 @@ def ws_frame(text: str) -> bytes:
     return head + b"\0\0\0\0" + data
 
 
-def ws_session(port: int, token: str, batches: int) -> None:
+def tool_call(holder: argparse.Namespace) -> bytes:
+    payload = (f'{{"call_id":"t{holder.idx}-{holder.seq}","tool":"echo",'
+               '"params":{"message":"hello from the bench"}}')
+    return ws_frame(downstream.Session.envelope(holder, "TOOL_CALL", "USER", payload))
+
+
+def ws_session(port: int, token: str, batches: int, tools: bool = False) -> None:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall((f"GET /proto/websocket?token={token} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
@@ -74,7 +90,13 @@ def ws_session(port: int, token: str, batches: int) -> None:
     while downstream.HELLO_REPLY not in buf:
         buf += sock.recv(65536)
     carry = b""
-    for _ in range(batches):
+    for _ in range(batches if tools else 0):
+        for _ in range(BATCH):  # one call in flight: the next once this one is done
+            sock.sendall(tool_call(holder))
+            data = b""
+            while TOOL_DONE not in data:
+                data += sock.recv(65536)
+    for _ in range(0 if tools else batches):
         sock.sendall(b"".join(ws_frame(envelopes(holder, "PING", "SYSTEM",
                                                  f'{{"nonce":"n{holder.seq}"}}'))
                               for _ in range(BATCH)))
@@ -101,21 +123,26 @@ def http_session(port: int, token: str, transport: str, batches: int, idx: int) 
     s.close()
 
 
-def worker_total(transport: str, batches: int, app: str) -> int:
-    """The gunicorn worker's instructions for one run of ``batches`` per session."""
+def worker_total(transport: str, batches: int, app: str, root: Path = ROOT,
+                 sim: bool = False) -> dict[str, int]:
+    """The gunicorn worker's callgrind events (``Ir``: instructions; with ``sim`` the
+    cache and branch simulation's too) for one run of ``batches`` per session."""
     port = free_port()
     out = tempfile.mkdtemp(prefix="protoflask-worker-cg-")
     env = {**os.environ, "JWT_SECRET": SECRET, "ENABLE_LOGGING": "false",
            "ENABLE_COMPRESSION": "false", "ECHO_MESSAGES": "false", "RATE_LIMIT": "0",
            "MAX_CONNECTIONS": "1000", "MAX_CONNECTIONS_PER_USER": "1000",
-           "WEB_CONCURRENCY": "1", "PYTHONHASHSEED": "0"}
+           "WEB_CONCURRENCY": "1", "PYTHONHASHSEED": "0", "PYTHONPATH": str(root)}
     env.pop("REDIS_URL", None)
-    proc = gunicorn_under_callgrind(ROOT, port, env, out, app)
+    if sim:
+        env["VALGRIND_OPTS"] = "--cache-sim=yes --branch-sim=yes"
+    proc = gunicorn_under_callgrind(root, port, env, out, app)
     now = int(time.time())
     token = jwt.encode({"sub": "bench", "iat": now, "exp": now + 86400}, SECRET,
                        algorithm="HS256")
-    if transport == "ws":
-        runs = [gevent.spawn(ws_session, port, token, batches) for _ in range(SESSIONS)]
+    if transport in ("ws", "tool"):
+        runs = [gevent.spawn(ws_session, port, token, batches, transport == "tool")
+                for _ in range(SESSIONS)]
     else:
         runs = [gevent.spawn(http_session, port, token, transport, batches, i)
                 for i in range(SESSIONS)]
@@ -124,21 +151,30 @@ def worker_total(transport: str, batches: int, app: str) -> int:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(300)
-    return max(totals(f"{out}/cg.*"))  # the worker: the master and the tools it ran do far less
+    # the worker: the master and the tools it ran do far less
+    return max(events(f"{out}/cg.*"), key=lambda e: e["Ir"])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("transport", choices=["ws", "sse", "stream"])
+    p.add_argument("transport", choices=["ws", "sse", "stream", "tool"])
     p.add_argument("--k1", type=int, default=2)
     p.add_argument("--k2", type=int, default=6)
     p.add_argument("--app", default="wsgi:app")
+    p.add_argument("--root", type=Path, default=ROOT, help="the checkout whose server runs")
+    p.add_argument("--sim", action="store_true", help="cache and branch simulation too")
     args = p.parse_args()
-    first = worker_total(args.transport, args.k1, args.app)
-    second = worker_total(args.transport, args.k2, args.app)
-    per = (second - first) / ((args.k2 - args.k1) * SESSIONS * BATCH)
-    print(f"{args.transport}: {per:,.0f} instructions per message in the worker "
-          f"({first:,} with {args.k1} batches per session, {second:,} with {args.k2})")
+    root = args.root.resolve()
+    first = worker_total(args.transport, args.k1, args.app, root, args.sim)
+    second = worker_total(args.transport, args.k2, args.app, root, args.sim)
+    messages = (args.k2 - args.k1) * SESSIONS * BATCH
+    per = (second["Ir"] - first["Ir"]) / messages
+    print(f"{args.transport} ({root}): {per:,.0f} instructions per message in the worker "
+          f"({first['Ir']:,} with {args.k1} batches per session, {second['Ir']:,} with "
+          f"{args.k2})")
+    if args.sim:
+        print("  per message: " + ", ".join(
+            f"{name} {(second[name] - first[name]) / messages:,.0f}" for name in first))
 
 
 if __name__ == "__main__":

@@ -97,6 +97,38 @@ def test_a_failing_target_row_fails_the_exit_code(tmp_path: Path) -> None:
     assert fast.returncode == 0 and "FAIL" not in fast.stdout, fast.stdout + fast.stderr
 
 
+def test_the_tool_row_against_before_is_the_median_of_each_rounds_pair(tmp_path: Path) -> None:
+    """Issue 28's row: with --before and --rounds, each round's after/before pair gives a
+    ratio and the row is their median, so that a slow round (the machine, not the code)
+    that hit one server's cell does not decide it. Here the per-server medians (110 and
+    100: 1.10x) would fail the row; the pairs (1.04, 1.02, 1.20) pass it at 1.04x."""
+    cell = {"p50_ms": 0.5, "p99_ms": 1.0, "connections": 10}
+    after = [{**cell, "server_us_per_op": us} for us in (104.0, 110.0, 120.0)]
+    before = [{**cell, "server_us_per_op": us} for us in (100.0, 108.0, 100.0)]
+    saved = {"started": "2026-01-01T00:00:00", "machine": {"cpus": 2},
+             "pinning": {"server_cpu": 0, "generator_cpu": 1}, "generator": "c",
+             "settings": {"warmup": 0.3, "seconds": 1, "rounds": 3}, "frame_bytes": 100,
+             "tool_rounds": {"protoflask": after, "protoflask-before": before},
+             "tool": {"protoflask": after[1], "protoflask-before": before[1]}}
+    path = tmp_path / "tool-rounds.json"
+    path.write_text(json.dumps(saved))
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--render",
+                           str(path), "--no-gate"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = [line for line in proc.stdout.splitlines() if "x before" in line]
+    assert "1.040x (3 rounds: 1.02-1.20)" in row and "PASS" in row, row
+
+    saved["tool_rounds"]["protoflask"] = [{**cell, "server_us_per_op": us}
+                                          for us in (110.0, 118.0, 120.0)]
+    path.write_text(json.dumps(saved))
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--render",
+                           str(path), "--no-gate"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    (row,) = [line for line in proc.stdout.splitlines() if "x before" in line]
+    assert "1.100x (3 rounds: 1.09-1.20)" in row and "FAIL" in row, row
+
+
 @pytest.mark.timeout(180)
 def test_quick_storm_bench_produces_numbers(tmp_path: Path) -> None:
     """The reconnect storm rows (issue 29) at a tiny N: every row connects all its
