@@ -399,7 +399,10 @@ class Engine:
     def _expire(self, live: LiveSession) -> None:
         self.kept.forget(live)
         self.budget.forget(live)
+        self.wheel.discard(live)  # now, not at its slot: it would keep the whole session
         self.hub.remove(live.id)
+        if live.core.closed:  # (always, here) its memory goes now, as the budget's did
+            live.core.outbound.let_go()
         if live.runner is not None:
             live.runner.cancel_all(pulled=True)
             self.settle_calls(live)

@@ -68,7 +68,7 @@ class HeartbeatWheel:
         self.hub = hub
         self.settle = settle  # after the core's tick: act on its events, wake the writer
         self._count = 0  # sessions in the wheel (each knows its slot: ``wheel_slot``)
-        self._slots: dict[int, list[LiveSession]] = {}
+        self._slots: dict[int, dict[LiveSession, None]] = {}  # insertion-ordered
         self._heap: list[int] = []  # the slots' numbers
         self._missing: set[LiveSession] = set()  # not in the hub at their last visit
 
@@ -83,12 +83,29 @@ class HeartbeatWheel:
             return
         if current < 0:
             self._count += 1
+        else:  # to a sooner slot: out of the later one
+            self._slots.get(current, {}).pop(live, None)
         live.wheel_slot = slot
         bucket = self._slots.get(slot)
         if bucket is None:
-            bucket = self._slots[slot] = []
+            bucket = self._slots[slot] = {}
             heapq.heappush(self._heap, slot)
-        bucket.append(live)
+        bucket[live] = None
+
+    def discard(self, live: LiveSession) -> None:
+        """``live`` is gone for good (expired, dropped, closed): out of the wheel now, not
+        at its slot, which may be up to ``reach`` away (a heartbeatInterval): until then
+        its slot would keep the whole session (its replay window, its queue) that the
+        hub and the memory budget let go of (a user who opens, fills and drops sessions
+        would hold that much memory uncounted)."""
+        slot = live.wheel_slot
+        self._missing.discard(live)
+        if slot < 0:
+            return
+        # (a slot being turned is out of _slots already; an emptied one goes at its turn)
+        self._slots.get(slot, {}).pop(live, None)
+        live.wheel_slot = -1
+        self._count -= 1
 
     def turn(self, now: int) -> int:
         """Visit every session due by ``now``; returns how many were visited."""
@@ -99,7 +116,7 @@ class HeartbeatWheel:
             slot = heapq.heappop(heap)
             for live in slots.pop(slot, ()):
                 if live.wheel_slot != slot:
-                    continue  # moved to a sooner slot meanwhile (visited there)
+                    continue  # discarded by an earlier visit of this turn
                 live.wheel_slot = -1
                 self._count -= 1
                 visited += 1

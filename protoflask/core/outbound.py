@@ -83,6 +83,17 @@ class OutboundQueue:
         self._resend.clear()
         self._resend_bytes = 0
 
+    def let_go(self) -> None:
+        """The session is closed for good: what it holds (its window, its queue) goes now,
+        not when the cycles of its last connection are next collected, a full collection
+        a serving worker makes rare (``serving.SERVING_GC_THRESHOLDS``). Nothing reads it
+        again: a closed session sends and replays nothing."""
+        self.take_pending()
+        last = self.replay.last_seq
+        if last is not None:
+            self.replay.ack(last)
+        self.drop_resends()
+
     # -- queueing -------------------------------------------------------------------------
 
     def push_plain(self, out: Outbound) -> bool:

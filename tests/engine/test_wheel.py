@@ -116,3 +116,74 @@ def test_a_session_gone_from_the_hub_leaves_the_wheel() -> None:
     for k in range(4):  # twice missing: forgotten
         wheel.turn(now + k * INTERVAL)
     assert len(wheel) == 0
+
+
+def _in_slots(wheel: Any) -> list[LiveSession]:
+    """Every session the wheel's slots hold (what keeps one alive there)."""
+    return [live for bucket in wheel._slots.values() for live in bucket]
+
+
+def test_a_session_dropped_for_good_leaves_the_wheel_at_once() -> None:
+    """The user's oldest kept session beyond maxKeptSessionsPerUser is dropped: gone from
+    the hub and the budget, and from the wheel now, not at its slot a heartbeat interval
+    on, which held it (its replay window, its queue) that long uncounted. A churn of
+    100 sessions a round held 300 where the hub had 110 (the worker 2.2x the RSS)."""
+    h = Harness(heartbeatInterval=INTERVAL, heartbeatTimeout=TIMEOUT, maxKeptSessionsPerUser=2)
+    wheel = h.engine.wheel
+    lives = []
+    for _ in range(5):
+        live, transport = h.connect("u1")
+        h.hello(live)
+        h.engine.detach(live, transport)
+        lives.append(live)
+    kept = [live for live in lives if h.hub.get(live.id) is live]
+    assert kept == lives[-2:]  # the cap: the oldest three dropped
+    assert all(live.core.closed for live in lives[:3])
+    assert len(wheel) == 2 and set(_in_slots(wheel)) == set(kept)
+    assert all(live.wheel_slot == -1 for live in lives[:3])
+    wheel.turn(now_ms() + 4 * INTERVAL)  # the turn after: nothing miscounted
+    assert len(wheel) == len(_in_slots(wheel))
+
+
+def test_a_session_dropped_during_a_turn_is_not_visited_or_counted_twice() -> None:
+    """A turn's visit can drop another session due in the same slot (a heartbeat timeout
+    detaches one, the kept cap drops an older one): the turn skips it, so it is neither
+    visited (and put back in the wheel) nor counted out twice."""
+    h = Harness(heartbeatInterval=INTERVAL, heartbeatTimeout=TIMEOUT)
+    wheel = h.engine.wheel
+    first, _ = h.connect("u1")
+    second, _ = h.connect("u1")  # both due at the first tick, in this order
+    settle = wheel.settle
+
+    def settle_and_drop(live: LiveSession) -> None:
+        settle(live)
+        if live is first:
+            wheel.discard(second)
+
+    wheel.settle = settle_and_drop
+    assert wheel.turn(now_ms()) == 1  # the first only
+    assert second.wheel_slot == -1 and _in_slots(wheel) == [first]
+    assert len(wheel) == 1
+
+
+def test_a_session_dropped_for_good_lets_go_of_its_window_and_queue() -> None:
+    """What a dropped session held goes with it at once: its last connection's objects
+    are a cycle that holds it until a full collection, which a serving worker makes
+    rare (serving.SERVING_GC_THRESHOLDS); a churn of filled sessions grew the worker
+    ~21 MB a round of 100 while before the port it stayed flat."""
+    h = Harness(heartbeatInterval=INTERVAL, heartbeatTimeout=TIMEOUT, maxKeptSessionsPerUser=1)
+    first, transport = h.connect("u1")
+    h.hello(first)
+    for i in range(5):
+        first.core.send_text(f"text {i}")  # into the queue, then the window once written
+    assert first.take_writable(now_ms())
+    first.core.send_text("still queued")
+    outbound = first.core.outbound
+    assert len(outbound.replay) > 0 and outbound.pending
+    h.engine.detach(first, transport)
+    second, transport = h.connect("u1")
+    h.engine.detach(second, transport)  # the cap: the first is dropped
+    assert first.core.closed and h.hub.get(first.id) is None
+    assert len(outbound.replay) == 0 and not outbound.pending
+    assert outbound.pending_bytes == 0
+    assert h.hub.get(second.id) is second and not second.core.closed
