@@ -401,11 +401,11 @@ class Engine:
         self.budget.forget(live)
         self.wheel.discard(live)  # now, not at its slot: it would keep the whole session
         self.hub.remove(live.id)
-        if live.core.closed:  # (always, here) its memory goes now, as the budget's did
-            live.core.outbound.let_go()
         if live.runner is not None:
             live.runner.cancel_all(pulled=True)
             self.settle_calls(live)
+        if live.core.closed:  # (always, here) its memory goes now, as the budget's did,
+            live.core.outbound.let_go()  # after its calls settled: nothing of theirs stays
 
     # -- the application's operations (ProtoServer's public API) ---------------------
 
