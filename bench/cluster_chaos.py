@@ -393,9 +393,12 @@ class Soak:
         if not lines:
             return {"fault": "TS client, whole run", "dead": "no report from the TS sessions"}
         sessions = json.loads(lines[-1])
-        for s in sessions:  # a call done twice: which, and its TOOL_DONEs (for the logs)
+        for s in sessions:  # a call done twice or stranded: which, its TOOL_DONEs (for the logs)
             if s.get("twice"):
                 print(f"done twice: ts {s['transport']} {json.dumps(s['twice'])}",
+                      file=sys.stderr, flush=True)
+            if s.get("strandedCalls"):
+                print(f"stranded: ts {s['transport']} {json.dumps(s['strandedCalls'])}",
                       file=sys.stderr, flush=True)
         total: dict[str, Any] = {"fault": "TS client, whole run"}
         for key, name in (("lost", "lost"), ("stranded", "stranded"),
