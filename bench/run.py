@@ -822,7 +822,7 @@ def compute_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         targets.append({"target": f"tool call p50 @{tool['connections']}",
                         "value": f"{tool['p50_ms']:.2f} ms", "goal": "< 2 ms",
                         "verdict": "PASS" if tool["p50_ms"] < 2 else "FAIL"})
-    targets += before_tool_targets(results)
+    targets += before_targets(results)
     idle = results.get("idle", {}).get("protoflask", {})
     for n, r in sorted(idle.items(), key=lambda kv: int(kv[0])):
         if r.get("kb_per_session") is not None:
@@ -834,24 +834,36 @@ def compute_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return targets
 
 
-def before_tool_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 28: the tool call's server CPU within 5% of the checkout before (--before).
-    Each round measured both, one after the other; the ratio of each round's pair, and
-    their median, moves far less than either server's own figure when the machine's
-    speed drifts from round to round (a shared VM's neighbours)."""
-    rounds = results.get("tool_rounds", {})
-    after, before = rounds.get("protoflask", []), rounds.get("protoflask-before", [])
+def before_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 28: PING's and the tool call's server CPU within 5% of the checkout before
+    (--before). Each round measured both, one after the other (the order turned round
+    every other round); the ratio of each round's pair, and their median, moves far less
+    than either server's own figure when the machine's speed drifts from round to round
+    (a shared VM's neighbours)."""
+    ping = results.get("ping_rounds", {})
+    after, before = ping.get("protoflask", {}), ping.get("protoflask-before", {})
+    rows = [_pair_row(f"PING->PONG server µs/reply @{n}, x before (median of the rounds' pairs)",
+                      after[n], before[n])
+            for n in sorted(set(after) & set(before), key=int)]
+    tool = results.get("tool_rounds", {})
+    rows.append(_pair_row("tool call server µs/call, x before (median of the rounds' pairs)",
+                          tool.get("protoflask", []), tool.get("protoflask-before", [])))
+    return [row for row in rows if row]
+
+
+def _pair_row(target: str, after: list[dict[str, Any]],
+              before: list[dict[str, Any]]) -> dict[str, Any]:
+    """One after/before row: the median of the rounds' ratios ({} when no round has both)."""
     pairs = [a["server_us_per_op"] / b["server_us_per_op"]
              for a, b in zip(after, before, strict=False)  # a stopped run: one a round short
              if a.get("server_us_per_op") and b.get("server_us_per_op")]
     if not pairs:
-        return []
+        return {}
     ratio = statistics.median(pairs)
     spread = f"{min(pairs):.2f}-{max(pairs):.2f}" if len(pairs) > 1 else "one round"
-    return [{"target": "tool call server µs/call, x before (median of the rounds' pairs)",
-             "value": f"{ratio:.3f}x ({len(pairs)} rounds: {spread})", "goal": "<= 1.05x",
-             "verdict": _verdict(ratio <= 1.05), "ratio": round(ratio, 3),
-             "rounds": [round(r, 3) for r in pairs]}]
+    return {"target": target, "value": f"{ratio:.3f}x ({len(pairs)} rounds: {spread})",
+            "goal": "<= 1.05x", "verdict": _verdict(ratio <= 1.05), "ratio": round(ratio, 3),
+            "rounds": [round(r, 3) for r in pairs]}
 
 
 def measure_mcp(args: argparse.Namespace) -> dict[str, Any]:
@@ -1209,11 +1221,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if "ping" in args.sections:
         # Interleaved (every server at one level, then the next level), so that a burst of
-        # outside load hits all servers alike; with --rounds the whole sweep repeats and
-        # each cell reports the round with the median rt/s.
+        # outside load hits all servers alike; with --rounds the whole sweep repeats, the
+        # servers' order turned round every other round (as the tool cells below: no
+        # server always follows the same one), and each cell reports the round with the
+        # median rt/s.
         for rnd in range(args.rounds):
             for n in args.levels:
-                for name in names:
+                for name in names if rnd % 2 == 0 else names[::-1]:
                     def run(name: str = name, n: int = n) -> None:
                         if not bench.generator.supports("ping"):
                             return

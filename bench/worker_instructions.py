@@ -1,6 +1,6 @@
 """Instructions per message in a real gunicorn worker, counted by valgrind's callgrind.
 
-    python bench/worker_instructions.py ws|sse|stream|tool [--k1 2] [--k2 6] [--app wsgi:app]
+    python bench/worker_instructions.py ws|sse|stream|tool|ping [--k1 2] [--k2 6] [--app wsgi:app]
         [--root DIR] [--sim]
 
 Starts ``gunicorn -c gunicorn.conf.py wsgi:app`` under callgrind (the worker is followed
@@ -16,7 +16,9 @@ run, under 2k a message.
 
 ``tool``: each session sends its 50 TOOL_CALLs of the built-in echo one at a time over
 WebSocket, each after the last one's TOOL_DONE (bench/run.py's tool row: 10 connections,
-one call in flight each). ``--root``: another checkout's server (e.g. a ``git archive``
+one call in flight each). ``ping``: the same shape with PINGs, each after the last one's
+PONG (bench/run.py's PING row at 10 connections: one write and one read a message, where
+``ws`` batches 50 to a write). ``--root``: another checkout's server (e.g. a ``git archive``
 of the commit before a change), run by this script. ``--sim``: callgrind's cache and
 branch simulation too, every event per message printed (instruction and data cache
 misses, mispredicted branches): some of what a clock sees that an instruction count
@@ -74,7 +76,14 @@ def tool_call(holder: argparse.Namespace) -> bytes:
     return ws_frame(downstream.Session.envelope(holder, "TOOL_CALL", "USER", payload))
 
 
-def ws_session(port: int, token: str, batches: int, tools: bool = False) -> None:
+def ping(holder: argparse.Namespace) -> bytes:
+    return ws_frame(downstream.Session.envelope(holder, "PING", "SYSTEM",
+                                                f'{{"nonce":"n{holder.seq}"}}'))
+
+
+def ws_session(port: int, token: str, batches: int, one_by_one: str = "") -> None:
+    """``batches`` of BATCH PINGs in one write each, or (``one_by_one`` "tool" or "ping")
+    BATCH x ``batches`` TOOL_CALLs or PINGs, each sent once the last one is answered."""
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall((f"GET /proto/websocket?token={token} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
@@ -90,13 +99,14 @@ def ws_session(port: int, token: str, batches: int, tools: bool = False) -> None
     while downstream.HELLO_REPLY not in buf:
         buf += sock.recv(65536)
     carry = b""
-    for _ in range(batches if tools else 0):
-        for _ in range(BATCH):  # one call in flight: the next once this one is done
-            sock.sendall(tool_call(holder))
+    make, answer = (tool_call, TOOL_DONE) if one_by_one == "tool" else (ping, downstream.PONG)
+    for _ in range(batches if one_by_one else 0):
+        for _ in range(BATCH):  # one in flight: the next once this one is answered
+            sock.sendall(make(holder))
             data = b""
-            while TOOL_DONE not in data:
+            while answer not in data:
                 data += sock.recv(65536)
-    for _ in range(0 if tools else batches):
+    for _ in range(0 if one_by_one else batches):
         sock.sendall(b"".join(ws_frame(envelopes(holder, "PING", "SYSTEM",
                                                  f'{{"nonce":"n{holder.seq}"}}'))
                               for _ in range(BATCH)))
@@ -140,8 +150,9 @@ def worker_total(transport: str, batches: int, app: str, root: Path = ROOT,
     now = int(time.time())
     token = jwt.encode({"sub": "bench", "iat": now, "exp": now + 86400}, SECRET,
                        algorithm="HS256")
-    if transport in ("ws", "tool"):
-        runs = [gevent.spawn(ws_session, port, token, batches, transport == "tool")
+    if transport in ("ws", "tool", "ping"):
+        runs = [gevent.spawn(ws_session, port, token, batches,
+                             transport if transport != "ws" else "")
                 for _ in range(SESSIONS)]
     else:
         runs = [gevent.spawn(http_session, port, token, transport, batches, i)
@@ -157,7 +168,7 @@ def worker_total(transport: str, batches: int, app: str, root: Path = ROOT,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("transport", choices=["ws", "sse", "stream", "tool"])
+    p.add_argument("transport", choices=["ws", "sse", "stream", "tool", "ping"])
     p.add_argument("--k1", type=int, default=2)
     p.add_argument("--k2", type=int, default=6)
     p.add_argument("--app", default="wsgi:app")

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,6 +128,34 @@ def test_the_tool_row_against_before_is_the_median_of_each_rounds_pair(tmp_path:
                           timeout=60)
     (row,) = [line for line in proc.stdout.splitlines() if "x before" in line]
     assert "1.100x (3 rounds: 1.09-1.20)" in row and "FAIL" in row, row
+
+
+def test_the_ping_rows_against_before_are_the_median_of_each_rounds_pair(
+        tmp_path: Path) -> None:
+    """The same for PING, one row per level: at 10 the per-server medians (105 and 100:
+    1.05x, a pass) hide that two of three rounds' pairs are 1.10 and 1.20, and the row
+    FAILs at 1.10x; at 100 the medians (110 and 100) would fail, the pairs pass at 1.00x."""
+    def cells(*us: float) -> list[dict[str, Any]]:
+        return [{"server_us_per_op": u, "rt_per_s": 1e6 / u} for u in us]
+
+    saved = {"started": "2026-01-01T00:00:00", "machine": {"cpus": 2},
+             "pinning": {"server_cpu": 0, "generator_cpu": 1}, "generator": "c",
+             "settings": {"warmup": 0.3, "seconds": 1, "rounds": 3}, "frame_bytes": 100,
+             "ping_rounds": {"protoflask": {"10": cells(100.0, 105.0, 132.0),
+                                            "100": cells(100.0, 110.0, 130.0)},
+                             "protoflask-before": {"10": cells(100.0, 95.4, 110.0),
+                                                   "100": cells(100.0, 80.0, 130.0)}}}
+    path = tmp_path / "ping-rounds.json"
+    path.write_text(json.dumps(saved))
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--render",
+                           str(path), "--no-gate"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split(",")[0]: line for line in proc.stdout.splitlines() if "x before" in line}
+    at10, at100 = rows["PING->PONG server µs/reply @10"], rows["PING->PONG server µs/reply @100"]
+    assert "1.101x (3 rounds: 1.00-1.20)" in at10 and "FAIL" in at10, at10
+    assert "1.000x (3 rounds: 1.00-1.38)" in at100 and "PASS" in at100, at100
+    assert not any("tool call" in row for row in rows.values())  # no tool cells, no tool row
 
 
 @pytest.mark.timeout(180)
