@@ -105,7 +105,8 @@ def taking_turns(pieces: Iterable[bytes],
     ``/health`` (tests/integration/test_reader_fairness.py). One hub turn per piece (a
     chunk, or up to PIECE_SIZE bytes) is a few microseconds per many lines. With
     ``took`` (the user's ``turns.Pacer.took``), the time the caller spent on the last
-    piece's lines is told to it, and it gives the turn (or the user's pause)."""
+    piece's lines is told to it, and it gives the turn (or the user's pause); the last
+    piece's once the body has ended, so that a body of one costly piece is paced too."""
     spent = 0.0
     for piece in pieces:
         if took is None:
@@ -115,6 +116,8 @@ def taking_turns(pieces: Iterable[bytes],
         started = monotonic()
         yield piece
         spent = monotonic() - started
+    if took is not None:
+        took(spent)
 
 
 def _is_pywsgi_input(inp: Any) -> bool:

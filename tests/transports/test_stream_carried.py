@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from typing import Any, Iterator
 
 import gevent
@@ -17,6 +18,7 @@ from protoflask import ProtoServer
 from protoflask.port import Ports
 from protoflask.transports import stream
 from protoflask.transports.stream import CARRIED_BODY, NDJSONStream
+from protoflask.turns import COSTLY, Pacer
 
 from ..support import SECRET
 
@@ -123,3 +125,35 @@ def test_without_a_carried_body_the_reader_reads_it(server: ProtoServer) -> None
         far.close()
         body_iter.close()
         near.close()
+
+
+@pytest.mark.parametrize("carried", [True, False], ids=["carried", "read"])
+def test_a_costly_body_is_told_to_the_pacer_either_way(carried: bool,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body whose handling is costly (here the application's ``handshake`` listener
+    works 15 ms) is a costly turn of its user's, told to the worker's pacer, whether the
+    server carried it or the reader read it; the carried way first waits out what the
+    user owes (``Pacer.pause``) and answers the HELLO all the same. Without the carried
+    way's ``took`` a flooder could pass the pacing by sending each message in an opening
+    POST of its own (docs/RELIABILITY.md §22, "Costly messages and the worker's turns")."""
+    costly = ProtoServer({"jwtSecret": SECRET, "enableLogging": False,
+                          "maxConnectionsPerUser": 100})
+
+    def busy(session_id: str, payload: Any) -> None:  # the application's costly work
+        until = time.perf_counter() + 1.5 * COSTLY
+        while time.perf_counter() < until:
+            pass
+
+    costly.on("handshake", busy)
+    calls: list[tuple[Any, ...]] = []
+    pause, took = Pacer.pause, Pacer.took
+    monkeypatch.setattr(Pacer, "pause", lambda self, user: (
+        calls.append(("pause", user)), pause(self, user))[1])
+    monkeypatch.setattr(Pacer, "took", lambda self, user, seconds: (
+        calls.append(("took", user, seconds)), took(self, user, seconds))[1])
+    out = written(costly, BODIES["HELLO"], carried=carried)
+    assert b'"type":"HELLO"' in out, out
+    told = [c for c in calls if c[0] == "took" and c[2] >= COSTLY]
+    assert [c[1] for c in told] == ["alice"], calls
+    if carried:
+        assert calls[0] == ("pause", "alice"), calls  # what they owe, before the body
