@@ -98,6 +98,25 @@ def test_a_failing_target_row_fails_the_exit_code(tmp_path: Path) -> None:
     assert fast.returncode == 0 and "FAIL" not in fast.stdout, fast.stdout + fast.stderr
 
 
+#: a saved three-round run's head, for the rows against before rendered from it
+_ROUNDS_RUN: dict[str, Any] = {
+    "started": "2026-01-01T00:00:00", "machine": {"cpus": 2},
+    "pinning": {"server_cpu": 0, "generator_cpu": 1}, "generator": "c",
+    "settings": {"warmup": 0.3, "seconds": 1, "rounds": 3}, "frame_bytes": 100}
+
+
+def _before_rows(tmp_path: Path, saved: dict[str, Any]) -> dict[str, str]:
+    """The "x before" target rows of ``saved`` as bench/run.py --render prints them, by
+    their name up to the first comma."""
+    path = tmp_path / "rounds.json"
+    path.write_text(json.dumps(saved))
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--render",
+                           str(path), "--no-gate"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return {line.split(",")[0]: line for line in proc.stdout.splitlines() if "x before" in line}
+
+
 def test_the_tool_row_against_before_is_the_median_of_each_rounds_pair(tmp_path: Path) -> None:
     """Issue 28's row: with --before and --rounds, each round's after/before pair gives a
     ratio and the row is their median, so that a slow round (the machine, not the code)
@@ -106,27 +125,14 @@ def test_the_tool_row_against_before_is_the_median_of_each_rounds_pair(tmp_path:
     cell = {"p50_ms": 0.5, "p99_ms": 1.0, "connections": 10}
     after = [{**cell, "server_us_per_op": us} for us in (104.0, 110.0, 120.0)]
     before = [{**cell, "server_us_per_op": us} for us in (100.0, 108.0, 100.0)]
-    saved = {"started": "2026-01-01T00:00:00", "machine": {"cpus": 2},
-             "pinning": {"server_cpu": 0, "generator_cpu": 1}, "generator": "c",
-             "settings": {"warmup": 0.3, "seconds": 1, "rounds": 3}, "frame_bytes": 100,
-             "tool_rounds": {"protoflask": after, "protoflask-before": before},
+    saved = {**_ROUNDS_RUN, "tool_rounds": {"protoflask": after, "protoflask-before": before},
              "tool": {"protoflask": after[1], "protoflask-before": before[1]}}
-    path = tmp_path / "tool-rounds.json"
-    path.write_text(json.dumps(saved))
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--render",
-                           str(path), "--no-gate"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    (row,) = [line for line in proc.stdout.splitlines() if "x before" in line]
+    (row,) = _before_rows(tmp_path, saved).values()
     assert "1.040x (3 rounds: 1.02-1.20)" in row and "PASS" in row, row
 
     saved["tool_rounds"]["protoflask"] = [{**cell, "server_us_per_op": us}
                                           for us in (110.0, 118.0, 120.0)]
-    path.write_text(json.dumps(saved))
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--render",
-                           str(path), "--no-gate"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
-    (row,) = [line for line in proc.stdout.splitlines() if "x before" in line]
+    (row,) = _before_rows(tmp_path, saved).values()
     assert "1.100x (3 rounds: 1.09-1.20)" in row and "FAIL" in row, row
 
 
@@ -138,20 +144,12 @@ def test_the_ping_rows_against_before_are_the_median_of_each_rounds_pair(
     def cells(*us: float) -> list[dict[str, Any]]:
         return [{"server_us_per_op": u, "rt_per_s": 1e6 / u} for u in us]
 
-    saved = {"started": "2026-01-01T00:00:00", "machine": {"cpus": 2},
-             "pinning": {"server_cpu": 0, "generator_cpu": 1}, "generator": "c",
-             "settings": {"warmup": 0.3, "seconds": 1, "rounds": 3}, "frame_bytes": 100,
-             "ping_rounds": {"protoflask": {"10": cells(100.0, 105.0, 132.0),
-                                            "100": cells(100.0, 110.0, 130.0)},
-                             "protoflask-before": {"10": cells(100.0, 95.4, 110.0),
-                                                   "100": cells(100.0, 80.0, 130.0)}}}
-    path = tmp_path / "ping-rounds.json"
-    path.write_text(json.dumps(saved))
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--render",
-                           str(path), "--no-gate"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    rows = {line.split(",")[0]: line for line in proc.stdout.splitlines() if "x before" in line}
+    rows = _before_rows(tmp_path, {
+        **_ROUNDS_RUN,
+        "ping_rounds": {"protoflask": {"10": cells(100.0, 105.0, 132.0),
+                                       "100": cells(100.0, 110.0, 130.0)},
+                        "protoflask-before": {"10": cells(100.0, 95.4, 110.0),
+                                              "100": cells(100.0, 80.0, 130.0)}}})
     at10, at100 = rows["PING->PONG server µs/reply @10"], rows["PING->PONG server µs/reply @100"]
     assert "1.101x (3 rounds: 1.00-1.20)" in at10 and "FAIL" in at10, at10
     assert "1.000x (3 rounds: 1.00-1.38)" in at100 and "PASS" in at100, at100
