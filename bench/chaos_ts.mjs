@@ -16,16 +16,16 @@ let running = true;
 
 async function session({ token, transport }, index) {
   const out = { transport, calls: 0, lost: 0, stranded: 0, doneTwice: 0, dead: null, toolErrors: 0 };
+  const client = new ProtoClient({ url, token, transport, WebSocket, duplex: false, reconnectTimeoutMs: 600000 });
+  let last = 0;
+  const dones = new Map();
+  const seen = {}; // call_id -> its TOOL_DONEs (seq, status, when): for a call done twice or stranded
   const strandedCalls = [];
   const strand = (callId, sentAt) => {
     out.stranded += 1;
     strandedCalls.push({ call: callId, sent: sentAt, gaveUp: new Date().toISOString(),
                          done: seen[callId] ?? [] });
   };
-  const client = new ProtoClient({ url, token, transport, WebSocket, duplex: false, reconnectTimeoutMs: 600000 });
-  let last = 0;
-  const dones = new Map();
-  const seen = {}; // call_id -> its TOOL_DONEs (seq, status, when): for a call done twice
   client.on("message", (msg) => {
     const seq = Number(msg.seq);
     if (last && seq > last + 1) out.lost += seq - last - 1;

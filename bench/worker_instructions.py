@@ -81,9 +81,9 @@ def ping(holder: argparse.Namespace) -> bytes:
                                                 f'{{"nonce":"n{holder.seq}"}}'))
 
 
-def ws_session(port: int, token: str, batches: int, one_by_one: str = "") -> None:
-    """``batches`` of BATCH PINGs in one write each, or (``one_by_one`` "tool" or "ping")
-    BATCH x ``batches`` TOOL_CALLs or PINGs, each sent once the last one is answered."""
+def ws_session(port: int, token: str, batches: int, kind: str = "ws") -> None:
+    """``ws``: ``batches`` of BATCH PINGs in one write each; ``tool`` or ``ping``: BATCH x
+    ``batches`` TOOL_CALLs or PINGs, each sent once the last one is answered."""
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.sendall((f"GET /proto/websocket?token={token} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
@@ -99,17 +99,15 @@ def ws_session(port: int, token: str, batches: int, one_by_one: str = "") -> Non
     while downstream.HELLO_REPLY not in buf:
         buf += sock.recv(65536)
     carry = b""
-    make, answer = (tool_call, TOOL_DONE) if one_by_one == "tool" else (ping, downstream.PONG)
-    for _ in range(batches if one_by_one else 0):
+    make, answer = (tool_call, TOOL_DONE) if kind == "tool" else (ping, downstream.PONG)
+    for _ in range(0 if kind == "ws" else batches):
         for _ in range(BATCH):  # one in flight: the next once this one is answered
             sock.sendall(make(holder))
             data = b""
             while answer not in data:
                 data += sock.recv(65536)
-    for _ in range(0 if one_by_one else batches):
-        sock.sendall(b"".join(ws_frame(envelopes(holder, "PING", "SYSTEM",
-                                                 f'{{"nonce":"n{holder.seq}"}}'))
-                              for _ in range(BATCH)))
+    for _ in range(batches if kind == "ws" else 0):
+        sock.sendall(b"".join(ping(holder) for _ in range(BATCH)))
         got = 0
         while got < BATCH:
             data = carry + sock.recv(262144)
@@ -151,8 +149,7 @@ def worker_total(transport: str, batches: int, app: str, root: Path = ROOT,
     token = jwt.encode({"sub": "bench", "iat": now, "exp": now + 86400}, SECRET,
                        algorithm="HS256")
     if transport in ("ws", "tool", "ping"):
-        runs = [gevent.spawn(ws_session, port, token, batches,
-                             transport if transport != "ws" else "")
+        runs = [gevent.spawn(ws_session, port, token, batches, transport)
                 for _ in range(SESSIONS)]
     else:
         runs = [gevent.spawn(http_session, port, token, transport, batches, i)
